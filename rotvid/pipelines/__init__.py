@@ -1,0 +1,1 @@
+"""rotvid.pipelines"""
