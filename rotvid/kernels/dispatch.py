@@ -1,0 +1,200 @@
+"""The one public attention entry point: input checks, backend registry, backend choice.
+
+Backends register themselves with :func:`register_backend`. A backend object has a ``name``,
+``unsupported_reason(q, k, v, **opts) -> str | None`` (``None`` when it can run the call) and
+``run(q, k, v, **opts) -> Tensor``. ``backend="auto"`` tries the registered accelerated
+backends in order of preference and falls back to the reference, logging why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from rotvid.kernels import reference
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Head dims where every recipe's maths is exact (INT4 integer sums stay far below 2^24).
+MAX_HEAD_DIM = 256
+AUTO_PREFERENCE = ("cuda",)
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def unsupported_reason(self, q, k, v, **opts) -> str | None: ...
+
+    def run(self, q, k, v, **opts) -> torch.Tensor: ...
+
+
+@dataclass
+class ReferenceBackend:
+    """The PyTorch reference (:mod:`rotvid.kernels.reference`); runs every recipe on any device."""
+
+    name: str = "reference"
+
+    def unsupported_reason(self, q, k, v, **opts) -> str | None:
+        return None
+
+    def run(self, q, k, v, **opts) -> torch.Tensor:
+        opts = dict(opts)
+        opts["block_m"] = opts.get("block_m") or reference.DEFAULT_BLOCK_M
+        opts["block_n"] = opts.get("block_n") or reference.DEFAULT_BLOCK_N
+        return reference.attention_reference(q, k, v, **opts)
+
+
+_BACKENDS: dict[str, AttentionBackend] = {"reference": ReferenceBackend()}
+
+
+def register_backend(name: str, backend: AttentionBackend) -> None:
+    """Register (or replace) a backend under ``name``."""
+    _BACKENDS[name] = backend
+
+
+def registered_backends() -> dict[str, AttentionBackend]:
+    _load_optional_backends()
+    return dict(_BACKENDS)
+
+
+def _load_optional_backends() -> None:
+    """Import the CUDA backend module if it exists, so that it registers itself.
+
+    Only a missing module is tolerated here; an error inside it propagates (no silent hiding).
+    """
+    if "cuda" in _BACKENDS:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("rotvid.kernels.cuda_backend") is not None:
+        importlib.import_module("rotvid.kernels.cuda_backend")
+
+
+def validate_attention_inputs(q, k, v, *, recipe, layout, kv_lens, block_m=None, block_n=None) -> None:
+    """Raise ``ValueError`` naming the argument and what was expected, for any bad input."""
+    if recipe not in reference.RECIPES:
+        raise ValueError(f"recipe: expected one of {', '.join(reference.RECIPES)}, got {recipe!r}")
+    if layout not in reference.LAYOUTS:
+        raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-D tensor in layout {layout}, got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"{name}: expected dtype float16, bfloat16, float32 or float64, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"k, v: expected the same dtype as q ({q.dtype}), got {k.dtype} and {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"k, v: expected the same device as q ({q.device}), got {k.device} and {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"v: expected the same shape as k {tuple(k.shape)}, got {tuple(v.shape)}")
+    qb, qh, qn, qd = reference.to_bhnd(q, layout).shape
+    kb, kh, kn, kd = reference.to_bhnd(k, layout).shape
+    if (qb, qh, qd) != (kb, kh, kd):
+        raise ValueError(
+            f"k: expected batch, heads and head_dim equal to q's ({qb}, {qh}, {qd}) in layout {layout}, "
+            f"got ({kb}, {kh}, {kd})"
+        )
+    if qd < 1 or qd > MAX_HEAD_DIM or (qd % 2):
+        raise ValueError(f"q: expected an even head_dim in [2, {MAX_HEAD_DIM}], got {qd}")
+    if qn < 1 or kn < 1:
+        raise ValueError(f"q, k: expected at least one query and one key, got N_q={qn}, N_kv={kn}")
+    if kv_lens is not None:
+        if not isinstance(kv_lens, torch.Tensor) or kv_lens.dim() != 1 or kv_lens.shape[0] != qb:
+            raise ValueError(f"kv_lens: expected an integer tensor of shape [{qb}] (one per batch), got {kv_lens!r}")
+        if kv_lens.dtype.is_floating_point or kv_lens.dtype == torch.bool:
+            raise ValueError(f"kv_lens: expected an integer dtype, got {kv_lens.dtype}")
+        lo, hi = int(kv_lens.min()), int(kv_lens.max())
+        if lo < 1 or hi > kn:
+            raise ValueError(f"kv_lens: expected values in [1, {kn}] (N_kv), got min {lo}, max {hi}")
+    for name, val in (("block_m", block_m), ("block_n", block_n)):
+        if val is not None and (not isinstance(val, int) or val < 1):
+            raise ValueError(f"{name}: expected a positive int, got {val!r}")
+
+
+def select_backend(q, k, v, *, backend: str = "auto", **opts) -> tuple[AttentionBackend, str]:
+    """Pick the backend for this call. Returns ``(backend, reason)``; raises if a named one cannot run."""
+    backends = registered_backends()
+    if backend != "auto":
+        if backend not in backends:
+            if backend == "cuda":
+                raise ValueError("backend: 'cuda' is not available (rotvid.kernels.cuda_backend is not installed)")
+            raise ValueError(f"backend: expected 'auto' or one of {', '.join(sorted(backends))}, got {backend!r}")
+        chosen = backends[backend]
+        why_not = chosen.unsupported_reason(q, k, v, **opts)
+        if why_not is not None:
+            raise ValueError(f"backend: {backend!r} cannot run this call: {why_not}")
+        return chosen, f"{backend} (requested)"
+    reasons = []
+    for name in AUTO_PREFERENCE:
+        if name not in backends:
+            reasons.append(f"{name}: not installed")
+            continue
+        why_not = backends[name].unsupported_reason(q, k, v, **opts)
+        if why_not is None:
+            return backends[name], f"{name} (auto)"
+        reasons.append(f"{name}: {why_not}")
+    return backends["reference"], "reference (auto; " + "; ".join(reasons) + ")"
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    recipe: str = "int4",
+    layout: str = "BHND",
+    backend: str = "auto",
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    smooth_k: bool = True,
+    smooth_q: bool = False,
+    smooth_v: bool = False,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Quantized attention ``softmax(q kᵀ · sm_scale) v`` under a recipe, on a chosen backend.
+
+    Args:
+        q: [B, H, N_q, D] for ``layout="BHND"`` or [B, N_q, H, D] for ``"BNHD"``; fp16, bf16,
+            fp32 or fp64.
+        k, v: the same layout with N_kv keys; same dtype and device as q.
+        recipe: ``fp16`` | ``int4`` (RotateAttention, range-optimized P) | ``int4-sym-p`` |
+            ``int8-fp8`` (SageAttention2-8b) | ``int4-fp8`` (SageAttention2-4b) | ``nvfp4``.
+        backend: ``auto`` (CUDA kernel where it runs, else the reference, logged with the
+            reason), ``reference`` or ``cuda``.
+        kv_lens: optional int tensor [B]: keys ``j >= kv_lens[b]`` are masked (padded keys).
+        sm_scale: score scale, default ``D ** -0.5``.
+        smooth_k / smooth_q / smooth_v: smoothing switches (see :mod:`rotvid.kernels.reference`).
+        block_m / block_n: query / key tile sizes (backend default when None).
+
+    Returns:
+        The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in
+        the affected rows of that head (nothing is raised).
+    """
+    validate_attention_inputs(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n)
+    opts = dict(
+        recipe=recipe, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
+        smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m, block_n=block_n,
+    )
+    chosen, reason = select_backend(q, k, v, backend=backend, **opts)
+    logger.debug("attention backend: %s", reason)
+    return chosen.run(q, k, v, **opts)
+
+
+def describe_backends() -> dict[str, str]:
+    """For each known backend, 'available' or why it is not (for `rotvid backends`)."""
+    out = {}
+    backends = registered_backends()
+    for name in ("reference", *AUTO_PREFERENCE):
+        if name not in backends:
+            out[name] = "not installed"
+            continue
+        probe = getattr(backends[name], "availability", None)
+        out[name] = probe() if callable(probe) else "available"
+    return out

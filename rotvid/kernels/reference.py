@@ -1,0 +1,357 @@
+"""PyTorch reference of every rotvid attention recipe: the exact model of the kernels.
+
+Everything is computed block by block over keys with the same online softmax the kernels use,
+on any device. The INT4 recipe follows the contract below step by step (the CUDA kernels
+implement the same steps; their tests feed both the *same* quantized inputs).
+
+Per (batch b, head h), with ``kv_len = kv_lens[b]`` (keys ``j >= kv_len`` are masked), all
+arithmetic in float32 (float64 when the inputs are float64), ``rint`` = round half to even:
+
+1. Smoothing. K (default on): ``k_s = k - mean_{j<kv_len}(k)`` (mean accumulated in float64,
+   rounded once). Q (optional): ``q_s = q - mean_block(q)`` per block of ``block_m`` query rows,
+   with the correction ``ΔS = mean_block(q)·k_sᵀ`` added to the scores. V (optional):
+   ``v_s = v - mean(v)``, the mean added to the output at the end (rows of P sum to 1).
+2. Per-token INT4 of Q, K (:func:`quantize_per_token_int4`); per-group INT4 of V, one scale per
+   channel per key block of ``block_n`` (:func:`quantize_v_per_group_int4`), masked keys zeroed.
+3. Scores in the log2 domain: ``s = (float(q̂·k̂) * (s_q * qk_scale)) * s_k`` with
+   ``qk_scale = sm_scale * log2(e)``; masked keys get ``-inf``.
+4. Per key block: ``m_blk = rowmax(s)``, ``p = exp2(s - m_blk)`` ∈ (0, 1] (row max 1, so the P
+   scale is fixed), ``l_blk = rowsum(p)`` from the unquantized p.
+5. P: range-optimized ``P̃ = rint(15 p) - 8`` ∈ [-8, 7] and
+   ``pv = float(P̃·V̂ + 8·colsum(V̂)) * s_v / 15``; symmetric ``P̃ = rint(7 p)`` ∈ [0, 7] and
+   ``pv = float(P̃·V̂) * s_v / 7``.
+6. Online combine: ``m_new = max(m, m_blk)``, ``O = O·exp2(m - m_new) + exp2(m_blk - m_new)·pv``,
+   ``l`` likewise; ``out = O / l (+ mean(v))``.
+
+Other recipes share steps 1, 3, 4 and 6: ``fp16`` (no quantization), ``int8-fp8``
+(SageAttention2-8b: INT8 per-token Q/K, P and V in FP8 e4m3 with V per channel and P scaled by
+448, one FP32 buffer per key block), ``int4-fp8`` (SageAttention2-4b: INT4 Q/K, FP8 P/V) and
+``nvfp4`` (emulation: Q/K/P/V in e2m1 with 16-element e4m3 block scales; SageAttention3 /
+Attn-QAT).
+
+Non-finite inputs are not checked here: a NaN or Inf in a head's Q, K or V propagates to NaN
+in (at least) the affected rows of that head's output, and other heads are unaffected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from rotvid.kernels.quantize import (
+    FP8_E4M3_MAX,
+    P_RANGE_SCALE,
+    P_RANGE_ZERO,
+    P_SYM_SCALE,
+    key_valid_mask,
+    quant_p_fp8,
+    quant_p_range_int4,
+    quant_p_sym_int4,
+    quantize_nvfp4,
+    quantize_per_channel_fp8,
+    quantize_per_token_int4,
+    quantize_per_token_int8,
+    quantize_v_per_group_int4,
+)
+
+LOG2E = 1.4426950408889634
+
+RECIPES = ("fp16", "int4", "int4-sym-p", "int8-fp8", "int4-fp8", "nvfp4")
+LAYOUTS = ("BHND", "BNHD")
+DEFAULT_BLOCK_M = 128
+DEFAULT_BLOCK_N = 64
+
+
+def to_bhnd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """View ``x`` in (B, H, N, D) order from the named layout."""
+    return x if layout == "BHND" else x.transpose(1, 2)
+
+
+def from_bhnd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """Return ``x`` [B, H, N, D] in the named layout (contiguous)."""
+    return (x if layout == "BHND" else x.transpose(1, 2)).contiguous()
+
+
+def compute_dtype_for(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def masked_mean(x: torch.Tensor, kv_lens: torch.Tensor | None) -> torch.Tensor:
+    """Mean of ``x`` [B, H, N, D] over valid tokens, accumulated in float64, in x's compute dtype."""
+    b, _, n, _ = x.shape
+    valid = key_valid_mask(n, kv_lens, b, x.device)
+    x64 = x.double() * valid
+    count = valid.sum(dim=2, keepdim=True).clamp_min(1).double()
+    return (x64.sum(dim=2, keepdim=True) / count).to(compute_dtype_for(x))
+
+
+def block_mean_rows(x: torch.Tensor, block_m: int) -> torch.Tensor:
+    """For each row of ``x`` [B, H, N, D], the mean of its block of ``block_m`` rows (float64 accumulate)."""
+    b, h, n, d = x.shape
+    out = torch.empty(b, h, n, d, dtype=compute_dtype_for(x), device=x.device)
+    for start in range(0, n, block_m):
+        blk = x[:, :, start : start + block_m]
+        out[:, :, start : start + block_m] = blk.double().mean(dim=2, keepdim=True).to(out.dtype)
+    return out
+
+
+@dataclass
+class QuantizedQKV:
+    """The INT4 recipe's pre-processed operands, all in (B, H, N, D) order.
+
+    ``q_hat``/``k_hat`` int8 in [-7, 7] with per-token scales [B, H, N, 1]; ``v_hat`` int8
+    [B, H, N_kv padded to block_n, D] with per-block-per-channel ``v_scale`` and int32
+    ``v_colsum`` [B, H, n_blocks, D]. ``v_mean`` [B, H, 1, D] when V is smoothed.
+    ``q_block_mean``/``k_smoothed`` are kept only for Q smoothing's ΔS correction.
+    """
+
+    q_hat: torch.Tensor
+    q_scale: torch.Tensor
+    k_hat: torch.Tensor
+    k_scale: torch.Tensor
+    v_hat: torch.Tensor
+    v_scale: torch.Tensor
+    v_colsum: torch.Tensor
+    block_n: int
+    kv_lens: torch.Tensor | None = None
+    v_mean: torch.Tensor | None = None
+    q_block_mean: torch.Tensor | None = None
+    k_smoothed: torch.Tensor | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.q_hat.shape[-1]
+
+    @property
+    def n_kv(self) -> int:
+        return self.k_hat.shape[2]
+
+
+def smooth_qkv(q, k, v, *, kv_lens, block_m, smooth_k, smooth_q, smooth_v):
+    """Step 1 on (B, H, N, D) tensors: returns ``(q_s, k_s, v_s, q_block_mean, v_mean)`` in compute dtype."""
+    dt = compute_dtype_for(q)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    q_mean = v_mean = None
+    if smooth_k:
+        k = k - masked_mean(k, kv_lens)
+    if smooth_q:
+        q_mean = block_mean_rows(q, block_m)
+        q = q - q_mean
+    if smooth_v:
+        v_mean = masked_mean(v, kv_lens)
+        v = v - v_mean
+    return q, k, v, q_mean, v_mean
+
+
+def preprocess_int4(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    smooth_k: bool = True,
+    smooth_q: bool = False,
+    smooth_v: bool = False,
+) -> QuantizedQKV:
+    """Steps 1-2 of the INT4 recipe: smoothing, per-token INT4 Q/K, per-group INT4 V."""
+    q, k, v = (to_bhnd(t, layout) for t in (q, k, v))
+    q_s, k_s, v_s, q_mean, v_mean = smooth_qkv(
+        q, k, v, kv_lens=kv_lens, block_m=block_m, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v
+    )
+    q_hat, q_scale = quantize_per_token_int4(q_s)
+    k_hat, k_scale = quantize_per_token_int4(k_s)
+    v_hat, v_scale, colsum = quantize_v_per_group_int4(v_s, block_n, kv_lens)
+    return QuantizedQKV(
+        q_hat=q_hat,
+        q_scale=q_scale,
+        k_hat=k_hat,
+        k_scale=k_scale,
+        v_hat=v_hat,
+        v_scale=v_scale,
+        v_colsum=colsum,
+        block_n=block_n,
+        kv_lens=kv_lens,
+        v_mean=v_mean,
+        q_block_mean=q_mean,
+        k_smoothed=k_s if smooth_q else None,
+    )
+
+
+def _int_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """Exact integer ``a @ b_tᵀ`` for small int8 values, via float64 (exact below 2^53)."""
+    return torch.matmul(a.double(), b_t.double().transpose(-1, -2))
+
+
+class _OnlineSoftmax:
+    """Running (m, l, O) of the flash-attention recurrence, per query row."""
+
+    def __init__(self, shape_o, dtype, device):
+        b, h, n, d = shape_o
+        self.m = torch.full((b, h, n, 1), -math.inf, dtype=dtype, device=device)
+        self.l = torch.zeros((b, h, n, 1), dtype=dtype, device=device)
+        self.o = torch.zeros(shape_o, dtype=dtype, device=device)
+
+    @staticmethod
+    def block_probs(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``m_blk``, ``p = exp2(s - m_blk)`` and ``l_blk``; rows with every key masked give p = 0."""
+        m_blk = s.amax(dim=-1, keepdim=True)
+        dead = torch.isneginf(m_blk)
+        p = torch.exp2(s - torch.where(dead, torch.zeros_like(m_blk), m_blk))
+        return m_blk, p, p.sum(dim=-1, keepdim=True)
+
+    def update(self, m_blk, l_blk, pv):
+        m_new = torch.maximum(self.m, m_blk)
+        dead = torch.isneginf(m_new)
+        m_ref = torch.where(dead, torch.zeros_like(m_new), m_new)
+        a = torch.exp2(self.m - m_ref)
+        c = torch.exp2(m_blk - m_ref)
+        self.o = self.o * a + c * pv
+        self.l = self.l * a + c * l_blk
+        self.m = m_new
+
+    def result(self) -> torch.Tensor:
+        return self.o / self.l
+
+
+def _score_mask(s: torch.Tensor, start: int, kv_lens: torch.Tensor | None) -> torch.Tensor:
+    if kv_lens is None:
+        return s
+    j = torch.arange(start, start + s.shape[-1], device=s.device)
+    valid = (j[None, :] < kv_lens.to(s.device)[:, None]).view(s.shape[0], 1, 1, -1)
+    return s.masked_fill(~valid, -math.inf)
+
+
+def _qk_scale(sm_scale: float, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(sm_scale * LOG2E, dtype=dtype)
+
+
+def attention_from_quantized(
+    qkv: QuantizedQKV,
+    *,
+    p_mode: str = "range",
+    sm_scale: float | None = None,
+    out_dtype: torch.dtype = torch.float32,
+    layout: str = "BHND",
+) -> torch.Tensor:
+    """Steps 3-6 of the INT4 recipe on pre-processed operands; returns the output in ``layout``."""
+    if p_mode not in ("range", "sym"):
+        raise ValueError(f"p_mode must be 'range' or 'sym', got {p_mode!r}")
+    dt = qkv.q_scale.dtype
+    d = qkv.head_dim
+    sm_scale = d**-0.5 if sm_scale is None else sm_scale
+    qk_scale = _qk_scale(sm_scale, dt).to(qkv.q_scale.device)
+    sq = qkv.q_scale * qk_scale  # [B, H, Nq, 1]
+    b, h, nq, _ = qkv.q_hat.shape
+    state = _OnlineSoftmax((b, h, nq, d), dt, qkv.q_hat.device)
+    bn = qkv.block_n
+    for t, start in enumerate(range(0, qkv.n_kv, bn)):
+        stop = min(start + bn, qkv.n_kv)
+        acc = _int_matmul(qkv.q_hat, qkv.k_hat[:, :, start:stop]).to(dt)
+        s = (acc * sq) * qkv.k_scale[:, :, start:stop].transpose(-1, -2)
+        if qkv.q_block_mean is not None:
+            ds = torch.matmul(qkv.q_block_mean, qkv.k_smoothed[:, :, start:stop].transpose(-1, -2))
+            s = s + ds * qk_scale
+        s = _score_mask(s, start, qkv.kv_lens)
+        m_blk, p, l_blk = state.block_probs(s)
+        v_hat = qkv.v_hat[:, :, start:stop]
+        if p_mode == "range":
+            p_t = quant_p_range_int4(p)
+            pv_int = _int_matmul(p_t, v_hat.transpose(-1, -2)) + P_RANGE_ZERO * qkv.v_colsum[:, :, t : t + 1].double()
+            pv = pv_int.to(dt) * qkv.v_scale[:, :, t : t + 1] * (1.0 / P_RANGE_SCALE)
+        else:
+            p_t = quant_p_sym_int4(p)
+            pv_int = _int_matmul(p_t, v_hat.transpose(-1, -2))
+            pv = pv_int.to(dt) * qkv.v_scale[:, :, t : t + 1] * (1.0 / P_SYM_SCALE)
+        state.update(m_blk, l_blk, pv)
+    out = state.result()
+    if qkv.v_mean is not None:
+        out = out + qkv.v_mean
+    return from_bhnd(out.to(out_dtype), layout)
+
+
+def _attention_generic(q, k, v, *, recipe, kv_lens, sm_scale, block_m, block_n, smooth_k, smooth_q, smooth_v):
+    """fp16 / int8-fp8 / int4-fp8 / nvfp4 on (B, H, N, D) inputs; returns (B, H, Nq, D) in compute dtype."""
+    b, h, nq, d = q.shape
+    n_kv = k.shape[2]
+    q_s, k_s, v_s, q_mean, v_mean = smooth_qkv(
+        q, k, v, kv_lens=kv_lens, block_m=block_m, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v
+    )
+    dt = q_s.dtype
+    qk_scale = _qk_scale(sm_scale, dt).to(q.device)
+    valid = key_valid_mask(n_kv, kv_lens, b, q.device)
+    v_div = None
+    if recipe == "fp16":
+        qd, kd, vd = q_s, k_s, v_s
+    elif recipe in ("int8-fp8", "int4-fp8"):
+        quant = quantize_per_token_int8 if recipe == "int8-fp8" else quantize_per_token_int4
+        q_hat, q_sc = quant(q_s)
+        k_hat, k_sc = quant(k_s)
+        qd, kd = q_hat.to(dt) * q_sc, k_hat.to(dt) * k_sc
+        vd, v_sc = quantize_per_channel_fp8(v_s, valid)
+        v_div = v_sc
+    elif recipe == "nvfp4":
+        qd, kd = quantize_nvfp4(q_s, dim=-1), quantize_nvfp4(k_s, dim=-1)
+        vd = quantize_nvfp4(v_s * valid.to(dt), dim=-2)
+    else:  # pragma: no cover - validated by the dispatcher
+        raise ValueError(f"recipe: unknown {recipe!r}")
+    state = _OnlineSoftmax((b, h, nq, d), dt, q.device)
+    for start in range(0, n_kv, block_n):
+        stop = min(start + block_n, n_kv)
+        s = torch.matmul(qd, kd[:, :, start:stop].transpose(-1, -2)) * qk_scale
+        if q_mean is not None:
+            s = s + torch.matmul(q_mean, k_s[:, :, start:stop].transpose(-1, -2)) * qk_scale
+        s = _score_mask(s, start, kv_lens)
+        m_blk, p, l_blk = state.block_probs(s)
+        vb = vd[:, :, start:stop]
+        if recipe == "fp16":
+            pv = torch.matmul(p, vb)
+        elif v_div is not None:  # FP8 P and V, an FP32 buffer for this block
+            pv = torch.matmul(quant_p_fp8(p), vb) * (v_div / FP8_E4M3_MAX)
+        else:
+            pv = torch.matmul(quantize_nvfp4(p, dim=-1), vb)
+        state.update(m_blk, l_blk, pv)
+    out = state.result()
+    if v_mean is not None:
+        out = out + v_mean
+    return out
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    recipe: str = "int4",
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    smooth_k: bool = True,
+    smooth_q: bool = False,
+    smooth_v: bool = False,
+) -> torch.Tensor:
+    """Attention of ``q`` [B, H, Nq, D] (or BNHD) over ``k``, ``v`` [.., N_kv, ..] under ``recipe``.
+
+    Inputs are assumed validated (use :func:`rotvid.kernels.attention` for checked entry).
+    Output has q's shape, layout and dtype. Computation is float32 (float64 for float64 inputs).
+    """
+    d = q.shape[-1]
+    sm_scale = d**-0.5 if sm_scale is None else sm_scale
+    if recipe in ("int4", "int4-sym-p"):
+        qkv = preprocess_int4(
+            q, k, v, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
+            smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v,
+        )
+        p_mode = "range" if recipe == "int4" else "sym"
+        return attention_from_quantized(qkv, p_mode=p_mode, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout)
+    out = _attention_generic(
+        to_bhnd(q, layout), to_bhnd(k, layout), to_bhnd(v, layout), recipe=recipe, kv_lens=kv_lens,
+        sm_scale=sm_scale, block_m=block_m, block_n=block_n, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v,
+    )
+    return from_bhnd(out.to(q.dtype), layout)
