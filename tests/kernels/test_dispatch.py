@@ -1,0 +1,57 @@
+"""The dispatcher: one clear ValueError per bad input, backend choice explained."""
+
+import pytest
+import torch
+
+from rotvid.kernels import attention, select_backend
+from tests.kernels.helpers import random_qkv
+
+
+def qkv(**kw):
+    return random_qkv(2, 2, 16, 64, **kw)
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda q, k, v: (q[0], k, v), "q: expected a 4-D tensor"),
+        (lambda q, k, v: (q, k[..., :32], v[..., :32]), "k: expected batch, heads and head_dim"),
+        (lambda q, k, v: (q, k, v[:, :, :8]), "v: expected the same shape as k"),
+        (lambda q, k, v: (q.int(), k, v), "q: expected dtype"),
+        (lambda q, k, v: (q, k.double(), v), "k, v: expected the same dtype"),
+        (lambda q, k, v: (q[..., :63], k[..., :63], v[..., :63]), "q: expected an even head_dim"),
+    ],
+)
+def test_bad_tensors(mutate, match):
+    q, k, v = mutate(*qkv())
+    with pytest.raises(ValueError, match=match):
+        attention(q, k, v, backend="reference")
+
+
+def test_bad_options():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="recipe: expected one of"):
+        attention(q, k, v, recipe="int3")
+    with pytest.raises(ValueError, match="layout: expected 'BHND' or 'BNHD'"):
+        attention(q, k, v, layout="BSHD")
+    with pytest.raises(ValueError, match=r"kv_lens: expected values in \[1, 16\]"):
+        attention(q, k, v, kv_lens=torch.tensor([16, 17]))
+    with pytest.raises(ValueError, match=r"kv_lens: expected values in \[1, 16\]"):
+        attention(q, k, v, kv_lens=torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match=r"kv_lens: expected an integer tensor of shape \[2\]"):
+        attention(q, k, v, kv_lens=torch.tensor([3]))
+    with pytest.raises(ValueError, match="kv_lens: expected an integer dtype"):
+        attention(q, k, v, kv_lens=torch.tensor([3.0, 4.0]))
+    with pytest.raises(ValueError, match="backend: expected 'auto' or one of"):
+        attention(q, k, v, backend="triton")
+    with pytest.raises(ValueError, match="block_n: expected a positive int"):
+        attention(q, k, v, block_n=0)
+
+
+def test_auto_on_cpu_picks_reference_and_says_why():
+    q, k, v = qkv()
+    chosen, reason = select_backend(q, k, v, backend="auto", recipe="int4", layout="BHND", kv_lens=None)
+    assert chosen.name == "reference"
+    assert reason.startswith("reference (auto; cuda:")
+    out = attention(q, k, v)  # auto works on CPU
+    assert out.shape == q.shape and torch.isfinite(out).all()
