@@ -1,0 +1,185 @@
+"""Learning RoPE-aware 2×2 rotations (paper §4.1, Eq. 9–10) on captured Q/K.
+
+A learned rotation is block-diagonal up to a channel pairing: channel pairs ``(i, j)`` (the
+*interleaved* pairing (2p, 2p+1), or the *half* pairing (c, c + D_j/2) inside each RoPE
+segment) each get a 2×2 orthogonal block, applied as ``x @ R`` on row vectors:
+
+    rotation   (reflect = 0):  [[cos θ,  sin θ], [-sin θ,  cos θ]]
+    reflection (reflect = 1):  [[cos θ,  sin θ], [ sin θ, -cos θ]]
+
+so the paper's initialization H₂ = [[1, 1], [1, -1]]/√2 is (θ = π/4, reflect = 1). The angle is
+trained, the reflection bit stays fixed: every block stays in O(2) exactly, whatever the
+optimizer does.
+
+Objective (Eq. 9): ``‖Y − Q(Q_s R) Q(K_s R)ᵀ‖²_F / ‖Y‖²_F`` with ``Y = Q_s K_sᵀ`` and Q(·) the
+per-token INT4 quantizer, differentiated with a straight-through estimator (Adam).
+``unconstrained=True`` learns general invertible 2×2 blocks A (Q gets A, K gets A^{-T}) — the
+paper's ablation: exact in full precision, but not orthogonal.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from rotvid.kernels.fake_quant import fake_quant_per_token_int4
+
+logger = logging.getLogger(__name__)
+
+
+def interleaved_pairs(head_dim: int) -> torch.Tensor:
+    """Channel pairs (2p, 2p+1), p < D/2, as a long tensor [D/2, 2]."""
+    if head_dim % 2:
+        raise ValueError(f"head_dim: expected an even number, got {head_dim}")
+    first = torch.arange(0, head_dim, 2)
+    return torch.stack([first, first + 1], dim=1)
+
+
+def half_pairs(segments: tuple[int, ...]) -> torch.Tensor:
+    """Pairs (c, c + D_j/2) inside each RoPE segment of (even) size D_j, as [sum D_j / 2, 2]."""
+    out, offset = [], 0
+    for size in segments:
+        if size % 2:
+            raise ValueError(f"segments: expected even segment sizes, got {tuple(segments)}")
+        half = size // 2
+        first = torch.arange(offset, offset + half)
+        out.append(torch.stack([first, first + half], dim=1))
+        offset += size
+    return torch.cat(out)
+
+
+def o2_blocks(angles: torch.Tensor, reflect: torch.Tensor) -> torch.Tensor:
+    """2×2 orthogonal blocks [..., P, 2, 2] from angles [..., P] and reflection bits [P] (or [..., P])."""
+    c, s = torch.cos(angles), torch.sin(angles)
+    sign = 1.0 - 2.0 * reflect.to(angles.dtype)  # +1 rotation, -1 reflection
+    row0 = torch.stack([c, s], dim=-1)
+    row1 = torch.stack([-s * sign, c * sign], dim=-1)
+    return torch.stack([row0, row1], dim=-2)
+
+
+def blocks_to_matrix(blocks: torch.Tensor, pairs: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Scatter 2×2 blocks [..., P, 2, 2] on channel pairs [P, 2] into D×D matrices [..., D, D]."""
+    lead = blocks.shape[:-3]
+    mat = blocks.new_zeros(*lead, head_dim, head_dim)
+    i, j = pairs[:, 0], pairs[:, 1]
+    mat[..., i, i] = blocks[..., 0, 0]
+    mat[..., i, j] = blocks[..., 0, 1]
+    mat[..., j, i] = blocks[..., 1, 0]
+    mat[..., j, j] = blocks[..., 1, 1]
+    return mat
+
+
+def rotation_objective(q: torch.Tensor, k: torch.Tensor, r_q: torch.Tensor, r_k: torch.Tensor | None = None) -> torch.Tensor:
+    """Eq. 9 normalized: ``‖Y − Q(q R_q) Q(k R_k)ᵀ‖² / ‖Y‖²`` with ``Y = q kᵀ`` (per head, summed).
+
+    ``q`` [..., N_q, D] and ``k`` [..., N_kv, D] are smoothed; ``r_q`` [..., D, D]; ``r_k``
+    defaults to ``r_q`` (orthogonal case).
+    """
+    r_k = r_q if r_k is None else r_k
+    y = q @ k.transpose(-1, -2)
+    y_hat = fake_quant_per_token_int4(q @ r_q) @ fake_quant_per_token_int4(k @ r_k).transpose(-1, -2)
+    return (y - y_hat).square().sum() / y.square().sum()
+
+
+@dataclass
+class LearnedRotationResult:
+    """What training produced: angles/reflect (orthogonal) or raw blocks (unconstrained)."""
+
+    pairs: torch.Tensor
+    head_dim: int
+    pairing: str
+    angles: torch.Tensor | None = None
+    reflect: torch.Tensor | None = None
+    blocks: torch.Tensor | None = None
+    objective_init: float = math.nan
+    objective_final: float = math.nan
+    history: list[float] = field(default_factory=list)
+
+    def matrix_q(self) -> torch.Tensor:
+        """R applied to Q: [..., D, D] (float64)."""
+        blocks = o2_blocks(self.angles.double(), self.reflect) if self.blocks is None else self.blocks.double()
+        return blocks_to_matrix(blocks, self.pairs, self.head_dim)
+
+    def matrix_k(self) -> torch.Tensor:
+        """R applied to K: R itself (orthogonal) or A^{-T} (unconstrained)."""
+        r = self.matrix_q()
+        return r if self.blocks is None else torch.linalg.inv(r).transpose(-1, -2)
+
+
+def learn_rotation(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    pairing: str = "interleaved",
+    segments: tuple[int, ...] | None = None,
+    per_head: bool = False,
+    iters: int = 200,
+    lr: float = 0.01,
+    unconstrained: bool = False,
+    seed: int = 0,
+) -> LearnedRotationResult:
+    """Learn 2×2 blocks on smoothed ``q``, ``k`` [H, N, D] (or [N, D]) minimizing Eq. 9.
+
+    Args:
+        pairing: ``"interleaved"`` or ``"half"`` (needs ``segments``, the RoPE segment sizes).
+        per_head: one set of blocks per head (angles [H, P]) instead of one shared set.
+        iters, lr: Adam iterations and learning rate.
+        unconstrained: learn general 2×2 blocks (init H₂); K gets the inverse transpose.
+    """
+    if q.dim() == 2:
+        q, k = q.unsqueeze(0), k.unsqueeze(0)
+    if q.dim() != 3 or k.dim() != 3 or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]:
+        raise ValueError(f"q, k: expected [H, N, D] tensors with equal H and D, got {tuple(q.shape)} and {tuple(k.shape)}")
+    head_dim = q.shape[-1]
+    if pairing == "interleaved":
+        pairs = interleaved_pairs(head_dim)
+    elif pairing == "half":
+        pairs = half_pairs(tuple(segments) if segments else (head_dim,))
+    else:
+        raise ValueError(f"pairing: expected 'interleaved' or 'half', got {pairing!r}")
+    torch.manual_seed(seed)
+    q, k = q.float(), k.float()
+    n_pairs = pairs.shape[0]
+    lead = (q.shape[0],) if per_head else ()
+    reflect = torch.ones(n_pairs, dtype=torch.int8)
+    if unconstrained:
+        h2 = torch.tensor([[1.0, 1.0], [1.0, -1.0]]) / math.sqrt(2)
+        param = h2.expand(*lead, n_pairs, 2, 2).clone().requires_grad_(True)
+    else:
+        param = torch.full((*lead, n_pairs), math.pi / 4).requires_grad_(True)
+
+    def matrices():
+        blocks = param if unconstrained else o2_blocks(param, reflect)
+        r_q = blocks_to_matrix(blocks, pairs, head_dim)
+        r_k = torch.linalg.inv(r_q).transpose(-1, -2) if unconstrained else r_q
+        if per_head:
+            return r_q, r_k
+        return r_q.unsqueeze(0), r_k.unsqueeze(0)
+
+    opt = torch.optim.Adam([param], lr=lr)
+    history = []
+    with torch.no_grad():
+        init = float(rotation_objective(q, k, *matrices()))
+    best, best_param = init, param.detach().clone()
+    for step in range(iters + 1):
+        opt.zero_grad()
+        loss = rotation_objective(q, k, *matrices())
+        now = float(loss.detach())
+        history.append(now)
+        if now < best:  # the objective at the parameters before this step
+            best, best_param = now, param.detach().clone()
+        if step < iters:
+            loss.backward()
+            opt.step()
+    logger.info("rotation objective %.6g -> %.6g (%s, %d iters)", init, best, pairing, iters)
+    result = LearnedRotationResult(
+        pairs=pairs, head_dim=head_dim, pairing=pairing, objective_init=init, objective_final=best, history=history
+    )
+    if unconstrained:
+        result.blocks = best_param
+    else:
+        result.angles, result.reflect = best_param, reflect
+    return result

@@ -1,0 +1,52 @@
+"""The fake-quantized attention used by calibration: forward = reference, backward = Attn-QAT rules."""
+
+import torch
+
+from rotvid.kernels import metrics
+from rotvid.kernels.fake_quant import _quantized_probs, fake_quant_attention, fake_quant_v_per_group_int4
+from rotvid.kernels.reference import attention_reference
+from tests.kernels.helpers import attention_fp64, random_qkv
+
+
+def test_forward_matches_the_int4_reference():
+    q, k, v = random_qkv(1, 2, 100, 64, n_kv=150, dtype=torch.float64, bias=1.0)
+    for p_mode, recipe in (("range", "int4"), ("sym", "int4-sym-p")):
+        fq = fake_quant_attention(q, k, v, p_mode=p_mode, block_n=64)
+        ref = attention_reference(q, k, v, recipe=recipe, block_n=64)
+        assert metrics.relative_l2(ref, fq) < 1e-9
+
+
+def test_bypassed_quantizers_give_exact_attention_and_gradients():
+    q, k, v = (t.requires_grad_(True) for t in random_qkv(1, 1, 9, 8, n_kv=11, dtype=torch.float64))
+    out = fake_quant_attention(q, k, v, p_mode=None, quantize_qkv=False, smooth_k=False)
+    assert metrics.max_abs_error(attention_fp64(q.detach(), k.detach(), v.detach()), out.detach()) < 1e-12
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: fake_quant_attention(a, b, c, p_mode=None, quantize_qkv=False, smooth_k=False),
+        (q, k, v), eps=1e-6, atol=1e-7,
+    )
+
+
+def test_backward_uses_the_forward_p_precision_and_high_precision_o():
+    q, k, v = (t.requires_grad_(True) for t in random_qkv(1, 2, 40, 16, n_kv=70, dtype=torch.float64, bias=1.0))
+    out = fake_quant_attention(q, k, v, p_mode="range", quantize_qkv=False, smooth_k=False, block_n=32)
+    d_out = torch.randn_like(out)
+    out.backward(d_out)
+    s = (q @ k.transpose(-1, -2)).detach() * 16**-0.5
+    p_full, p_q = _quantized_probs(s, 32, "range")
+    assert not torch.allclose(p_q, p_full)
+    # Rule 1: dV uses the quantized P of the forward pass, not the full-precision one.
+    torch.testing.assert_close(v.grad, p_q.transpose(-1, -2) @ d_out, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(v.grad, p_full.transpose(-1, -2) @ d_out, rtol=1e-6, atol=1e-8)
+    # Rule 2: the softmax term uses O' = P_full V, so dQ equals the exact gradient of softmax(S) V.
+    q2, k2 = q.detach().clone().requires_grad_(True), k.detach().clone().requires_grad_(True)
+    exact = torch.softmax(q2 @ k2.transpose(-1, -2) * 16**-0.5, dim=-1) @ v.detach()
+    exact.backward(d_out)
+    torch.testing.assert_close(q.grad, q2.grad, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(k.grad, k2.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_v_fake_quant_is_straight_through():
+    v = torch.randn(2, 70, 8, dtype=torch.float64, requires_grad=True)
+    fq = fake_quant_v_per_group_int4(v, 32)
+    assert fq.shape == v.shape and not torch.equal(fq, v)
+    assert ((fq - v).abs() <= v.detach().abs().amax() / 7).all()
