@@ -1,0 +1,143 @@
+"""The generalized RoPE table: RoPE followed by a pair rotation, as ONE element-wise op.
+
+RoPE at token n is a block-diagonal M(n) of 2×2 blocks on pairs (2i, 2i+1); a pair rotation
+R (none / interleaved / half / learned, see :mod:`rotvid.rope.rotations`) has, in column c,
+nonzeros only at rows c and its partner p(c). So every output channel of ``x @ M(n) @ R`` is
+
+    y[n, c] = R[c,c] * (x M)[c] + R[p,c] * (x M)[p]
+
+and (x M)[c] only reads RoPE pair(c) = {2⌊c/2⌋, 2⌊c/2⌋+1}: y[n, c] is a combination of at
+most four inputs, those of pair(c) and of pair(p(c)). The table stores, per output channel,
+four source indices ``index[c] = (e_c, e_c + 1, e_p, e_p + 1)`` (e = even member of the pair)
+and per position four coefficients ``coef[n, c, :]``::
+
+    out[..., n, c] = sum_t coef[n, c, t] * x[..., n, index[c, t]]
+
+When pair(p) == pair(c) (none, interleaved) the last two slots repeat the first two with zero
+coefficients. This is the design card's "fuses Interleaved/Half 2×2 rotations into 3D-RoPE
+tables": one element-wise pass applies RoPE and any of none / interleaved / half / learned.
+The full Hadamard is not sparse and is applied after RoPE with ``rotation.apply``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rotvid.rope.rotations import NoRotation, PairRotation, Rotation, interleaved_pairs
+from rotvid.rope.tables import as_token_table
+
+__all__ = ["GeneralizedRopeTable", "fuse_rope_and_rotation", "apply_generalized_rope"]
+
+
+@dataclass
+class GeneralizedRopeTable:
+    """RoPE·R as 4 coefficients and 4 source indices per output channel.
+
+    Attributes:
+        coef: float [N, D, 4] (float64 from :func:`fuse_rope_and_rotation`), or
+            [*lead, N, D, 4] for per-head learned rotations (e.g. [H, N, D, 4], broadcast
+            against x [B, H, N, D]).
+        index: long [D, 4], source channels of each output channel (same for every position).
+    """
+
+    coef: torch.Tensor
+    index: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.index.dtype != torch.long or self.index.dim() != 2 or self.index.shape[1] != 4:
+            raise ValueError(f"index must be long [D, 4], got {self.index.dtype} {tuple(self.index.shape)}")
+        d = self.index.shape[0]
+        if self.coef.dim() < 3 or self.coef.shape[-2:] != (d, 4):
+            raise ValueError(f"coef must be [..., N, {d}, 4], got {tuple(self.coef.shape)}")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.coef.shape[-3]
+
+    @property
+    def head_dim(self) -> int:
+        return self.index.shape[0]
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "GeneralizedRopeTable":
+        """Copy with coef moved/cast (index stays long)."""
+        return GeneralizedRopeTable(self.coef.to(device=device, dtype=dtype), self.index.to(device=device))
+
+
+def _pair_structure(rotation: Rotation, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if rotation.head_dim != head_dim:
+        raise ValueError(f"rotation is for head_dim={rotation.head_dim}, cos/sin have D={head_dim}")
+    if isinstance(rotation, PairRotation):
+        return rotation.column_structure()
+    if isinstance(rotation, NoRotation):
+        partner = interleaved_pairs(head_dim).flip(-1).reshape(-1)  # c ^ 1
+        return partner, torch.ones(head_dim, dtype=torch.float64), torch.zeros(head_dim, dtype=torch.float64)
+    raise ValueError(
+        f"rotation.kind must be 'none', 'interleaved', 'half' or 'learned' to fuse into the RoPE table, "
+        f"got {rotation.kind!r} (apply 'full' after RoPE with rotation.apply)"
+    )
+
+
+def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotation) -> GeneralizedRopeTable:
+    """Build the generalized table of ``x -> rotation.apply(rope(x))``.
+
+    Args:
+        cos, sin: diffusers' expanded interleaved RoPE tables, [N, D] or any shape
+            :func:`rotvid.rope.tables.as_token_table` accepts (Wan's [1, N, 1, D]), any float
+            dtype — as the model's own rotary module returns them at run time.
+        rotation: none, interleaved, half or learned (``full`` raises ValueError).
+
+    Returns:
+        GeneralizedRopeTable with float64 coef [*lead, N, D, 4] and index [D, 4], such that
+        ``apply_generalized_rope(x, table) == rotation.apply(apply_rope_interleaved(x, cos, sin))``
+        (to float64 rounding for float64 x).
+    """
+    cos = as_token_table(cos, "cos").to(torch.float64)
+    sin = as_token_table(sin, "sin").to(torch.float64)
+    if cos.shape != sin.shape or cos.shape[-1] % 2:
+        raise ValueError(f"cos and sin must both be [N, D] with D even, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    d = cos.shape[-1]
+    partner, diag, off = _pair_structure(rotation, d)
+    c = torch.arange(d)
+    e_c = c - c % 2
+    e_p = partner - partner % 2
+    shift = torch.where(e_p == e_c, 0, 2)  # partner pair in slots 2, 3 unless it is the own pair
+    index = torch.stack([e_c, e_c + 1, torch.where(shift == 2, e_p, e_c), torch.where(shift == 2, e_p + 1, e_c + 1)], 1)
+    # RoPE (row-vector form): (x M)[c] = x[c] cos[c] + x[c^1] sgn(c) sin[c], sgn = -1 (even c), +1 (odd c).
+    sgn = (2 * (c % 2) - 1).to(torch.float64)
+    diag = diag.unsqueeze(-2)  # [*lead, 1, D]
+    off = off.unsqueeze(-2)
+    lead = diag.shape[:-2]
+    n = cos.shape[0]
+    coef = torch.zeros(*lead, n, d, 4, dtype=torch.float64)
+    # (source channel, coefficient [*lead, N, D], slot of the source in index[c]).
+    terms = (
+        (c, diag * cos, c - e_c),  # x[c] via (xM)[c]
+        (c ^ 1, diag * (sgn * sin), (c ^ 1) - e_c),  # x[c^1] via (xM)[c]
+        (partner, off * cos[:, partner], partner - e_p + shift),  # x[p] via (xM)[p]
+        (partner ^ 1, off * (sgn[partner] * sin[:, partner]), (partner ^ 1) - e_p + shift),  # x[p^1]
+    )
+    for _, value, slot in terms:
+        value = value.expand(*lead, n, d)
+        coef.scatter_add_(-1, slot.expand(*lead, n, d).unsqueeze(-1), value.unsqueeze(-1))
+    return GeneralizedRopeTable(coef=coef, index=index)
+
+
+def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torch.Tensor:
+    """out[..., n, c] = sum_t coef[n, c, t] * x[..., n, index[c, t]] for x [..., N, D].
+
+    Token axis second to last (BHND-style); coef broadcasts over x's leading dims (a per-head
+    table [H, N, D, 4] needs x [..., H, N, D]). Computes in float64 for float64 x, else float32;
+    returns x.dtype.
+    """
+    n, d = table.num_tokens, table.head_dim
+    if x.dim() < 2 or x.shape[-2:] != (n, d):
+        raise ValueError(f"x must be [..., {n}, {d}] (BHND-style, tokens second to last), got {tuple(x.shape)}")
+    lead = table.coef.shape[:-3]
+    if lead and (x.dim() < len(lead) + 2 or tuple(x.shape[-2 - len(lead) : -2]) != tuple(lead)):
+        raise ValueError(f"table has leading dims {tuple(lead)}: x must be [..., {', '.join(map(str, lead))}, {n}, {d}]")
+    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xc = x.to(cd)
+    gathered = xc[..., table.index.to(x.device)]  # [..., N, D, 4]
+    return (gathered * table.coef.to(device=x.device, dtype=cd)).sum(-1).to(x.dtype)

@@ -1,0 +1,232 @@
+"""Normalized Hadamard matrices and the offline V/O Hadamard fusion into attention weights.
+
+RotateAttention (paper Eq. 13-14) rotates V by a per-head Hadamard H_D and undoes it in the
+output projection: with V_h = X W_{v,h} for head h,
+
+    O = concat_h(P_h V_h H) (H^T W_o per head) = concat_h(P_h V_h) W_o,
+
+so the weights can be rewritten once, offline, at zero inference cost. In ``nn.Linear`` terms
+(``y = x @ W.T + b``, W [out, in]) that is, per head h with rows/columns r_h = h*D:(h+1)*D:
+
+* value projection:  ``W_v[r_h, :] <- H^T @ W_v[r_h, :]`` and ``b_v[r_h] <- H^T @ b_v[r_h]``
+  (so each head's value row-vector becomes ``v_h @ H``);
+* output projection: ``W_o[:, r_h] <- W_o[:, r_h] @ H``.
+
+Every value stream that is attended to together must get the same H and every projection that
+reads the attention output must get H^T: in diffusers modules that means ``to_v`` (or the V slice
+of a fused ``to_qkv`` / ``to_kv``) *and* the text branch ``add_v_proj`` (or the V slice of
+``to_added_qkv`` / ``to_added_kv``), and ``to_out[0]`` *and* ``to_add_out``. HunyuanVideo's
+single-stream blocks build their attention with ``pre_only=True`` (no ``to_out``): the attention
+output is concatenated with the MLP branch and read by the block's ``proj_out``, whose first
+``inner_dim`` input columns are W_o; pass that layer as ``output_projection`` (or call
+:func:`fuse_v_hadamard_single_stream` on the block).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+__all__ = [
+    "hadamard_matrix",
+    "fuse_v_hadamard",
+    "unfuse_v_hadamard",
+    "is_v_hadamard_fused",
+    "fuse_v_hadamard_single_stream",
+    "unfuse_v_hadamard_single_stream",
+]
+
+logger = logging.getLogger(__name__)
+
+# Module attribute recording the fusion (plain attribute: not a parameter, not in state_dict).
+FUSED_ATTR = "_rotvid_v_hadamard"
+
+
+def hadamard_matrix(n: int, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> torch.Tensor:
+    """Normalized Sylvester Hadamard matrix H_n = H_2 ⊗ H_{n/2}, entries ±n^{-1/2}.
+
+    H_n is symmetric and orthogonal (H_n @ H_n = I). n must be a power of two (1 allowed).
+    Returns [n, n] in ``dtype``.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1 or n & (n - 1):
+        raise ValueError(f"n must be a power of two >= 1, got {n!r}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    h2 = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.kron(h2, h)
+    return (h * (n ** -0.5)).to(dtype=dtype, device=device)
+
+
+def is_v_hadamard_fused(attn: nn.Module) -> bool:
+    """True if :func:`fuse_v_hadamard` has been applied to ``attn`` (and not undone)."""
+    return getattr(attn, FUSED_ATTR, None) is not None
+
+
+def _value_targets(attn: nn.Module) -> list[tuple[str, nn.Linear, int, int]]:
+    """(name, linear, first_row, end_row) of every value projection present on ``attn``."""
+    targets = []
+    for name, fused_parts in (
+        ("to_v", 1),
+        ("to_qkv", 3),
+        ("to_kv", 2),
+        ("add_v_proj", 1),
+        ("to_added_qkv", 3),
+        ("to_added_kv", 2),
+    ):
+        lin = getattr(attn, name, None)
+        if lin is None:
+            continue
+        if not isinstance(lin, nn.Linear):
+            raise ValueError(f"attn.{name} must be an nn.Linear, got {type(lin).__name__}")
+        out = lin.out_features
+        if out % fused_parts:
+            raise ValueError(f"attn.{name}.out_features={out} is not divisible by {fused_parts} (fused chunks)")
+        size = out // fused_parts
+        targets.append((name, lin, out - size, out))
+    return targets
+
+
+def _output_targets(attn: nn.Module, output_projection: nn.Linear | None, inner: int) -> list[tuple[str, nn.Linear, int, int]]:
+    """(name, linear, first_col, end_col) of every projection reading the attention output."""
+    targets = []
+    to_out = getattr(attn, "to_out", None)
+    if to_out is not None:
+        if output_projection is not None:
+            raise ValueError(
+                "output_projection must be None when attn has its own to_out (it is only for attention "
+                "modules built without to_out, e.g. HunyuanVideo single-stream blocks' proj_out)"
+            )
+        first = to_out[0] if isinstance(to_out, (nn.ModuleList, nn.Sequential)) else to_out
+        if not isinstance(first, nn.Linear):
+            raise ValueError(f"attn.to_out[0] must be an nn.Linear, got {type(first).__name__}")
+        targets.append(("to_out[0]", first, 0, first.in_features))
+    elif output_projection is None:
+        raise ValueError(
+            "attn has no to_out (e.g. HunyuanVideo single-stream attention, pre_only=True): pass "
+            "output_projection=<the block's proj_out>, whose first inner_dim input columns read the "
+            "attention output, or use fuse_v_hadamard_single_stream(block, head_dim)"
+        )
+    else:
+        if not isinstance(output_projection, nn.Linear):
+            raise ValueError(f"output_projection must be an nn.Linear, got {type(output_projection).__name__}")
+        if output_projection.in_features < inner:
+            raise ValueError(
+                f"output_projection.in_features={output_projection.in_features} < inner_dim={inner}: it "
+                f"cannot read the attention output in its first inner_dim columns"
+            )
+        targets.append(("output_projection", output_projection, 0, inner))
+    add_out = getattr(attn, "to_add_out", None)
+    if add_out is not None:
+        if not isinstance(add_out, nn.Linear):
+            raise ValueError(f"attn.to_add_out must be an nn.Linear, got {type(add_out).__name__}")
+        targets.append(("to_add_out", add_out, 0, add_out.in_features))
+    return targets
+
+
+@torch.no_grad()
+def _rotate(attn: nn.Module, head_dim: int, output_projection: nn.Linear | None, *, inverse: bool) -> None:
+    values = _value_targets(attn)
+    if not values:
+        raise ValueError("attn has no value projection (to_v / to_qkv / to_kv): not an attention module?")
+    inner = values[0][3] - values[0][2]
+    outputs = _output_targets(attn, output_projection, inner)
+    widths = {name: stop - start for name, _, start, stop in values + outputs}
+    if len(set(widths.values())) != 1:
+        raise ValueError(f"value and output projections disagree on inner_dim: {widths}")
+    if not isinstance(head_dim, int) or head_dim < 1 or inner % head_dim:
+        raise ValueError(f"head_dim must be a positive int dividing inner_dim={inner}, got {head_dim!r}")
+    heads = inner // head_dim
+    if getattr(attn, "heads", heads) != heads:
+        raise ValueError(f"head_dim={head_dim} gives {heads} heads but attn.heads={attn.heads}")
+    h = hadamard_matrix(head_dim)
+    # fuse: rows <- H^T W, columns <- W H;  unfuse: rows <- H W, columns <- W H^T.
+    left = h if inverse else h.T
+    right = h.T if inverse else h
+    for _, lin, r0, r1 in values:
+        w = lin.weight[r0:r1].double().reshape(heads, head_dim, -1)
+        lin.weight[r0:r1] = (left @ w).reshape(r1 - r0, -1).to(lin.weight.dtype)
+        if lin.bias is not None:
+            b = lin.bias[r0:r1].double().reshape(heads, head_dim, 1)
+            lin.bias[r0:r1] = (left @ b).reshape(-1).to(lin.bias.dtype)
+    for _, lin, c0, c1 in outputs:
+        w = lin.weight[:, c0:c1].double().reshape(lin.out_features, heads, head_dim)
+        lin.weight[:, c0:c1] = (w @ right).reshape(lin.out_features, -1).to(lin.weight.dtype)
+    logger.debug(
+        "%s V/O Hadamard (head_dim=%d, heads=%d) on %s",
+        "removed" if inverse else "fused",
+        head_dim,
+        heads,
+        ", ".join(n for n, *_ in values + outputs),
+    )
+
+
+def fuse_v_hadamard(attn: nn.Module, head_dim: int, *, output_projection: nn.Linear | None = None) -> None:
+    """Fuse a per-head normalized Hadamard into a diffusers attention module's V and O, in place.
+
+    Rewrites (see the module docstring for the algebra) every value projection present —
+    ``to_v``, the V slice (last third) of a fused ``to_qkv``, the V half of ``to_kv``,
+    ``add_v_proj`` and the V slices of ``to_added_qkv`` / ``to_added_kv`` — and every output
+    projection — ``to_out[0]`` and ``to_add_out`` (or ``output_projection``'s first inner_dim
+    columns when the module has no ``to_out``). The module's output is unchanged up to rounding
+    of the weights' dtype; arithmetic is done in float64.
+
+    Args:
+        attn: diffusers attention module (``WanAttention``, ``Attention`` of HunyuanVideo /
+            CogVideoX blocks).
+        head_dim: per-head dim D, a power of two.
+        output_projection: only for modules without ``to_out`` (HunyuanVideo single-stream:
+            pass ``block.proj_out``).
+
+    Raises:
+        ValueError: if already fused (the module records it), if the module lacks the layers
+            above, or if head_dim does not match.
+    """
+    if is_v_hadamard_fused(attn):
+        raise ValueError("attn already has the V/O Hadamard fused (fusing twice would not be the identity)")
+    _rotate(attn, head_dim, output_projection, inverse=False)
+    setattr(attn, FUSED_ATTR, {"head_dim": head_dim, "output_projection": output_projection is not None})
+
+
+def unfuse_v_hadamard(attn: nn.Module, head_dim: int, *, output_projection: nn.Linear | None = None) -> None:
+    """Undo :func:`fuse_v_hadamard` in place (same arguments). Restores the weights up to
+    rounding of their dtype. Raises ValueError if ``attn`` is not fused or the arguments differ
+    from the ones it was fused with."""
+    state = getattr(attn, FUSED_ATTR, None)
+    if state is None:
+        raise ValueError("attn has no V/O Hadamard fused (nothing to undo)")
+    if state["head_dim"] != head_dim or state["output_projection"] != (output_projection is not None):
+        raise ValueError(
+            f"unfuse_v_hadamard arguments differ from the fusion: fused with head_dim={state['head_dim']}, "
+            f"output_projection given={state['output_projection']}; got head_dim={head_dim}, "
+            f"output_projection given={output_projection is not None}"
+        )
+    _rotate(attn, head_dim, output_projection, inverse=True)
+    setattr(attn, FUSED_ATTR, None)
+
+
+def _single_stream_parts(block: nn.Module) -> tuple[nn.Module, nn.Linear]:
+    attn = getattr(block, "attn", None)
+    proj_out = getattr(block, "proj_out", None)
+    if attn is None or not isinstance(proj_out, nn.Linear) or getattr(attn, "to_out", None) is not None:
+        raise ValueError(
+            "block must be a HunyuanVideo single-stream block: .attn without to_out and an nn.Linear "
+            f".proj_out; got {type(block).__name__}"
+        )
+    return attn, proj_out
+
+
+def fuse_v_hadamard_single_stream(block: nn.Module, head_dim: int) -> None:
+    """:func:`fuse_v_hadamard` for a HunyuanVideo single-stream block
+    (``HunyuanVideoSingleTransformerBlock`` / ``HunyuanVideoTokenReplaceSingleTransformerBlock``):
+    H on ``block.attn.to_v``, H^T on the first inner_dim columns of ``block.proj_out``.
+    The fusion is recorded on ``block.attn``."""
+    attn, proj_out = _single_stream_parts(block)
+    fuse_v_hadamard(attn, head_dim, output_projection=proj_out)
+
+
+def unfuse_v_hadamard_single_stream(block: nn.Module, head_dim: int) -> None:
+    """Undo :func:`fuse_v_hadamard_single_stream`."""
+    attn, proj_out = _single_stream_parts(block)
+    unfuse_v_hadamard(attn, head_dim, output_projection=proj_out)

@@ -1,0 +1,87 @@
+"""Generalized RoPE table: RoPE followed by none / interleaved / half / learned in one
+element-wise op, exact in float64."""
+
+import math
+
+import pytest
+import torch
+from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+
+from rotvid.rope.fused_table import GeneralizedRopeTable, apply_generalized_rope, fuse_rope_and_rotation
+from rotvid.rope.model_facts import get_rope_facts
+from rotvid.rope.rotations import PairRotation, make_rotation
+from rotvid.rope.tables import apply_rope_interleaved, rope_table_3d
+
+
+def _rotations(head_dim, segs, gen):
+    rots = [make_rotation(s, head_dim, segs) for s in ("none", "interleaved", "half")]
+    for pairing in ("half", "interleaved"):
+        angles = torch.rand(head_dim // 2, generator=gen, dtype=torch.float64) * 2 * math.pi
+        reflect = (torch.rand(head_dim // 2, generator=gen) > 0.5).to(torch.int8)
+        rots.append(PairRotation.learned(angles, reflect, pairing=pairing, head_dim=head_dim, segments=segs))
+    return rots
+
+
+@pytest.mark.parametrize("family,head_dim,grid", [("wan", 128, (3, 5, 4)), ("wan", 64, (2, 3, 7)),
+                                                  ("hunyuan_video", 128, (3, 4, 3)), ("cogvideox", 64, (4, 3, 5))])
+def test_fused_equals_rope_then_rotation_float64(family, head_dim, grid):
+    gen = torch.Generator().manual_seed(0)
+    segs = get_rope_facts(family).segments(head_dim)
+    cos, sin = rope_table_3d(family, grid, head_dim)
+    x = torch.randn(2, 3, cos.shape[0], head_dim, generator=gen, dtype=torch.float64) * 3
+    for rot in _rotations(head_dim, segs, gen):
+        table = fuse_rope_and_rotation(cos, sin, rot)
+        assert table.coef.shape == (cos.shape[0], head_dim, 4) and table.index.shape == (head_dim, 4)
+        ref = rot.apply(apply_rope_interleaved(x, cos, sin))
+        assert (apply_generalized_rope(x, table) - ref).abs().max() < 1e-13, (rot.kind, rot.pairing if hasattr(rot, "pairing") else "")
+
+
+def test_sources_are_own_pair_and_partner_pair():
+    cos, sin = rope_table_3d("wan", (2, 2, 2), 128)
+    half = fuse_rope_and_rotation(cos, sin, make_rotation("half", 128, (44, 42, 42)))
+    # channel 44 (first of segment h, half size 21) is paired with 65, whose RoPE pair is (64, 65).
+    assert half.index[44].tolist() == [44, 45, 64, 65]
+    assert half.index[65].tolist() == [64, 65, 44, 45]
+    inter = fuse_rope_and_rotation(cos, sin, make_rotation("interleaved", 128))
+    assert inter.index[7].tolist() == [6, 7, 6, 7]
+    assert torch.count_nonzero(inter.coef[..., 2:]) == 0  # a plain 2x2-block table
+
+
+def test_per_head_learned_table():
+    gen = torch.Generator().manual_seed(1)
+    cos, sin = rope_table_3d("cogvideox", (2, 3, 4), 64)
+    angles = torch.rand(3, 32, generator=gen, dtype=torch.float64) * 6
+    reflect = (torch.rand(3, 32, generator=gen) > 0.5).to(torch.int8)
+    rot = PairRotation.learned(angles, reflect, pairing="half", head_dim=64, segments=(16, 24, 24))
+    table = fuse_rope_and_rotation(cos, sin, rot)
+    assert table.coef.shape == (3, 24, 64, 4)
+    x = torch.randn(2, 3, 24, 64, generator=gen, dtype=torch.float64)
+    ref = rot.apply(apply_rope_interleaved(x, cos, sin))
+    assert (apply_generalized_rope(x, table) - ref).abs().max() < 1e-13
+
+
+def test_accepts_wan_module_tables_and_float32():
+    gen = torch.Generator().manual_seed(2)
+    cos, sin = WanRotaryPosEmbed(128, (1, 2, 2), 64)(torch.randn(1, 2, 3, 8, 6))  # [1, N, 1, D] float32
+    rot = make_rotation("half", 128, (44, 42, 42))
+    table = fuse_rope_and_rotation(cos, sin, rot)
+    x = torch.randn(1, 2, 36, 128, generator=gen)
+    ref = rot.apply(apply_rope_interleaved(x.double(), cos.double(), sin.double()))
+    out = apply_generalized_rope(x, table)
+    assert out.dtype == torch.float32
+    assert (out.double() - ref).abs().max() < 1e-5
+    out_bf16 = apply_generalized_rope(x.bfloat16(), table.to(dtype=torch.float32))
+    assert out_bf16.dtype == torch.bfloat16 and (out_bf16.double() - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_bad_input():
+    cos, sin = rope_table_3d("wan", (2, 2, 2), 128)
+    with pytest.raises(ValueError, match="full"):
+        fuse_rope_and_rotation(cos, sin, make_rotation("full", 128))
+    with pytest.raises(ValueError, match="head_dim"):
+        fuse_rope_and_rotation(cos, sin, make_rotation("half", 64))
+    table = fuse_rope_and_rotation(cos, sin, make_rotation("none", 128))
+    with pytest.raises(ValueError, match="x must be"):
+        apply_generalized_rope(torch.randn(1, 9, 128), table)
+    with pytest.raises(ValueError, match="index"):
+        GeneralizedRopeTable(coef=torch.zeros(8, 128, 4), index=torch.zeros(128, 3, dtype=torch.long))
