@@ -26,38 +26,9 @@ from dataclasses import dataclass, field
 import torch
 
 from rotvid.kernels.fake_quant import fake_quant_per_token_int4
+from rotvid.rope.rotations import PairRotation, half_rotation_pairs, interleaved_pairs, pair_blocks
 
 logger = logging.getLogger(__name__)
-
-
-def interleaved_pairs(head_dim: int) -> torch.Tensor:
-    """Channel pairs (2p, 2p+1), p < D/2, as a long tensor [D/2, 2]."""
-    if head_dim % 2:
-        raise ValueError(f"head_dim: expected an even number, got {head_dim}")
-    first = torch.arange(0, head_dim, 2)
-    return torch.stack([first, first + 1], dim=1)
-
-
-def half_pairs(segments: tuple[int, ...]) -> torch.Tensor:
-    """Pairs (c, c + D_j/2) inside each RoPE segment of (even) size D_j, as [sum D_j / 2, 2]."""
-    out, offset = [], 0
-    for size in segments:
-        if size % 2:
-            raise ValueError(f"segments: expected even segment sizes, got {tuple(segments)}")
-        half = size // 2
-        first = torch.arange(offset, offset + half)
-        out.append(torch.stack([first, first + half], dim=1))
-        offset += size
-    return torch.cat(out)
-
-
-def o2_blocks(angles: torch.Tensor, reflect: torch.Tensor) -> torch.Tensor:
-    """2×2 orthogonal blocks [..., P, 2, 2] from angles [..., P] and reflection bits [P] (or [..., P])."""
-    c, s = torch.cos(angles), torch.sin(angles)
-    sign = 1.0 - 2.0 * reflect.to(angles.dtype)  # +1 rotation, -1 reflection
-    row0 = torch.stack([c, s], dim=-1)
-    row1 = torch.stack([-s * sign, c * sign], dim=-1)
-    return torch.stack([row0, row1], dim=-2)
 
 
 def blocks_to_matrix(blocks: torch.Tensor, pairs: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -100,13 +71,21 @@ class LearnedRotationResult:
 
     def matrix_q(self) -> torch.Tensor:
         """R applied to Q: [..., D, D] (float64)."""
-        blocks = o2_blocks(self.angles.double(), self.reflect) if self.blocks is None else self.blocks.double()
+        blocks = pair_blocks(self.angles, self.reflect.expand_as(self.angles)) if self.blocks is None else self.blocks.double()
         return blocks_to_matrix(blocks, self.pairs, self.head_dim)
 
     def matrix_k(self) -> torch.Tensor:
         """R applied to K: R itself (orthogonal) or A^{-T} (unconstrained)."""
         r = self.matrix_q()
         return r if self.blocks is None else torch.linalg.inv(r).transpose(-1, -2)
+
+    def to_rotation(self, segments: tuple[int, ...] | None = None) -> PairRotation:
+        """The learned (orthogonal) rotation as a :class:`PairRotation` (``make_rotation`` loads its file)."""
+        if self.blocks is not None:
+            raise ValueError("unconstrained blocks are not a rotation: they are kept as an ablation only")
+        return PairRotation.learned(
+            self.angles.detach(), self.reflect, pairing=self.pairing, head_dim=self.head_dim, segments=segments
+        )
 
 
 def learn_rotation(
@@ -137,14 +116,14 @@ def learn_rotation(
     if pairing == "interleaved":
         pairs = interleaved_pairs(head_dim)
     elif pairing == "half":
-        pairs = half_pairs(tuple(segments) if segments else (head_dim,))
+        pairs = half_rotation_pairs(tuple(segments) if segments else (head_dim,))
     else:
         raise ValueError(f"pairing: expected 'interleaved' or 'half', got {pairing!r}")
     torch.manual_seed(seed)
     q, k = q.float(), k.float()
     n_pairs = pairs.shape[0]
     lead = (q.shape[0],) if per_head else ()
-    reflect = torch.ones(n_pairs, dtype=torch.int8)
+    reflect = torch.ones(*lead, n_pairs, dtype=torch.int8)
     if unconstrained:
         h2 = torch.tensor([[1.0, 1.0], [1.0, -1.0]]) / math.sqrt(2)
         param = h2.expand(*lead, n_pairs, 2, 2).clone().requires_grad_(True)
@@ -152,7 +131,7 @@ def learn_rotation(
         param = torch.full((*lead, n_pairs), math.pi / 4).requires_grad_(True)
 
     def matrices():
-        blocks = param if unconstrained else o2_blocks(param, reflect)
+        blocks = param if unconstrained else pair_blocks(param, reflect).float()
         r_q = blocks_to_matrix(blocks, pairs, head_dim)
         r_k = torch.linalg.inv(r_q).transpose(-1, -2) if unconstrained else r_q
         if per_head:

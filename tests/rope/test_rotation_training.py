@@ -5,14 +5,8 @@ import math
 import pytest
 import torch
 
-from rotvid.rope.rotation_training import (
-    blocks_to_matrix,
-    half_pairs,
-    interleaved_pairs,
-    learn_rotation,
-    o2_blocks,
-    rotation_objective,
-)
+from rotvid.rope.rotation_training import blocks_to_matrix, learn_rotation, rotation_objective
+from rotvid.rope.rotations import make_rotation, pair_blocks, save_learned_rotation
 
 
 def paired_qk(n=256, d=32, seed=0):
@@ -26,15 +20,8 @@ def paired_qk(n=256, d=32, seed=0):
 
 
 def test_h2_is_the_reflection_at_pi_over_4():
-    block = o2_blocks(torch.tensor([math.pi / 4], dtype=torch.float64), torch.tensor([1]))[0]
+    block = pair_blocks(torch.tensor([math.pi / 4], dtype=torch.float64), torch.tensor([1]))[0]
     torch.testing.assert_close(block, torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64) / math.sqrt(2))
-
-
-def test_pairings():
-    assert interleaved_pairs(6).tolist() == [[0, 1], [2, 3], [4, 5]]
-    assert half_pairs((4, 6)).tolist() == [[0, 2], [1, 3], [4, 7], [5, 8], [6, 9]]
-    with pytest.raises(ValueError, match="segments"):
-        half_pairs((3, 5))
 
 
 def test_learned_rotation_is_orthogonal_and_beats_h2():
@@ -71,3 +58,13 @@ def test_blocks_to_matrix_places_blocks_on_pairs():
     blocks = torch.arange(8.0).view(2, 2, 2)
     m = blocks_to_matrix(blocks, torch.tensor([[0, 2], [1, 3]]), 4)
     assert m[0, 0] == 0 and m[0, 2] == 1 and m[2, 0] == 2 and m[2, 2] == 3 and m[1, 3] == 5
+
+
+def test_trained_rotation_saves_and_loads_through_make_rotation(tmp_path):
+    q, k = paired_qk(n=128, seed=3)
+    res = learn_rotation(q, k, pairing="half", segments=(8, 12, 12), iters=10, lr=0.03)
+    path = tmp_path / "rotations.safetensors"
+    save_learned_rotation(path, res.angles.detach(), res.reflect, pairing="half", head_dim=32, segments=(8, 12, 12))
+    loaded = make_rotation(f"learned:{path}", 32, (8, 12, 12))
+    torch.testing.assert_close(loaded.matrix(), res.matrix_q(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(res.to_rotation((8, 12, 12)).matrix(), res.matrix_q(), rtol=0, atol=1e-12)
