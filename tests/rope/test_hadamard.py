@@ -1,0 +1,197 @@
+"""Hadamard matrices and the offline V/O Hadamard fusion on real (tiny) diffusers modules."""
+
+import pytest
+import torch
+from diffusers.models.attention_processor import FusedCogVideoXAttnProcessor2_0
+from diffusers.models.embeddings import get_3d_rotary_pos_embed
+from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
+from diffusers.models.transformers.transformer_hunyuan_video import (
+    HunyuanVideoRotaryPosEmbed,
+    HunyuanVideoSingleTransformerBlock,
+    HunyuanVideoTransformerBlock,
+)
+from diffusers.models.transformers.transformer_wan import WanAttention, WanAttnProcessor, WanRotaryPosEmbed
+
+from rotvid.rope.hadamard import (
+    fuse_v_hadamard,
+    fuse_v_hadamard_single_stream,
+    hadamard_matrix,
+    is_v_hadamard_fused,
+    unfuse_v_hadamard,
+    unfuse_v_hadamard_single_stream,
+)
+
+HEAD_DIM = 32
+HEADS = 2
+DIM = HEAD_DIM * HEADS
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _randomize(module):
+    """Fresh random weights (diffusers zero-inits some biases/norms) so nothing is trivially exact."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif p.dim() == 1:
+                p.copy_(0.5 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    return module
+
+
+def _snapshot(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _assert_restored(module, before):
+    after = module.state_dict()
+    for k, v in before.items():
+        assert torch.allclose(after[k], v, atol=1e-6, rtol=1e-5), k
+
+
+def _close(a, b):
+    scale = b.abs().max()
+    assert (a - b).abs().max() <= 2e-5 * scale, float((a - b).abs().max() / scale)
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 64, 128])
+def test_hadamard_matrix(n):
+    h = hadamard_matrix(n)
+    assert torch.allclose(h @ h, torch.eye(n, dtype=torch.float64), atol=1e-14)
+    assert torch.equal(h, h.T)
+    assert torch.allclose(h.abs(), torch.full((n, n), n ** -0.5, dtype=torch.float64))
+    if n >= 2:
+        h2 = hadamard_matrix(2)
+        assert torch.allclose(h, torch.kron(h2, hadamard_matrix(n // 2)), atol=1e-15)
+
+
+@pytest.mark.parametrize("n", [0, 12, 96, -4])
+def test_hadamard_matrix_bad_n(n):
+    with pytest.raises(ValueError, match="power of two"):
+        hadamard_matrix(n)
+
+
+def _wan_case(fused_projections):
+    attn = _randomize(WanAttention(dim=DIM, heads=HEADS, dim_head=HEAD_DIM, eps=1e-6, processor=WanAttnProcessor()))
+    if fused_projections:
+        attn.fuse_projections()
+    rope = WanRotaryPosEmbed(HEAD_DIM, (1, 2, 2), max_seq_len=64)
+    x = torch.randn(2, 3 * 4 * 5, DIM)
+    freqs = rope(torch.randn(1, 4, 3, 8, 10))
+    return attn, lambda: attn(x, rotary_emb=freqs)
+
+
+@pytest.mark.parametrize("fused_projections", [False, True])
+def test_wan_attention(fused_projections):
+    attn, run = _wan_case(fused_projections)
+    with torch.no_grad():
+        ref = run()
+        before = _snapshot(attn)
+        fuse_v_hadamard(attn, HEAD_DIM)
+        assert is_v_hadamard_fused(attn)
+        assert not torch.allclose(attn.to_v.weight, before["to_v.weight"])
+        if fused_projections:
+            assert torch.equal(attn.to_qkv.weight[2 * DIM :], attn.to_v.weight)
+            assert torch.equal(attn.to_qkv.weight[:DIM], before["to_q.weight"])
+        _close(run(), ref)
+        with pytest.raises(ValueError, match="already"):
+            fuse_v_hadamard(attn, HEAD_DIM)
+        unfuse_v_hadamard(attn, HEAD_DIM)
+        assert not is_v_hadamard_fused(attn)
+        _assert_restored(attn, before)
+        with pytest.raises(ValueError, match="nothing to undo"):
+            unfuse_v_hadamard(attn, HEAD_DIM)
+
+
+def test_wan_bad_head_dim():
+    attn, _ = _wan_case(False)
+    with pytest.raises(ValueError, match="head_dim"):
+        fuse_v_hadamard(attn, 16)  # 4 heads, but attn.heads == 2
+    with pytest.raises(ValueError, match="power of two"):
+        fuse_v_hadamard(WanAttention(dim=48, heads=2, dim_head=24), 24)
+
+
+def _hunyuan_rope(f, h, w):
+    rope = HunyuanVideoRotaryPosEmbed(patch_size=1, patch_size_t=1, rope_dim=[4, 14, 14], theta=256.0)
+    return rope(torch.randn(1, 2, f, h, w))
+
+
+def test_hunyuan_double_stream():
+    block = _randomize(HunyuanVideoTransformerBlock(HEADS, HEAD_DIM, mlp_ratio=2.0))
+    attn = block.attn
+    x, ctx = torch.randn(2, 2 * 3 * 4, DIM), torch.randn(2, 7, DIM)
+    freqs = _hunyuan_rope(2, 3, 4)
+    with torch.no_grad():
+        ref_video, ref_text = attn(x, ctx, image_rotary_emb=freqs)
+        before = _snapshot(attn)
+        fuse_v_hadamard(attn, HEAD_DIM)
+        # the text branch gets the same per-head H: its values are attended together with video's.
+        assert not torch.allclose(attn.add_v_proj.weight, before["add_v_proj.weight"])
+        assert not torch.allclose(attn.to_add_out.weight, before["to_add_out.weight"])
+        video, text = attn(x, ctx, image_rotary_emb=freqs)
+        _close(video, ref_video)
+        _close(text, ref_text)
+        unfuse_v_hadamard(attn, HEAD_DIM)
+        _assert_restored(attn, before)
+
+
+def test_hunyuan_double_stream_fused_projections():
+    block = _randomize(HunyuanVideoTransformerBlock(HEADS, HEAD_DIM, mlp_ratio=2.0))
+    attn = block.attn
+    attn.fuse_projections()
+    x, ctx = torch.randn(1, 12, DIM), torch.randn(1, 5, DIM)
+    freqs = _hunyuan_rope(1, 3, 4)
+    with torch.no_grad():
+        ref = attn(x, ctx, image_rotary_emb=freqs)
+        fuse_v_hadamard(attn, HEAD_DIM)
+        assert torch.equal(attn.to_added_qkv.weight[2 * DIM :], attn.add_v_proj.weight)
+        out = attn(x, ctx, image_rotary_emb=freqs)
+        _close(out[0], ref[0])
+        _close(out[1], ref[1])
+
+
+def test_hunyuan_single_stream_block():
+    block = _randomize(HunyuanVideoSingleTransformerBlock(HEADS, HEAD_DIM, mlp_ratio=2.0))
+    x, ctx, temb = torch.randn(2, 24, DIM), torch.randn(2, 6, DIM), torch.randn(2, DIM)
+    freqs = _hunyuan_rope(2, 3, 4)
+    with torch.no_grad():
+        ref = block(x, ctx, temb, image_rotary_emb=freqs)
+        before = _snapshot(block)
+        with pytest.raises(ValueError, match="output_projection"):
+            fuse_v_hadamard(block.attn, HEAD_DIM)
+        fuse_v_hadamard_single_stream(block, HEAD_DIM)
+        # only the attention columns of proj_out change; the MLP columns stay.
+        assert torch.equal(block.proj_out.weight[:, DIM:], before["proj_out.weight"][:, DIM:])
+        assert not torch.allclose(block.proj_out.weight[:, :DIM], before["proj_out.weight"][:, :DIM])
+        out = block(x, ctx, temb, image_rotary_emb=freqs)
+        _close(out[0], ref[0])
+        _close(out[1], ref[1])
+        with pytest.raises(ValueError, match="differ"):
+            unfuse_v_hadamard(block.attn, HEAD_DIM)
+        unfuse_v_hadamard_single_stream(block, HEAD_DIM)
+        _assert_restored(block, before)
+
+
+@pytest.mark.parametrize("fused_projections", [False, True])
+def test_cogvideox_attention(fused_projections):
+    block = _randomize(CogVideoXBlock(dim=DIM, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, time_embed_dim=16))
+    attn = block.attn1
+    if fused_projections:
+        attn.fuse_projections()
+        attn.set_processor(FusedCogVideoXAttnProcessor2_0())
+    x, ctx = torch.randn(2, 3 * 4 * 5, DIM), torch.randn(2, 6, DIM)
+    freqs = get_3d_rotary_pos_embed(HEAD_DIM, ((0, 0), (4, 5)), (4, 5), 3)
+    with torch.no_grad():
+        ref = attn(x, ctx, image_rotary_emb=freqs)
+        before = _snapshot(attn)
+        fuse_v_hadamard(attn, HEAD_DIM)
+        out = attn(x, ctx, image_rotary_emb=freqs)
+        _close(out[0], ref[0])
+        _close(out[1], ref[1])
+        unfuse_v_hadamard(attn, HEAD_DIM)
+        _assert_restored(attn, before)
