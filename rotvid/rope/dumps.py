@@ -14,6 +14,8 @@ A dump is one ``.safetensors`` file with tensors ``q``, ``k``, ``v`` and string 
 ``text_position`` ``"none"``, ``"first"`` (CogVideoX) or ``"last"`` (HunyuanVideo)
 ``stage``         ``"post_rope"``: q and k exactly as the attention receives them (RoPE
                   applied, no rotation, no smoothing); v as projected
+``kv_len``        optional: number of valid keys (HunyuanVideo pads the text; keys
+                  ``>= kv_len`` are masked), absent when every key is valid
 ================  =================================================================
 
 Any extra string metadata given at save time is kept.
@@ -35,7 +37,9 @@ __all__ = ["QKVDump", "save_qkv_dump", "load_qkv_dump", "DUMP_FORMAT"]
 DUMP_FORMAT = "rotvid.qkv_dump/1"
 _LAYOUTS = ("BHND", "BNHD")
 _TEXT_POSITIONS = ("none", "first", "last")
-_RESERVED = ("format", "model", "family", "block", "step", "grid", "layout", "text_tokens", "text_position", "stage")
+_RESERVED = (
+    "format", "model", "family", "block", "step", "grid", "layout", "text_tokens", "text_position", "stage", "kv_len",
+)
 
 
 @dataclass
@@ -44,8 +48,8 @@ class QKVDump:
 
     Attributes:
         q, k, v: [B, H, N, D] or [B, N, H, D] per ``layout``, the dtype they were saved in.
-        model, family, block, step, grid, layout, text_tokens, text_position: see the module
-            docstring.
+        model, family, block, step, grid, layout, text_tokens, text_position, kv_len: see the
+            module docstring (kv_len None: every key valid).
         extra: any other metadata (str -> str).
     """
 
@@ -60,6 +64,7 @@ class QKVDump:
     layout: str = "BHND"
     text_tokens: int = 0
     text_position: str = "none"
+    kv_len: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     def bhnd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -99,6 +104,8 @@ def _validate(d: QKVDump) -> None:
             f"grid {tuple(d.grid)} + text_tokens={d.text_tokens} gives N={n_expected}, "
             f"but q has N={q.shape[2]} and k has N={k.shape[2]} ({d.layout})"
         )
+    if d.kv_len is not None and not 1 <= d.kv_len <= n_expected:
+        raise ValueError(f"kv_len must be in [1, {n_expected}] or None, got {d.kv_len!r}")
 
 
 def save_qkv_dump(
@@ -115,12 +122,14 @@ def save_qkv_dump(
     layout: str = "BHND",
     text_tokens: int = 0,
     text_position: str = "none",
+    kv_len: int | None = None,
     extra_metadata: dict[str, str] | None = None,
 ) -> None:
     """Write q, k (post-RoPE, un-rotated) and v of one attention call to ``path``.
 
     Shapes: [B, H, N, D] or [B, N, H, D] per ``layout``, N = f*h*w + text_tokens; any float
-    dtype (kept as is). Tensors are moved to CPU and made contiguous.
+    dtype (kept as is). kv_len: valid keys when the model masks padded keys (None: all valid).
+    Tensors are moved to CPU and made contiguous.
     """
     extra = dict(extra_metadata or {})
     clash = set(extra) & set(_RESERVED)
@@ -131,7 +140,7 @@ def save_qkv_dump(
     dump = QKVDump(
         q, k, v, model=str(model), family=family, block=int(block), step=int(step),
         grid=tuple(int(g) for g in grid), layout=layout, text_tokens=int(text_tokens),
-        text_position=text_position, extra=extra,
+        text_position=text_position, kv_len=None if kv_len is None else int(kv_len), extra=extra,
     )  # fmt: skip
     _validate(dump)
     meta = {
@@ -145,6 +154,7 @@ def save_qkv_dump(
         "text_tokens": str(dump.text_tokens),
         "text_position": text_position,
         "stage": "post_rope",
+        **({} if kv_len is None else {"kv_len": str(dump.kv_len)}),
         **extra,
     }
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in (("q", q), ("k", k), ("v", v))}
@@ -169,6 +179,7 @@ def load_qkv_dump(path: str | Path) -> QKVDump:
             step=int(meta["step"]), grid=tuple(int(g) for g in meta["grid"].split(",")),
             layout=meta["layout"], text_tokens=int(meta["text_tokens"]),
             text_position=meta["text_position"],
+            kv_len=int(meta["kv_len"]) if "kv_len" in meta else None,
             extra={a: b for a, b in meta.items() if a not in _RESERVED},
         )  # fmt: skip
     except (KeyError, ValueError) as err:

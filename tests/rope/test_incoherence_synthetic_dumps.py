@@ -76,11 +76,11 @@ def test_dump_round_trip(tmp_path, layout):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     path = tmp_path / "d.safetensors"
     save_qkv_dump(path, q, k, v, model="tiny/hunyuan", family="hunyuan_video", block=3, step=7, grid=(2, 3, 4),
-                  layout=layout, text_tokens=5, text_position="last", extra_metadata={"prompt_id": "12"})
+                  layout=layout, text_tokens=5, text_position="last", kv_len=27, extra_metadata={"prompt_id": "12"})
     d = load_qkv_dump(path)
     assert torch.equal(d.q, q) and torch.equal(d.k, k) and torch.equal(d.v, v) and d.q.dtype == torch.bfloat16
     assert (d.model, d.family, d.block, d.step, d.grid, d.layout) == ("tiny/hunyuan", "hunyuan_video", 3, 7, (2, 3, 4), layout)
-    assert (d.text_tokens, d.text_position, d.extra) == (5, "last", {"prompt_id": "12"})
+    assert (d.text_tokens, d.text_position, d.kv_len, d.extra) == (5, "last", 27, {"prompt_id": "12"})
     qb, _, _ = d.bhnd()
     assert qb.shape == (1, 2, 29, 32) and d.video_slice() == slice(0, 24)
 
@@ -89,6 +89,9 @@ def test_dump_bad_input(tmp_path):
     q = torch.randn(1, 2, 24, 32)
     with pytest.raises(ValueError, match="N="):
         save_qkv_dump(tmp_path / "x.safetensors", q, q, q, model="m", family="wan", block=0, step=0, grid=(2, 3, 5))
+    with pytest.raises(ValueError, match="kv_len"):
+        save_qkv_dump(tmp_path / "x.safetensors", q, q, q, model="m", family="wan", block=0, step=0, grid=(2, 3, 4),
+                      kv_len=0)
     with pytest.raises(ValueError, match="family"):
         save_qkv_dump(tmp_path / "x.safetensors", q, q, q, model="m", family="sd3", block=0, step=0, grid=(2, 3, 4))
     with pytest.raises(ValueError, match="reserved"):
