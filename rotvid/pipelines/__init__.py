@@ -1,1 +1,40 @@
-"""rotvid.pipelines"""
+"""rotvid.pipelines: run rotvid inside diffusers' Wan, HunyuanVideo and CogVideoX pipelines.
+
+    from rotvid.pipelines import load_pipeline, apply, remove, RotvidConfig
+
+    pipe = load_pipeline("wan2.2-t2v-a14b", dtype="bf16", device="cuda")
+    handle = apply(pipe, RotvidConfig(recipe="int4", rotation="half", schedule="paper-wan2.2-t2v"))
+    video = pipe(prompt="...", num_inference_steps=40).frames[0]
+    print(handle.report.summary())
+    remove(pipe)
+"""
+
+from rotvid.pipelines.attach import RotvidHandle, apply, find_transformers, remove
+from rotvid.pipelines.config import CONFIG_VERSION, PIPELINE_RECIPES, RotvidConfig
+from rotvid.pipelines.loading import load_pipeline, resolve_model
+from rotvid.pipelines.model_table import DEFAULT_MODEL, FAMILIES, MODELS
+from rotvid.pipelines.report import RunReport
+from rotvid.pipelines.schedule import SCHEDULE_PRESETS, Schedule, expected_quantized_fraction, schedule_preset
+from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
+
+__all__ = [
+    "apply",
+    "remove",
+    "RotvidHandle",
+    "RotvidConfig",
+    "CONFIG_VERSION",
+    "PIPELINE_RECIPES",
+    "Schedule",
+    "SCHEDULE_PRESETS",
+    "schedule_preset",
+    "expected_quantized_fraction",
+    "RunReport",
+    "StepTracker",
+    "StepUnknownError",
+    "load_pipeline",
+    "resolve_model",
+    "find_transformers",
+    "DEFAULT_MODEL",
+    "FAMILIES",
+    "MODELS",
+]

@@ -1,0 +1,321 @@
+"""``apply(pipe, config)`` / ``remove(pipe)``: attach rotvid to a diffusers video pipeline and take it off.
+
+``apply``:
+
+1. finds the pipeline's transformer(s) (Wan2.2 A14B: ``transformer`` and ``transformer_2``) and
+   their family in :data:`rotvid.pipelines.model_table.FAMILIES`;
+2. for every block of every stack, replaces the processor of the **self**-attention module
+   (``attn.set_processor``) with the family's rotvid processor; cross-attention (Wan's
+   ``attn2``: text and image context) and HunyuanVideo's text token-refiner are left as they are;
+3. fuses the per-head V/O Hadamard into the weights (:func:`rotvid.rope.hadamard.fuse_v_hadamard`),
+   keeping a CPU copy of every touched parameter so that ``remove`` restores them bit for bit;
+4. builds the Q/K rotation per block (:func:`rotvid.rope.rotations.make_rotation`; per-block
+   learned files are ``select``-ed by block index);
+5. wraps the scheduler for the step tracker and hooks the transformers' forwards (counts);
+6. returns a :class:`RotvidHandle` with the run report.
+
+``remove`` undoes all of it: original processors, original weights (bit-identical), no hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from rotvid.pipelines.config import RotvidConfig
+from rotvid.pipelines.model_table import BlockStack, ModelFamily, family_of_transformer
+from rotvid.pipelines.processors import PROCESSORS
+from rotvid.pipelines.qk_rotation import QKRotator
+from rotvid.pipelines.report import RunReport
+from rotvid.pipelines.runtime import AttentionSite, Runtime
+from rotvid.pipelines.step_tracker import StepTracker
+from rotvid.rope.hadamard import fuse_v_hadamard, unfuse_v_hadamard
+from rotvid.rope.model_facts import get_rope_facts
+from rotvid.rope.rotations import Rotation, make_rotation
+
+__all__ = ["apply", "remove", "RotvidHandle", "find_transformers"]
+
+logger = logging.getLogger(__name__)
+
+HANDLE_ATTR = "_rotvid_handle"
+
+
+@dataclass
+class _Installed:
+    """What ``apply`` changed on one self-attention (to undo it)."""
+
+    attn: nn.Module
+    original_processor: object
+    head_dim: int
+    output_projection: nn.Linear | None
+    vo_fused: bool
+    snapshots: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (live param, CPU copy)
+
+
+class RotvidHandle:
+    """What ``apply`` returns: the run report, the step tracker, and ``remove``.
+
+    Attributes:
+        config: the :class:`RotvidConfig` applied.
+        family: the :class:`ModelFamily` of the pipeline.
+        transformers: ``{pipeline attribute: transformer}`` rotvid is attached to.
+        tracker: the :class:`StepTracker` (call ``tracker.begin(n)`` / ``set_step(i)`` when
+            driving a bare transformer).
+        report: the :class:`RunReport` (counts since apply or :meth:`reset_report`).
+    """
+
+    def __init__(self, target, config: RotvidConfig, family: ModelFamily, transformers: dict[str, nn.Module]):
+        self.target = target
+        self.config = config
+        self.family = family
+        self.transformers = transformers
+        self.tracker = StepTracker()
+        self.report = RunReport(recipe=config.recipe, backend_requested=config.backend)
+        self.runtime = Runtime(config, self.tracker, self.report)
+        self._installed: list[_Installed] = []
+        self._hooks: list = []
+        self._scheduler = None
+        self.active = True
+
+    @property
+    def int4_fraction(self) -> float:
+        """Fraction of self-attention calls that ran the quantized recipe so far."""
+        return self.report.quantized_fraction
+
+    def reset_report(self) -> None:
+        self.report.reset()
+
+    def remove(self) -> None:
+        """Same as :func:`remove` on the pipeline."""
+        remove(self.target)
+
+    def __repr__(self) -> str:
+        n = len(self._installed)
+        return f"RotvidHandle(family={self.family.name}, self_attentions={n}, recipe={self.config.recipe}, active={self.active})"
+
+
+def find_transformers(target) -> tuple[ModelFamily, dict[str, nn.Module]]:
+    """The family and ``{attribute: transformer}`` of a pipeline, or of a bare transformer.
+
+    Raises:
+        ValueError: no supported transformer found, or transformers of different families.
+    """
+    if isinstance(target, nn.Module):
+        return family_of_transformer(target), {"transformer": target}
+    found: dict[str, nn.Module] = {}
+    family = None
+    for attr in ("transformer", "transformer_2"):
+        module = getattr(target, attr, None)
+        if module is None:
+            continue
+        fam = family_of_transformer(module)
+        if family is not None and fam is not family:
+            raise ValueError(f"pipe: transformers of different families ({family.name}, {fam.name})")
+        if attr not in fam.transformer_attrs:
+            raise ValueError(f"pipe: {fam.name} pipelines are not expected to have a {attr!r}")
+        family = fam
+        found[attr] = module
+    if family is None:
+        raise ValueError(
+            f"pipe: expected a diffusers Wan / HunyuanVideo / CogVideoX pipeline (with a .transformer) "
+            f"or one of their transformers, got {type(target).__name__}"
+        )
+    return family, found
+
+
+def _segments_for(family: ModelFamily, transformer: nn.Module, head_dim: int) -> tuple[int, ...] | None:
+    """RoPE segment sizes for the ``half`` rotation (None: no RoPE, one segment)."""
+    cfg = transformer.config
+    if family.name == "cogvideox" and not cfg.get("use_rotary_positional_embeddings", False):
+        return None
+    if family.rope_config_attr is not None and cfg.get(family.rope_config_attr) is not None:
+        return tuple(int(s) for s in cfg[family.rope_config_attr])
+    return get_rope_facts(family.rope_family).segments(head_dim)
+
+
+def _rotation_for_block(base: Rotation, block: int, num_blocks: int, expert: int) -> Rotation:
+    """A per-block learned rotation's block, or ``base`` itself when it is shared."""
+    lead = getattr(base, "lead_shape", ())
+    if not lead:
+        return base
+    if lead[0] == num_blocks:
+        return base.select(block)
+    if lead[0] % num_blocks == 0 and lead[0] // num_blocks > expert:
+        return base.select(expert * num_blocks + block)
+    raise ValueError(
+        f"rotation: learned rotation has {lead[0]} blocks in its leading dim; expected {num_blocks} "
+        f"(one per self-attention) or a multiple for several experts"
+    )
+
+
+def _get(module: nn.Module, path: str) -> nn.Module | None:
+    cur = module
+    for part in path.split("."):
+        cur = cur[int(part)] if part.isdigit() else getattr(cur, part, None)
+        if cur is None:
+            return None
+    return cur
+
+
+def _snapshot(block: nn.Module, stack: BlockStack) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for path in list(stack.v_projections) + [p for p, _ in stack.out_projections]:
+        lin = _get(block, path)
+        if lin is None:
+            continue
+        for p in (lin.weight, lin.bias):
+            if p is not None:
+                out.append((p, p.detach().to("cpu", copy=True)))
+    return out
+
+
+def _check_attn(attn: nn.Module, where: str) -> None:
+    if getattr(attn, "fused_projections", False) or getattr(attn, "to_qkv", None) is not None:
+        raise ValueError(
+            f"pipe: {where} has fused QKV projections; call transformer.unfuse_qkv_projections() before apply"
+        )
+    proc = getattr(attn, "processor", None)
+    if getattr(proc, "_parallel_config", None) is not None:
+        raise ValueError(f"pipe: {where} runs context-parallel attention, which rotvid does not support")
+
+
+def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True) -> RotvidHandle:
+    """Attach rotvid to a pipeline (or a bare transformer) in place.
+
+    Args:
+        pipe: a diffusers ``WanPipeline`` / ``WanImageToVideoPipeline`` / ``HunyuanVideoPipeline``
+            / ``CogVideoXPipeline`` (anything with a supported ``.transformer``), or one of
+            their transformers (then drive the step tracker by hand).
+        config: the :class:`RotvidConfig` (default: ``RotvidConfig()``, int4 + half rotation +
+            V/O Hadamard, no FP16 steps/blocks).
+        exact_remove: keep a CPU copy of every weight the V/O Hadamard rewrites so that
+            :func:`remove` restores them bit for bit (memory: W_v and W_o of every block). With
+            ``False``, ``remove`` un-fuses arithmetically (exact up to the weights' rounding).
+
+    Returns:
+        The :class:`RotvidHandle`.
+
+    Raises:
+        ValueError: unsupported pipeline, rotvid already applied, fused QKV projections,
+            context-parallel attention, a rotation that does not fit the model.
+    """
+    config = RotvidConfig() if config is None else config
+    if not isinstance(config, RotvidConfig):
+        raise ValueError(f"config: expected a RotvidConfig, got {type(config).__name__}")
+    if getattr(pipe, HANDLE_ATTR, None) is not None:
+        raise ValueError("pipe: rotvid is already applied; call rotvid.pipelines.remove(pipe) first")
+    family, transformers = find_transformers(pipe)
+    handle = RotvidHandle(pipe, config, family, transformers)
+    try:
+        _install(handle, exact_remove=exact_remove)
+    except BaseException:
+        _uninstall(handle)
+        raise
+    setattr(pipe, HANDLE_ATTR, handle)
+    logger.info("rotvid applied: %r", handle)
+    return handle
+
+
+def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
+    config, family = handle.config, handle.family
+    for expert, (tname, transformer) in enumerate(handle.transformers.items()):
+        head_dim = int(transformer.config.attention_head_dim)
+        stacks = []
+        for stack in family.stacks:
+            blocks = getattr(transformer, stack.attr, None)
+            if blocks is None:
+                raise ValueError(f"pipe: {tname} has no block list {stack.attr!r}")
+            stacks.append((stack, blocks))
+        num_blocks = sum(len(b) for _, b in stacks)
+        base_rotation = make_rotation(config.rotation, head_dim, _segments_for(family, transformer, head_dim))
+        shared_rotator = QKRotator(base_rotation)
+        block = 0
+        for si, (stack, blocks) in enumerate(stacks):
+            for bi, blk in enumerate(blocks):
+                where = f"{tname}.{stack.attr}.{bi}"
+                if type(blk).__name__ not in stack.block_classes:
+                    raise ValueError(
+                        f"pipe: {where} is a {type(blk).__name__}; expected one of {', '.join(stack.block_classes)}"
+                    )
+                attn = getattr(blk, stack.self_attention)
+                _check_attn(attn, f"{where}.{stack.self_attention}")
+                rotation = _rotation_for_block(base_rotation, block, num_blocks, expert)
+                rotator = shared_rotator if rotation is base_rotation else QKRotator(rotation)
+                site = AttentionSite(tname, block, num_blocks, si, bi, len(blocks))
+                out_proj = None
+                if attn_lacks_to_out(attn):
+                    paths = [p for p, cols in stack.out_projections if cols == "inner"]
+                    out_proj = _get(blk, paths[0]) if paths else None
+                inst = _Installed(attn, attn.processor, head_dim, out_proj, vo_fused=False)
+                handle._installed.append(inst)
+                if config.vo_hadamard:
+                    if exact_remove:
+                        inst.snapshots = _snapshot(blk, stack)
+                    with torch.no_grad():
+                        fuse_v_hadamard(attn, head_dim, output_projection=out_proj)
+                    inst.vo_fused = True
+                attn.set_processor(PROCESSORS[stack.processor_kind](handle.runtime, site, rotator, inst.original_processor))
+                block += 1
+        hook = transformer.register_forward_pre_hook(_count_forward_hook(handle, tname))
+        handle._hooks.append(hook)
+    scheduler = None if isinstance(handle.target, nn.Module) else getattr(handle.target, "scheduler", None)
+    if scheduler is not None:
+        handle.tracker.attach(scheduler)
+        handle._scheduler = scheduler
+
+
+def attn_lacks_to_out(attn: nn.Module) -> bool:
+    return getattr(attn, "to_out", None) is None
+
+
+def _count_forward_hook(handle: RotvidHandle, name: str):
+    def hook(module, args):
+        sched = handle._scheduler
+        if sched is not None and getattr(handle.target, "scheduler", None) is not sched:
+            raise RuntimeError(
+                "rotvid: pipe.scheduler was replaced after apply; the step tracker follows the old one. "
+                "Call rotvid.pipelines.remove(pipe) and apply again."
+            )
+        handle.tracker.count_forward(name)
+        return None
+
+    return hook
+
+
+def _uninstall(handle: RotvidHandle) -> None:
+    for hook in handle._hooks:
+        hook.remove()
+    handle._hooks = []
+    handle.tracker.detach()
+    handle._scheduler = None
+    for inst in reversed(handle._installed):
+        inst.attn.set_processor(inst.original_processor)
+        if inst.vo_fused:
+            with torch.no_grad():
+                unfuse_v_hadamard(inst.attn, inst.head_dim, output_projection=inst.output_projection)
+                for live, saved in inst.snapshots:
+                    live.copy_(saved)
+            inst.vo_fused = False
+    handle._installed = []
+    handle.active = False
+
+
+def remove(pipe) -> RunReport:
+    """Take rotvid off ``pipe``: original processors, original weights, no hooks.
+
+    Returns:
+        The final :class:`RunReport` of the handle.
+
+    Raises:
+        ValueError: rotvid is not applied to ``pipe``.
+    """
+    handle = getattr(pipe, HANDLE_ATTR, None)
+    if handle is None:
+        raise ValueError("pipe: rotvid is not applied to this pipeline (nothing to remove)")
+    _uninstall(handle)
+    delattr(pipe, HANDLE_ATTR)
+    logger.info("rotvid removed")
+    return handle.report

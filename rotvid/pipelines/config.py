@@ -1,0 +1,137 @@
+"""``RotvidConfig``: everything ``apply`` needs, as a dataclass that round-trips through JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rotvid.pipelines.schedule import Schedule, schedule_preset
+
+__all__ = ["RotvidConfig", "CONFIG_VERSION", "PIPELINE_RECIPES", "ROTATION_KINDS", "BACKENDS"]
+
+CONFIG_VERSION = 1
+# "fp16" runs every self-attention through the model's own attention function (diffusers'
+# dispatcher / SDPA), on the rotated tensors: the exactness check of every fusion.
+PIPELINE_RECIPES = ("fp16", "int4", "int4-sym-p", "int8-fp8", "int4-fp8", "nvfp4")
+ROTATION_KINDS = ("none", "interleaved", "half", "full")
+BACKENDS = ("auto", "reference", "cuda")
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: expected true or false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RotvidConfig:
+    """How rotvid runs the self-attention of a video pipeline.
+
+    Attributes:
+        recipe: quantized recipe of the non-FP16 calls: ``int4`` (RotateAttention: INT4 Q/K/V,
+            range-optimized P), ``int4-sym-p``, ``int8-fp8``, ``int4-fp8``, ``nvfp4``, or ``fp16``
+            (every call FP16 — the fusions alone).
+        rotation: Q/K rotation: ``none``, ``interleaved``, ``half``, ``full`` (D×D Hadamard after
+            RoPE) or ``learned:<file.safetensors>``.
+        vo_hadamard: fuse a per-head Hadamard into W_v / W_o (exact; zero run-time cost).
+        smooth_k / smooth_q / smooth_v: smoothing switches passed to the kernel.
+        backend: ``auto`` (the CUDA kernel where it runs the call, else the reference; the run
+            report says which), ``reference`` or ``cuda``.
+        schedule: the FP16-fallback :class:`Schedule`.
+        block_m / block_n: kernel tile sizes (backend default when ``None``).
+        version: config format version (:data:`CONFIG_VERSION`).
+    """
+
+    recipe: str = "int4"
+    rotation: str = "half"
+    vo_hadamard: bool = True
+    smooth_k: bool = True
+    smooth_q: bool = False
+    smooth_v: bool = False
+    backend: str = "auto"
+    schedule: Schedule = field(default_factory=Schedule)
+    block_m: int | None = None
+    block_n: int | None = None
+    version: int = CONFIG_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version != CONFIG_VERSION:
+            raise ValueError(f"version: expected {CONFIG_VERSION}, got {self.version!r}")
+        if self.recipe not in PIPELINE_RECIPES:
+            raise ValueError(f"recipe: expected one of {', '.join(PIPELINE_RECIPES)}, got {self.recipe!r}")
+        if not isinstance(self.rotation, str) or not (
+            self.rotation in ROTATION_KINDS or (self.rotation.startswith("learned:") and len(self.rotation) > 8)
+        ):
+            raise ValueError(
+                f"rotation: expected one of {', '.join(ROTATION_KINDS)} or 'learned:<file.safetensors>', "
+                f"got {self.rotation!r}"
+            )
+        for name in ("vo_hadamard", "smooth_k", "smooth_q", "smooth_v"):
+            _check_bool(name, getattr(self, name))
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if isinstance(self.schedule, str):
+            object.__setattr__(self, "schedule", schedule_preset(self.schedule))
+        if not isinstance(self.schedule, Schedule):
+            raise ValueError(f"schedule: expected a Schedule or a preset name, got {self.schedule!r}")
+        for name in ("block_m", "block_n"):
+            val = getattr(self, name)
+            if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 1):
+                raise ValueError(f"{name}: expected a positive int or None, got {val!r}")
+
+    # ---- JSON ---------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "recipe": self.recipe,
+            "rotation": self.rotation,
+            "vo_hadamard": self.vo_hadamard,
+            "smooth_k": self.smooth_k,
+            "smooth_q": self.smooth_q,
+            "smooth_v": self.smooth_v,
+            "backend": self.backend,
+            "schedule": self.schedule.to_dict(),
+            "block_m": self.block_m,
+            "block_n": self.block_n,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RotvidConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"config: expected a JSON object, got {type(d).__name__}")
+        if "version" not in d:
+            raise ValueError("config: expected a 'version' field")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)}; expected a subset of {sorted(known)}")
+        d = dict(d)
+        if "schedule" in d and isinstance(d["schedule"], dict):
+            d["schedule"] = Schedule.from_dict(d["schedule"])
+        return cls(**d)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """The config as JSON text; also written to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> "RotvidConfig":
+        """Parse JSON text, or read it from a file path."""
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            path = Path(text)
+            if not path.is_file():
+                raise ValueError(f"text_or_path: expected JSON text or an existing file, got {text!r}")
+            text = path.read_text()
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"text_or_path: not valid JSON ({e})") from None
+        return cls.from_dict(d)
+
+    def with_(self, **changes) -> "RotvidConfig":
+        """A copy with fields changed (validated again)."""
+        return replace(self, **changes)

@@ -1,0 +1,118 @@
+"""RoPE·R on the RoPE'd tokens, R alone on the others: the Q/K side of a rotvid self-attention.
+
+A joint self-attention sequence mixes video tokens, which get the model's 3D RoPE, and (for
+HunyuanVideo and CogVideoX) text tokens, which get no RoPE. rotvid replaces the model's RoPE
+step by ``x -> rotation.apply(rope(x))`` on the video span and ``x -> rotation.apply(x)`` on the
+text tokens, for both Q and K. One orthogonal R on every token keeps every score unchanged:
+(q R)(k R)ᵀ = q kᵀ, video-video, video-text and text-text alike.
+
+* ``none`` / ``interleaved`` / ``half`` / ``learned``: RoPE and R are one element-wise op through
+  the generalized table (:func:`rotvid.rope.fused_table.fuse_rope_and_rotation`), built from
+  the cos/sin the model's own rotary module produced for this forward.
+* ``full``: RoPE (:func:`rotvid.rope.tables.apply_rope_interleaved`), then the D×D Hadamard.
+
+Tables are cached: within one forward every block gets the same cos/sin objects; across
+forwards (cond / uncond, steps) the new cos/sin are compared with the cached ones
+(``torch.equal``, one reduction) and the table is reused when they match.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rotvid.rope.fused_table import GeneralizedRopeTable, apply_generalized_rope, fuse_rope_and_rotation
+from rotvid.rope.rotations import Rotation
+from rotvid.rope.tables import apply_rope_interleaved, as_token_table
+
+__all__ = ["QKRotator"]
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+class QKRotator:
+    """Applies one rotation (shared by the blocks that use it) to Q and K of a joint sequence.
+
+    Args:
+        rotation: a :class:`rotvid.rope.rotations.Rotation` (already ``select``-ed to a block for
+            per-block learned rotations; a remaining per-head lead dim applies per head).
+    """
+
+    def __init__(self, rotation: Rotation):
+        self.rotation = rotation
+        self.kind = rotation.kind
+        self._cache_key: tuple | None = None  # (cos, sin) objects of the cached table
+        self._cache_table: GeneralizedRopeTable | None = None
+        self._cache_dtype: torch.dtype | None = None
+
+    @property
+    def is_identity(self) -> bool:
+        return self.kind == "none"
+
+    # ---- table cache -----------------------------------------------------------------------
+    def _table(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> GeneralizedRopeTable:
+        key = self._cache_key
+        if key is not None and self._cache_dtype == dtype:
+            if key[0] is cos and key[1] is sin:
+                return self._cache_table
+            if (
+                key[0].shape == cos.shape
+                and key[0].device == cos.device
+                and torch.equal(key[0], cos)
+                and torch.equal(key[1], sin)
+            ):
+                self._cache_key = (cos, sin)
+                return self._cache_table
+        # fuse_rope_and_rotation builds in float64 on the CPU; move the result once.
+        table = fuse_rope_and_rotation(cos.detach().cpu(), sin.detach().cpu(), self.rotation)
+        table = table.to(device=cos.device, dtype=dtype)
+        self._cache_key = (cos, sin)
+        self._cache_table = table
+        self._cache_dtype = dtype
+        return table
+
+    # ---- the op ------------------------------------------------------------------------------
+    def _rope_and_rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.kind == "full":
+            return self.rotation.apply(apply_rope_interleaved(x, cos, sin))
+        return apply_generalized_rope(x, self._table(cos, sin, _compute_dtype(x)))
+
+    def _rotate_only(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-2] == 0 or self.is_identity:
+            return x
+        return self.rotation.apply(x)
+
+    def rotate(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        span: tuple[int, int],
+    ) -> torch.Tensor:
+        """Rotate one of Q / K.
+
+        Args:
+            x: [B, H, N, D] (BHND), any float dtype; returned in the same dtype.
+            rope: ``(cos, sin)`` for the RoPE'd tokens, diffusers' expanded interleaved tables of
+                ``span[1] - span[0]`` tokens ([N_r, D] or Wan's [1, N_r, 1, D]); ``None`` when
+                the model applies no RoPE (CogVideoX-2B).
+            span: ``(start, stop)`` token range RoPE covers; tokens outside get R alone.
+        """
+        start, stop = span
+        n = x.shape[-2]
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"span: expected 0 <= start <= stop <= {n}, got {span}")
+        if rope is None:
+            return self._rotate_only(x)
+        cos, sin = rope
+        n_rope = as_token_table(cos, "cos").shape[0]
+        if n_rope != stop - start:
+            raise ValueError(f"rope: expected tables for {stop - start} tokens (span {span}), got {n_rope}")
+        if start == 0 and stop == n:
+            return self._rope_and_rotate(x, cos, sin)
+        parts = [
+            self._rotate_only(x[..., :start, :]),
+            self._rope_and_rotate(x[..., start:stop, :], cos, sin),
+            self._rotate_only(x[..., stop:, :]),
+        ]
+        return torch.cat([p for p in parts if p.shape[-2] > 0], dim=-2)

@@ -1,0 +1,103 @@
+"""RotvidConfig JSON round-trip and validation; the schedule rules and the paper presets."""
+
+import json
+
+import pytest
+
+from rotvid.pipelines import CONFIG_VERSION, RotvidConfig, Schedule, expected_quantized_fraction, schedule_preset
+
+
+def test_config_json_round_trip(tmp_path):
+    cfg = RotvidConfig(
+        recipe="int4-sym-p", rotation="learned:/tmp/r.safetensors", vo_hadamard=False, smooth_q=True,
+        backend="reference", schedule=Schedule(1, 2, 3, 4, fp16_cells=((5, -1), (-2, 7)), name="mine"),
+        block_m=64, block_n=32,
+    )
+    assert RotvidConfig.from_json(cfg.to_json()) == cfg
+    path = tmp_path / "cfg.json"
+    cfg.to_json(path)
+    assert RotvidConfig.from_json(path) == cfg
+    assert json.loads(path.read_text())["version"] == CONFIG_VERSION
+
+
+def test_config_preset_by_name():
+    assert RotvidConfig(schedule="paper-hunyuan-t2v").schedule == schedule_preset("paper-hunyuan-t2v")
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"recipe": "int3"}, "recipe"),
+        ({"rotation": "diagonal"}, "rotation"),
+        ({"rotation": "learned:"}, "rotation"),
+        ({"backend": "triton"}, "backend"),
+        ({"vo_hadamard": 1}, "vo_hadamard"),
+        ({"schedule": "paper-sdxl"}, "schedule"),
+        ({"block_n": 0}, "block_n"),
+        ({"version": 2}, "version"),
+    ],
+)
+def test_config_bad_values_name_the_field(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        RotvidConfig(**kwargs)
+
+
+def test_config_from_dict_rejects_unknown_keys_and_missing_version():
+    d = RotvidConfig().to_dict()
+    with pytest.raises(ValueError, match="unknown keys"):
+        RotvidConfig.from_dict({**d, "speed": "fast"})
+    d.pop("version")
+    with pytest.raises(ValueError, match="version"):
+        RotvidConfig.from_dict(d)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        RotvidConfig.from_json("{oops")
+
+
+@pytest.mark.parametrize(
+    "preset,steps,stacks,fraction",
+    [
+        ("paper-wan2.2-t2v", 40, (40,), 0.81),  # (36/40)^2
+        ("paper-wan2.2-i2v", 40, (40,), 0.675),  # 30/40 * 36/40
+        ("paper-hunyuan-t2v", 50, (20, 40), 0.88 * 52 / 60),  # per-stack blocks: 76% as in the paper
+    ],
+)
+def test_paper_presets_give_the_paper_fractions(preset, steps, stacks, fraction):
+    assert expected_quantized_fraction(schedule_preset(preset), steps, stacks) == pytest.approx(fraction)
+
+
+def test_schedule_rules_and_table():
+    s = Schedule(fp16_first_steps=1, fp16_last_steps=2, fp16_first_blocks=1, fp16_last_blocks=1,
+                 fp16_cells=((3, 4), (-3, -2)))
+
+    def reason(step, block, num_steps=10, sizes=(4, 6)):
+        stack_start = 0 if block < sizes[0] else sizes[0]
+        size = sizes[0] if block < sizes[0] else sizes[1]
+        return s.fp16_reason(step=step, num_steps=num_steps, block=block, num_blocks=sum(sizes),
+                             block_in_stack=block - stack_start, stack_size=size)
+
+    assert "first 1 steps" in reason(0, 2)
+    assert "last 2 steps" in reason(8, 2) and "last 2 steps" in reason(9, 2)
+    assert reason(7, 2) is None
+    assert "first 1 blocks" in reason(4, 0) and "first 1 blocks" in reason(4, 4)  # each stack
+    assert "last 1 blocks" in reason(4, 3) and "last 1 blocks" in reason(4, 9)
+    assert reason(4, 5) is None
+    assert reason(3, 4 + 0) is not None and reason(3, 5) is None
+    assert reason(3, 4) == "schedule: first 1 blocks"  # block 4 is a stack's first block anyway
+    assert reason(7, 8) == "schedule: table"  # (-3, -2) -> step 7, block 8
+    assert reason(7, 7) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"fp16_first_steps": -1}, {"fp16_last_blocks": 1.5}, {"fp16_cells": ((1,),)}, {"fp16_cells": ((1, "a"),)}],
+)
+def test_schedule_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        Schedule(**kwargs)
+
+
+def test_schedule_round_trip():
+    s = Schedule(2, 0, 1, 3, fp16_cells=((0, 1),), name="x")
+    assert Schedule.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    with pytest.raises(ValueError, match="unknown keys"):
+        Schedule.from_dict({"fp16_steps": 3})

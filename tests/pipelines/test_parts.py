@@ -1,0 +1,146 @@
+"""Step tracker, key-padding masks, the Q/K rotator and model resolution, without a pipeline."""
+
+import inspect
+
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+
+from rotvid.pipelines import StepTracker, StepUnknownError, resolve_model
+from rotvid.pipelines.qk_rotation import QKRotator
+from rotvid.pipelines.runtime import key_padding_lengths
+from rotvid.rope.rotations import make_rotation
+from rotvid.rope.tables import apply_rope_interleaved
+
+
+def test_tracker_counts_scheduler_steps_and_keeps_signatures():
+    sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    before = inspect.signature(sched.set_timesteps)
+    tr = StepTracker()
+    tr.attach(sched)
+    assert "sigmas" in inspect.signature(sched.set_timesteps).parameters  # diffusers checks this
+    assert inspect.signature(sched.set_timesteps) == before
+    with pytest.raises(StepUnknownError):
+        tr.current()
+    sched.set_timesteps(5)
+    assert tr.current() == (0, 5)
+    x = torch.randn(1, 4)
+    for i, t in enumerate(sched.timesteps):
+        assert tr.current() == (i, 5)
+        x = sched.step(torch.randn(1, 4), t, x).prev_sample
+    with pytest.raises(StepUnknownError, match="after the last"):
+        tr.current()
+    sched.set_timesteps(3)
+    assert tr.current() == (0, 3) and tr.runs == 2
+    tr.detach()
+    assert "step" not in vars(sched) and "set_timesteps" not in vars(sched)
+    sched.set_timesteps(4)
+    assert tr.num_steps == 3
+
+
+def test_tracker_manual_and_errors():
+    tr = StepTracker()
+    with pytest.raises(StepUnknownError):
+        tr.set_step(0)
+    tr.set_step(2, 4)
+    assert tr.current() == (2, 4)
+    with pytest.raises(ValueError, match="step"):
+        tr.set_step(4)
+    with pytest.raises(ValueError, match="num_steps"):
+        tr.begin(0)
+    with pytest.raises(ValueError, match="scheduler"):
+        tr.attach(object())
+    tr.attach(UniPCMultistepScheduler())
+    with pytest.raises(RuntimeError, match="already attached"):
+        tr.attach(UniPCMultistepScheduler())
+
+
+def test_key_padding_lengths():
+    n = 7
+    lens = torch.tensor([7, 3, 5])
+    valid = torch.arange(n)[None] < lens[:, None]
+    got, why = key_padding_lengths(valid[:, None, None, :], 3, n)
+    assert why is None and got.tolist() == [7, 3, 5] and got.dtype == torch.int32
+    additive = torch.zeros(3, n).masked_fill(~valid, float("-inf"))
+    assert key_padding_lengths(additive, 3, n)[0].tolist() == [7, 3, 5]
+    assert key_padding_lengths(torch.ones(3, 1, 1, n, dtype=torch.bool), 3, n) == (None, None)
+    holes = valid.clone()
+    holes[0, 2] = False
+    assert "prefix" in key_padding_lengths(holes, 3, n)[1]
+    empty = valid.clone()
+    empty[1] = False
+    assert "no valid key" in key_padding_lengths(empty, 3, n)[1]
+    assert "bias" in key_padding_lengths(torch.randn(3, n), 3, n)[1]
+    assert "key-padding" in key_padding_lengths(torch.ones(3, 2, n, n, dtype=torch.bool), 3, n)[1]
+
+
+def rope_tables(n, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    ang = torch.rand(n, d // 2, generator=g, dtype=torch.float64) * 20
+    ang = ang.repeat_interleave(2, dim=-1)
+    return ang.cos(), ang.sin()
+
+
+@pytest.mark.parametrize("kind", ["none", "interleaved", "half", "full"])
+@pytest.mark.parametrize("span", [(0, 13), (4, 13), (0, 9), (3, 10)])
+def test_rotator_keeps_scores_and_matches_rope_then_rotation(kind, span):
+    g = torch.Generator().manual_seed(0)
+    d, n = 64, 13
+    q = torch.randn(2, 3, n, d, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, n, d, generator=g, dtype=torch.float64)
+    cos, sin = rope_tables(span[1] - span[0], d, 1)
+    rot = make_rotation(kind, d, (16, 24, 24))
+    r = QKRotator(rot)
+    qr, kr = r.rotate(q, (cos, sin), span), r.rotate(k, (cos, sin), span)
+
+    def rope_only(x):
+        a, b = span
+        return torch.cat([x[..., :a, :], apply_rope_interleaved(x[..., a:b, :], cos, sin), x[..., b:, :]], dim=-2)
+
+    torch.testing.assert_close(qr @ kr.transpose(-1, -2), rope_only(q) @ rope_only(k).transpose(-1, -2))
+    torch.testing.assert_close(qr, rot.apply(rope_only(q)))
+
+
+def test_rotator_caches_and_reuses_equal_tables():
+    rot = make_rotation("half", 64, (16, 24, 24))
+    r = QKRotator(rot)
+    cos, sin = rope_tables(5, 64, 2)
+    x = torch.randn(1, 2, 5, 64)
+    r.rotate(x, (cos, sin), (0, 5))
+    table = r._cache_table
+    r.rotate(x, (cos.clone(), sin.clone()), (0, 5))  # new objects, same values: reused
+    assert r._cache_table is table
+    cos2, sin2 = rope_tables(5, 64, 3)
+    r.rotate(x, (cos2, sin2), (0, 5))
+    assert r._cache_table is not table
+    with pytest.raises(ValueError, match="rope"):
+        r.rotate(x, (cos2, sin2), (0, 4))
+    with pytest.raises(ValueError, match="span"):
+        r.rotate(x, None, (0, 6))
+
+
+def test_rotator_without_rope_rotates_every_token():
+    rot = make_rotation("half", 64, None)
+    x = torch.randn(1, 2, 6, 64, dtype=torch.float64)
+    torch.testing.assert_close(QKRotator(rot).rotate(x, None, (0, 0)), rot.apply(x))
+
+
+def test_resolve_model(tmp_path):
+    assert resolve_model(None) == ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", False)
+    assert resolve_model("Wan2.2-T2V-A14B") == ("Wan-AI/Wan2.2-T2V-A14B-Diffusers", False)
+    assert resolve_model("cogvideox-2b") == ("THUDM/CogVideoX-2b", False)
+    assert resolve_model("someone/their-wan") == ("someone/their-wan", False)
+    with pytest.raises(ValueError, match="model_index.json"):
+        resolve_model(tmp_path)
+    (tmp_path / "model_index.json").write_text("{}")
+    assert resolve_model(tmp_path) == (str(tmp_path), True)
+    with pytest.raises(ValueError, match="model"):
+        resolve_model("not-a-model")
+
+
+def test_load_pipeline_bad_dtype(tmp_path):
+    from rotvid.pipelines import load_pipeline
+
+    (tmp_path / "model_index.json").write_text("{}")
+    with pytest.raises(ValueError, match="dtype"):
+        load_pipeline(tmp_path, dtype="int8")
