@@ -1,6 +1,17 @@
-"""The `rotvid` command line (typer). Commands are thin: they hand off to library functions."""
+"""The `rotvid` command line (typer). Commands are thin: they hand off to library functions.
+
+Bad input (a missing file, an unknown model or variant, videos that do not match, an output that
+exists) ends with one line on stderr, ``Error: ...``, and exit code 1 — never a traceback.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+from pathlib import Path
+from dataclasses import replace
+from typing import Annotated, Optional
 
 import typer
 
@@ -11,7 +22,45 @@ app = typer.Typer(
     help="INT4 self-attention with RoPE-aware rotations for video diffusion transformers.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
+
+DEFAULT_MODEL = "wan2.1-t2v-1.3b"
+
+
+@app.callback()
+def _main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details (INFO level).")] = False,
+) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+    elif verbose:
+        root.setLevel(logging.INFO)
+
+
+@contextlib.contextmanager
+def _user_errors():
+    """Turn bad input into one line on stderr and exit code 1."""
+    from rotvid.eval.vbench_runner import VBenchError
+
+    try:
+        yield
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+            PermissionError, VBenchError) as exc:
+        _fail(exc)
+    except OSError as exc:  # e.g. a hub id that cannot be fetched offline
+        _fail(exc)
+    except KeyboardInterrupt:
+        typer.echo("Interrupted (finished videos are kept; run the same command again to resume).", err=True)
+        raise typer.Exit(130) from None
+
+
+def _fail(exc: BaseException) -> None:
+    msg = " ".join(str(exc).split()) or type(exc).__name__
+    typer.echo(f"Error: {msg}", err=True)
+    raise typer.Exit(1) from None
 
 
 @app.command()
@@ -27,6 +76,457 @@ def backends() -> None:
 
     for name, reason in describe_backends().items():
         typer.echo(f"{name:10s} {reason}")
+
+
+# ---- shared option helpers --------------------------------------------------------------------
+
+
+def _prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
+    from rotvid.eval.generation import load_prompts
+
+    if prompt is not None and prompt_file is not None:
+        raise ValueError("--prompt and --prompt-file: pass one of them, not both")
+    if prompt_file is not None:
+        return load_prompts(prompt_file)
+    if prompt is None:
+        raise ValueError("--prompt: expected a prompt (or --prompt-file with one prompt per line)")
+    if not prompt.strip():
+        raise ValueError("--prompt: expected a non-empty prompt")
+    return [prompt]
+
+
+def _check_positive(name: str, value) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{name}: expected a positive number, got {value}")
+
+
+def _request_template(*, seed, negative_prompt, image, height, width, frames, steps, guidance_scale,
+                      max_sequence_length, fps):
+    from rotvid.eval.generation import GenerationRequest
+
+    for name, value in (("--height", height), ("--width", width), ("--frames", frames), ("--steps", steps),
+                        ("--max-sequence-length", max_sequence_length), ("--fps", fps)):
+        _check_positive(name, value)
+    if image is not None and not Path(image).is_file():
+        raise FileNotFoundError(f"--image {image} does not exist")
+    return GenerationRequest(
+        prompt="", seed=seed, negative_prompt=negative_prompt, image=str(image) if image is not None else None,
+        height=height, width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
+        max_sequence_length=max_sequence_length, fps=fps,
+    )
+
+
+def _schedule(value: str | None):
+    """A preset name or a JSON file (a Schedule, or a RotvidConfig whose schedule is taken)."""
+    import json
+
+    from rotvid.pipelines.schedule import SCHEDULE_PRESETS, Schedule, schedule_preset
+
+    if value is None:
+        return None
+    if value in SCHEDULE_PRESETS:
+        return schedule_preset(value)
+    p = Path(value)
+    if not p.is_file():
+        raise ValueError(f"--schedule: {value!r} is neither a preset ({', '.join(SCHEDULE_PRESETS)}) nor a file")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--schedule {p}: not valid JSON ({exc})") from None
+    if isinstance(data, dict) and "version" in data and "schedule" in data:
+        data = data["schedule"]
+    return Schedule.from_dict(data)
+
+
+def _base_config(config_file: Path | None):
+    from rotvid.pipelines.config import RotvidConfig
+
+    if config_file is None:
+        return None
+    if not config_file.is_file():
+        raise FileNotFoundError(f"--config {config_file} does not exist")
+    return RotvidConfig.from_json(config_file)
+
+
+def _load(model: str, dtype: str, device: str):
+    import torch
+
+    from rotvid.pipelines.loading import load_pipeline
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    _quiet_library_bars()
+    pipe = load_pipeline(model, dtype=dtype, device=device)
+    pipe.set_progress_bar_config(disable=True)  # rotvid's own bar counts the steps
+    return pipe
+
+
+def _quiet_library_bars() -> None:
+    """diffusers/transformers loading bars would interleave with rotvid's progress bar."""
+    import diffusers.utils.logging as dlog
+    import transformers.utils.logging as tlog
+
+    dlog.disable_progress_bar()
+    tlog.disable_progress_bar()
+
+
+class _Progress:
+    """A rich progress bar over denoising steps (stderr), or nothing with --quiet."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.progress = None
+        self.task = None
+        self.console = None
+
+    def __enter__(self):
+        if not self.quiet:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+                TimeRemainingColumn
+
+            self.console = Console(stderr=True)
+            self.progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+                TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False,
+            )
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+        return False
+
+    def log(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text, markup=False, highlight=False)
+
+    def start(self, description: str) -> None:
+        if self.progress is not None:
+            self.task = self.progress.add_task(description, total=None)
+
+    def step(self, done: int, total: int) -> None:
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, completed=done, total=total)
+
+
+# ---- generate ---------------------------------------------------------------------------------
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Friendly name (wan2.1-t2v-1.3b, wan2.2-t2v-a14b, "
+                                       "hunyuanvideo-t2v, cogvideox-5b, ...), hub id, or local pipeline folder.")]
+SeedOpt = Annotated[int, typer.Option(help="Seed of the initial noise (CPU generator: same noise on any device).")]
+HeightOpt = Annotated[Optional[int], typer.Option(help="Height in pixels [default: the pipeline's, Wan: 480].")]
+WidthOpt = Annotated[Optional[int], typer.Option(help="Width in pixels [default: the pipeline's, Wan: 832].")]
+FramesOpt = Annotated[Optional[int], typer.Option(help="Number of frames [default: the pipeline's, Wan: 81].")]
+StepsOpt = Annotated[Optional[int], typer.Option(help="Denoising steps [default: the pipeline's, Wan: 50].")]
+GuidanceOpt = Annotated[Optional[float], typer.Option("--guidance-scale", help="CFG scale [default: the pipeline's].")]
+NegOpt = Annotated[Optional[str], typer.Option("--negative-prompt", help="Negative prompt.")]
+ImageOpt = Annotated[Optional[Path], typer.Option("--image", help="Conditioning image (image-to-video models).")]
+MaxSeqOpt = Annotated[Optional[int], typer.Option("--max-sequence-length",
+                                                  help="Text tokens [default: the pipeline's].")]
+FpsOpt = Annotated[Optional[float], typer.Option(help="Frame rate of the mp4 [default: the model's: Wan 16, "
+                                                 "HunyuanVideo 24, CogVideoX 8].")]
+DtypeOpt = Annotated[str, typer.Option(help="Model dtype: bf16, fp16 or fp32.")]
+DeviceOpt = Annotated[str, typer.Option(help="cuda, cpu, or auto (cuda when available).")]
+ScheduleOpt = Annotated[Optional[str], typer.Option(help="FP16-fallback schedule: a preset (none, paper-wan2.2-t2v, "
+                                                    "paper-wan2.2-i2v, paper-hunyuan-t2v) or a JSON file "
+                                                    "[default: the paper's for the model's family].")]
+BackendOpt = Annotated[Optional[str], typer.Option(help="Attention backend: auto, reference or cuda [default: auto].")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace existing outputs.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary (for scripts).")]
+
+
+@app.command()
+def generate(
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The text prompt.")] = None,
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="Text file, one prompt per "
+                                                        "line: one video each.")] = None,
+    model: ModelOpt = DEFAULT_MODEL,
+    image: ImageOpt = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="A RotvidConfig JSON (e.g. from rotvid "
+                                                   "calibrate); --recipe/--rotation/--schedule override it.")] = None,
+    recipe: Annotated[Optional[str], typer.Option(help="Attention recipe: int4, int4-sym-p, int8-fp8, int4-fp8, "
+                                                  "nvfp4, or fp16 (untouched pipeline) [default: int4].")] = None,
+    rotation: Annotated[Optional[str], typer.Option(help="Q/K rotation: none, interleaved, half, full, "
+                                                    "learned:FILE [default: half].")] = None,
+    schedule: ScheduleOpt = None,
+    backend: BackendOpt = None,
+    steps: StepsOpt = None,
+    height: HeightOpt = None,
+    width: WidthOpt = None,
+    frames: FramesOpt = None,
+    guidance_scale: GuidanceOpt = None,
+    negative_prompt: NegOpt = None,
+    max_sequence_length: MaxSeqOpt = None,
+    seed: SeedOpt = 0,
+    fps: FpsOpt = None,
+    dtype: DtypeOpt = "bf16",
+    device: DeviceOpt = "auto",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output .mp4 (one prompt) or folder (several "
+                                                "prompts) [default: rotvid.mp4 / rotvid-videos].")] = None,
+    overwrite: OverwriteOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Generate video(s) with INT4 self-attention; writes an H.264 mp4 and a JSON sidecar per prompt."""
+    with _user_errors():
+        from rotvid.eval.generation import generate_video, video_name
+        from rotvid.eval.sidecar import sidecar_path
+        from rotvid.eval.video_io import check_can_write
+
+        prompts = _prompts(prompt, prompt_file)
+        template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height,
+                                     width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
+                                     max_sequence_length=max_sequence_length, fps=fps)
+        if len(prompts) == 1 and prompt_file is None:
+            out = out or Path("rotvid.mp4")
+            if out.suffix.lower() != ".mp4":
+                raise ValueError(f"--out: expected a file name ending in .mp4 for one prompt, got {out}")
+            outputs = [out]
+        else:
+            out = out or Path("rotvid-videos")
+            if out.suffix.lower() == ".mp4":
+                raise ValueError(f"--out: expected a folder for a prompt file ({len(prompts)} prompts), got {out}")
+            if out.exists() and not out.is_dir():
+                raise ValueError(f"--out {out}: expected a folder, got a file")
+            outputs = [out / f"{video_name(i, p)}.mp4" for i, p in enumerate(prompts)]
+        for o in outputs:
+            check_can_write(o, overwrite=overwrite, what="video")
+            check_can_write(sidecar_path(o), overwrite=overwrite, what="sidecar")
+        factory = _ConfigFactory(model, base=_base_config(config), recipe=recipe, rotation=rotation,
+                                 schedule=_schedule(schedule), backend=backend)
+        cfg = factory.check()
+
+        with _Progress(quiet) as bar:
+            bar.log(f"loading {model} ...")
+            pipe = _load(model, dtype, device)
+            if cfg is not None:
+                cfg = factory.build(pipe=pipe)
+            for i, (p, o) in enumerate(zip(prompts, outputs)):
+                bar.start(f"[{i + 1}/{len(prompts)}] {o.name}")
+                side = generate_video(pipe, replace(template, prompt=p), o, model=model, config=cfg,
+                                      overwrite=overwrite, on_step=bar.step)
+                if not quiet:
+                    t = side["timing"]
+                    bar.log(f"wrote {o} ({side['frames']} frames {side['width']}x{side['height']}, "
+                            f"{t['total_seconds']:.1f} s, INT4 calls {100 * side['int4_fraction']:.0f}%, "
+                            f"fallback calls {sum(side['fallbacks'].values())})")
+
+
+class _ConfigFactory:
+    """Builds the RotvidConfig of a run from --config, --recipe, --rotation, --schedule, --backend.
+
+    ``--recipe fp16`` without ``--rotation`` and without ``--config`` means the untouched pipeline
+    (the FP16 reference): :meth:`check` and :meth:`build` return None. Without ``--schedule`` or
+    ``--config`` the schedule is the paper's for the model's family.
+    """
+
+    def __init__(self, model, *, base=None, recipe=None, rotation=None, schedule=None, backend=None):
+        self.model, self.base, self.schedule = model, base, schedule
+        self.changes = {k: v for k, v in (("recipe", recipe), ("rotation", rotation), ("backend", backend))
+                        if v is not None}
+        self.untouched = base is None and recipe == "fp16" and rotation is None
+
+    def check(self):
+        """Validate without loading anything (default schedule); None for the untouched pipeline."""
+        from rotvid.pipelines.config import RotvidConfig
+
+        if self.untouched:
+            return None
+        return (self.base or RotvidConfig()).with_(**self.changes)
+
+    def build(self, pipe=None, **overrides):
+        """The config; ``overrides`` (recipe, rotation) win over the options. ValueError when the
+        family's schedule is needed, cannot be told without loading, and ``pipe`` is None."""
+        from rotvid.eval.generation import default_schedule
+        from rotvid.pipelines.config import RotvidConfig
+        from rotvid.pipelines.schedule import schedule_preset
+
+        if self.untouched and not overrides:
+            return None
+        changes = {**self.changes, **overrides}
+        if self.schedule is None and self.base is None:
+            name = default_schedule(self.model, pipe)
+            if name is None:
+                raise _NeedsPipeline("--schedule: the model's family is needed to choose the paper schedule")
+            self.schedule = schedule_preset(name)
+        if self.schedule is not None:
+            changes["schedule"] = self.schedule
+        return (self.base or RotvidConfig()).with_(**changes)
+
+
+class _NeedsPipeline(ValueError):
+    pass
+
+
+# ---- eval -------------------------------------------------------------------------------------
+
+
+class _EvalEvents:
+    def __init__(self, bar: _Progress):
+        self.bar = bar
+
+    def loading(self, model: str) -> None:
+        self.bar.log(f"loading {model} ...")
+
+    def video_started(self, label: str, name: str, index: int, total: int) -> None:
+        self.bar.start(f"[{index + 1}/{total}] {label}/{name[:28]}")
+
+    def step(self, done: int, total: int) -> None:
+        self.bar.step(done, total)
+
+    def video_done(self, path: Path, skipped: bool) -> None:
+        if skipped:
+            self.bar.log(f"kept {path} (already generated)")
+            self.bar.step(1, 1)
+
+    def measuring(self, label: str, name: str) -> None:
+        self.bar.log(f"measuring {label}/{name}")
+
+
+@app.command("eval")
+def eval_(
+    reference: Annotated[Optional[Path], typer.Argument(help="Reference video, or folder of videos.",
+                                                        show_default=False)] = None,
+    candidates: Annotated[Optional[list[Path]], typer.Argument(help="Candidate video(s) or folder(s), matched "
+                                                               "to the reference by file name.",
+                                                               show_default=False)] = None,
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="Generate: one prompt per "
+                                                        "line.")] = None,
+    variants: Annotated[Optional[str], typer.Option(help="Generate: RECIPE:ROTATION,... e.g. "
+                                                    "int4:half,int4:none,int4-sym-p:none.")] = None,
+    model: ModelOpt = DEFAULT_MODEL,
+    image: ImageOpt = None,
+    schedule: ScheduleOpt = None,
+    backend: BackendOpt = None,
+    steps: StepsOpt = None,
+    height: HeightOpt = None,
+    width: WidthOpt = None,
+    frames: FramesOpt = None,
+    guidance_scale: GuidanceOpt = None,
+    negative_prompt: NegOpt = None,
+    max_sequence_length: MaxSeqOpt = None,
+    seed: SeedOpt = 0,
+    fps: FpsOpt = None,
+    dtype: DtypeOpt = "bf16",
+    device: DeviceOpt = "auto",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Report folder (generated videos go under "
+                                      "OUT/videos).")] = Path("rotvid-eval"),
+    vbench: Annotated[Optional[str], typer.Option("--vbench", help="VBench dimensions to add, e.g. "
+                                                  "temporal_flickering,subject_consistency.")] = None,
+    vbench_python: Annotated[Optional[Path], typer.Option("--vbench-python", help="Python of the VBench "
+                                                          "environment [default: $ROTVID_VBENCH_PYTHON, else the "
+                                                          "one `rotvid vbench-setup` makes].")] = None,
+    vbench_device: Annotated[str, typer.Option(help="Device for VBench: auto, cuda or cpu.")] = "auto",
+    samples: Annotated[int, typer.Option(help="Frames per row of comparison.png.")] = 4,
+    overwrite: OverwriteOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Compare videos with the FP16 reference: PSNR, SSIM, cosine, MSE (and VBench); writes a report folder.
+
+    Either `rotvid eval REFERENCE CANDIDATE...` on existing videos, or
+    `rotvid eval --prompt-file F --model M --variants int4:half,...` which generates the FP16
+    reference and every variant from the same seed first (resuming: finished videos are kept).
+    """
+    with _user_errors():
+        from rotvid.eval.compare import VBenchRequest, evaluate_paths
+        from rotvid.eval.report import summary_table
+
+        generating = prompt_file is not None or variants is not None
+        if generating and reference is not None:
+            raise ValueError("REFERENCE/CANDIDATE and --prompt-file/--variants: use one form of eval, not both")
+        if not generating and reference is None:
+            raise ValueError("REFERENCE: expected REFERENCE CANDIDATE... or --prompt-file F --variants V,...")
+        if samples < 1:
+            raise ValueError(f"--samples: expected a positive count, got {samples}")
+        if vbench_device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"--vbench-device: expected auto, cuda or cpu, got {vbench_device!r}")
+        vb = None
+        if vbench is not None:
+            from rotvid.eval.vbench_runner import parse_dimensions, resolve_vbench_python, vbench_cache_dir
+
+            vb = VBenchRequest(dimensions=parse_dimensions(vbench), python=resolve_vbench_python(vbench_python),
+                               device=vbench_device, cache_dir=vbench_cache_dir())
+        with _Progress(quiet) as bar:
+            if generating:
+                report, written = _eval_generated(
+                    bar, prompt_file=prompt_file, variants=variants, model=model, image=image, schedule=schedule,
+                    backend=backend, steps=steps, height=height, width=width, frames=frames,
+                    guidance_scale=guidance_scale, negative_prompt=negative_prompt,
+                    max_sequence_length=max_sequence_length, seed=seed, fps=fps, dtype=dtype, device=device,
+                    out=out, vbench=vb, samples=samples, overwrite=overwrite)
+            else:
+                if not candidates:
+                    raise ValueError("CANDIDATE: expected at least one candidate video or folder after REFERENCE")
+                report, written = evaluate_paths(reference, candidates, out, overwrite=overwrite, vbench=vb,
+                                                 samples=samples, on_video=_EvalEvents(bar).measuring)
+        if not quiet:
+            typer.echo(summary_table(report))
+            typer.echo(f"report: {written['markdown']}")
+
+
+def _eval_generated(bar, *, prompt_file, variants, model, image, schedule, backend, steps, height, width, frames,
+                    guidance_scale, negative_prompt, max_sequence_length, seed, fps, dtype, device, out, vbench,
+                    samples, overwrite):
+    from rotvid.eval.generated import evaluate_generated
+    from rotvid.eval.variants import parse_variants
+
+    if prompt_file is None:
+        raise ValueError("--prompt-file: expected a file of prompts (one per line) to generate from")
+    if variants is None:
+        raise ValueError("--variants: expected RECIPE:ROTATION,... e.g. int4:half,int4:none")
+    if backend is not None and backend not in ("auto", "reference", "cuda"):
+        raise ValueError(f"--backend: expected auto, reference or cuda, got {backend!r}")
+    from rotvid.eval.generation import load_prompts
+
+    prompts = load_prompts(prompt_file)
+    specs = parse_variants(variants)
+    template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height, width=width,
+                                 frames=frames, steps=steps, guidance_scale=guidance_scale,
+                                 max_sequence_length=max_sequence_length, fps=fps)
+    factory = _ConfigFactory(model, schedule=_schedule(schedule), backend=backend)
+    factory.check()
+    state: dict = {}
+
+    def load():
+        if "pipe" not in state:
+            state["pipe"] = _load(model, dtype, device)
+        return state["pipe"]
+
+    def make_config(spec):
+        try:
+            return factory.build(recipe=spec.recipe, rotation=spec.rotation)
+        except _NeedsPipeline:
+            return factory.build(pipe=load(), recipe=spec.recipe, rotation=spec.rotation)
+
+    return evaluate_generated(prompts, specs, out, template, model=model, load=load, make_config=make_config,
+                              overwrite=overwrite, vbench=vbench, samples=samples, events=_EvalEvents(bar))
+
+
+# ---- VBench environment -----------------------------------------------------------------------
+
+
+@app.command("vbench-setup")
+def vbench_setup(
+    venv: Annotated[Optional[Path], typer.Option(help="Where to create the VBench environment "
+                                                 "[default: ~/.cache/rotvid/vbench-venv].")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the commands only.")] = False,
+) -> None:
+    """Create the separate Python environment VBench runs in (vbench pins old transformers/numpy)."""
+    with _user_errors():
+        from rotvid.eval.vbench_runner import DEFAULT_VENV, setup_commands
+
+        target = (venv or DEFAULT_VENV).expanduser()
+        if (target / "bin" / "python").exists() and not dry_run:
+            raise FileExistsError(f"{target} already exists; use it with --vbench-python {target / 'bin' / 'python'}")
+        for cmd in setup_commands(target):
+            typer.echo(" ".join(cmd))
+            if not dry_run:
+                rc = subprocess.call(cmd)
+                if rc != 0:
+                    raise ValueError(f"command failed with exit code {rc}: {' '.join(cmd)}")
+        if not dry_run:
+            typer.echo(f"done: pass --vbench-python {target / 'bin' / 'python'} (or set ROTVID_VBENCH_PYTHON)")
 
 
 if __name__ == "__main__":  # pragma: no cover

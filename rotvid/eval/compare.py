@@ -1,0 +1,162 @@
+"""``rotvid eval`` on existing videos: match, measure, optionally score with VBench, write the report.
+
+The Table-1 columns of a candidate come from the sidecars written by ``rotvid generate`` (recipe,
+rotation, generation time, INT4 fraction) when they are present, else show "–".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rotvid.eval.matching import CandidateSet, match_videos
+from rotvid.eval.pixel_metrics import compare_files
+from rotvid.eval.report import REPORT_FILES, EvalReport, VariantResult, write_report
+from rotvid.eval.sidecar import read_sidecar
+from rotvid.eval.variants import RECIPES, VariantSpec
+
+logger = logging.getLogger(__name__)
+
+VideoCallback = Callable[[str, str], None]  # (variant label, video name) before each comparison
+
+
+@dataclass
+class VBenchRequest:
+    """Which VBench dimensions to score, with which interpreter (see :mod:`rotvid.eval.vbench_runner`)."""
+
+    dimensions: list[str]
+    python: Path
+    device: str = "auto"
+    cache_dir: Path | None = None
+
+
+def check_report_folder(out: Path, *, overwrite: bool) -> None:
+    """``FileExistsError`` when ``out`` already holds a report and ``overwrite`` is false."""
+    existing = [f for f in REPORT_FILES if (Path(out) / f).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"report folder {out} already holds {', '.join(existing)} (pass --overwrite to replace)")
+
+
+def _columns_from_sidecars(sidecars: list[dict | None]) -> tuple[str, str, str]:
+    specs = {(s.get("recipe"), s.get("rotation")) for s in sidecars if s is not None}
+    if len(specs) != 1 or None in sidecars:
+        return ("–", "–", "–")
+    recipe, rotation = specs.pop()
+    if recipe not in RECIPES or not isinstance(rotation, str):
+        return ("–", "–", "–")
+    return VariantSpec(recipe, rotation).table_columns()
+
+
+def _seconds(sidecars: list[dict | None]) -> float | None:
+    if not sidecars or any(s is None or "timing" not in s for s in sidecars):
+        return None
+    return float(sum(s["timing"]["total_seconds"] for s in sidecars))
+
+
+def _int4_fraction(sidecars: list[dict | None]) -> float | None:
+    if not sidecars or any(s is None or s.get("int4_fraction") is None for s in sidecars):
+        return None
+    return float(sum(s["int4_fraction"] for s in sidecars) / len(sidecars))
+
+
+def measure(
+    reference_label: str,
+    reference_source: str,
+    sets: Sequence[CandidateSet],
+    *,
+    columns: dict[str, tuple[str, str, str]] | None = None,
+    on_video: VideoCallback | None = None,
+) -> EvalReport:
+    """Pixel metrics of every pair, with sidecar facts; VBench is added by :func:`add_vbench`."""
+    variants = []
+    ref_sidecars: dict[Path, dict | None] = {}
+    for cs in sets:
+        videos, sides = [], []
+        for pair in cs.pairs:
+            if on_video is not None:
+                on_video(cs.variant, pair.name)
+            videos.append(compare_files(pair.reference, pair.candidate, name=pair.name))
+            sides.append(read_sidecar(pair.candidate))
+            ref_sidecars.setdefault(pair.reference, read_sidecar(pair.reference))
+        cols = (columns or {}).get(cs.variant) or _columns_from_sidecars(sides)
+        variants.append(
+            VariantResult(label=cs.variant, source=str(cs.source), videos=videos, columns=cols,
+                          seconds=_seconds(sides), int4_fraction=_int4_fraction(sides))
+        )
+    return EvalReport(
+        reference_label=reference_label,
+        reference_source=reference_source,
+        variants=variants,
+        reference_seconds=_seconds(list(ref_sidecars.values())),
+    )
+
+
+def _prompt_of(video: Path) -> str:
+    side = read_sidecar(video)
+    if side and isinstance(side.get("request"), dict) and side["request"].get("prompt"):
+        return str(side["request"]["prompt"])
+    return video.stem  # VBench's own rule for custom videos: the prompt is the file name
+
+
+def _vbench_folder(videos: list[Path], tmp: Path) -> tuple[Path, dict[str, str]]:
+    """A folder of links named as the videos (VBench reads a whole folder), and their prompts."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    prompts = {}
+    for v in videos:
+        link = tmp / v.name
+        os.symlink(v.resolve(), link)
+        prompts[v.name] = _prompt_of(v)
+    return tmp, prompts
+
+
+def add_vbench(report: EvalReport, sets: Sequence[CandidateSet], request: VBenchRequest) -> None:
+    """Score the reference videos and each variant's videos on the requested VBench dimensions."""
+    from rotvid.eval.vbench_runner import run_vbench
+
+    report.vbench_dimensions = list(request.dimensions)
+    groups: list[tuple[str | None, list[Path]]] = [(None, [p.reference for p in sets[0].pairs])]
+    groups += [(cs.variant, [p.candidate for p in cs.pairs]) for cs in sets]
+    by_label = {v.label: v for v in report.variants}
+    with tempfile.TemporaryDirectory(prefix="rotvid-vbench-videos-") as tmp:
+        for i, (label, videos) in enumerate(groups):
+            folder, prompts = _vbench_folder(videos, Path(tmp) / str(i))
+            scores = run_vbench(request.python, folder, prompts, request.dimensions, device=request.device,
+                                cache_dir=request.cache_dir)
+            if label is None:
+                report.reference_vbench = scores.means()
+            else:
+                by_label[label].vbench = scores.means()
+            report.meta.setdefault("VBench", f"{scores.vbench_version} on {scores.device}, custom_input mode")
+
+
+def evaluate_paths(
+    reference: str | os.PathLike,
+    candidates: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    vbench: VBenchRequest | None = None,
+    samples: int = 4,
+    on_video: VideoCallback | None = None,
+) -> tuple[EvalReport, dict[str, Path]]:
+    """The whole path form of ``rotvid eval``; returns the report and the files written."""
+    from rotvid.eval.vbench_runner import check_weights
+
+    out = Path(out)
+    sets = match_videos(reference, candidates)
+    check_report_folder(out, overwrite=overwrite)
+    if vbench is not None:
+        check_weights(vbench.dimensions, vbench.cache_dir)
+    ref = Path(reference)
+    report = measure("FP16 (reference)" if ref.is_dir() else ref.stem, str(ref), sets, on_video=on_video)
+    if vbench is not None:
+        add_vbench(report, sets, vbench)
+    first = sets[0].pairs[0]
+    rows = [(report.reference_label, first.reference)]
+    rows += [(cs.variant, next(p.candidate for p in cs.pairs if p.name == first.name)) for cs in sets]
+    written = write_report(out, report, comparison_rows=rows, comparison_video=first.name, samples=samples)
+    return report, written

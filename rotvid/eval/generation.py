@@ -1,0 +1,367 @@
+"""Generating videos with rotvid attached (or not, for the FP16 reference): mp4 + JSON sidecar.
+
+:func:`generate_video` runs one prompt through a loaded diffusers pipeline, with a rotvid
+:class:`~rotvid.pipelines.config.RotvidConfig` applied for the duration of the call (``None``:
+the untouched pipeline, the FP16 reference), times every denoising step through the pipeline's
+``callback_on_step_end``, writes the video (:func:`rotvid.eval.video_io.write_video`) and its
+sidecar (:mod:`rotvid.eval.sidecar`).
+
+The initial noise comes from a CPU ``torch.Generator`` seeded with ``seed``, so the reference and
+every variant of one prompt start from the same latents (on any device); the sidecar records a
+hash of those latents to make that checkable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import logging
+import platform
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from rotvid.eval.sidecar import read_sidecar, sidecar_path, write_sidecar
+from rotvid.eval.video_io import check_can_write, to_uint8_frames, write_video
+
+logger = logging.getLogger(__name__)
+
+# Frame rate of the videos each family was trained on (Wan 2.1/2.2: 16 fps; HunyuanVideo: 24 fps;
+# CogVideoX 1.0: 8 fps, 49 frames = 6 s).
+FPS_BY_FAMILY = {"wan": 16, "hunyuan_video": 24, "cogvideox": 8}
+# Default FP16-fallback schedule preset by (family, task) when the model is not a named
+# checkpoint of rotvid.pipelines.model_table.MODELS (e.g. a local folder).
+PRESET_BY_FAMILY_TASK = {
+    ("wan", "t2v"): "paper-wan2.2-t2v",
+    ("wan", "i2v"): "paper-wan2.2-i2v",
+    ("hunyuan_video", "t2v"): "paper-hunyuan-t2v",
+    ("hunyuan_video", "i2v"): "paper-hunyuan-t2v",
+    ("cogvideox", "t2v"): "none",
+    ("cogvideox", "i2v"): "none",
+}
+
+StepCallback = Callable[[int, int], None]  # (steps done, total steps)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate. ``None`` fields take the pipeline's own defaults (Wan: 480×832, 81 frames,
+    50 steps, guidance 5.0), except ``fps`` which defaults to :data:`FPS_BY_FAMILY`."""
+
+    prompt: str
+    seed: int = 0
+    negative_prompt: str | None = None
+    image: str | None = None
+    height: int | None = None
+    width: int | None = None
+    frames: int | None = None
+    steps: int | None = None
+    guidance_scale: float | None = None
+    max_sequence_length: int | None = None
+    fps: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_prompts(path: str | Path) -> list[str]:
+    """Prompts of a text file: one per line; blank lines and lines starting with ``#`` skipped."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"prompt file {p} does not exist")
+    if not p.is_file():
+        raise ValueError(f"--prompt-file {p}: expected a text file, got a folder")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"--prompt-file {p}: expected UTF-8 text") from None
+    prompts = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not prompts:
+        raise ValueError(f"--prompt-file {p} has no prompts (one per line expected)")
+    return prompts
+
+
+def video_name(index: int, prompt: str, *, max_len: int = 48) -> str:
+    """``"003-a-red-cat-runs"``: index and a file-name-safe slug of the prompt."""
+    slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:max_len].rstrip("-") or "video"
+    return f"{index:03d}-{slug}"
+
+
+def pipeline_family_and_task(pipe) -> tuple[str, str]:
+    """(family name, ``"t2v"`` | ``"i2v"``) of a loaded pipeline."""
+    from rotvid.pipelines.attach import find_transformers
+
+    family, _ = find_transformers(pipe)
+    return family.name, ("i2v" if accepts_image(pipe) else "t2v")
+
+
+def accepts_image(pipe) -> bool:
+    """Whether the pipeline's ``__call__`` takes a conditioning ``image`` (image-to-video)."""
+    return "image" in inspect.signature(pipe.__call__).parameters
+
+
+def _family_task_of_class(class_name: str) -> tuple[str, str] | None:
+    task = "i2v" if "ImageToVideo" in class_name else "t2v"
+    for prefix, fam in (("HunyuanVideo", "hunyuan_video"), ("CogVideoX", "cogvideox"), ("Wan", "wan")):
+        if class_name.startswith(prefix):
+            return fam, task
+    return None
+
+
+def default_schedule(model: str | None, pipe=None) -> str | None:
+    """The paper's schedule preset for ``model`` (the family's; ``"none"`` where the paper has none).
+
+    Named checkpoints come from :data:`rotvid.pipelines.model_table.MODELS`; a local folder from
+    its ``model_index.json`` pipeline class; otherwise from the loaded ``pipe``'s family and task.
+    Returns ``None`` when it cannot be told without loading and ``pipe`` is not given.
+    """
+    import json
+
+    from rotvid.pipelines.loading import resolve_model
+    from rotvid.pipelines.model_table import MODELS
+
+    source, is_local = resolve_model(model)
+    for entry in MODELS.values():
+        if entry.repo_id == source:
+            return entry.preset or "none"
+    if is_local:
+        try:
+            cls = json.loads((Path(source) / "model_index.json").read_text(encoding="utf-8")).get("_class_name", "")
+        except (OSError, ValueError):
+            cls = ""
+        ft = _family_task_of_class(str(cls))
+        if ft is not None:
+            return PRESET_BY_FAMILY_TASK[ft]
+    if pipe is None:
+        return None
+    return PRESET_BY_FAMILY_TASK.get(pipeline_family_and_task(pipe), "none")
+
+
+def versions() -> dict[str, str]:
+    import av
+    import diffusers
+    import transformers
+
+    import rotvid
+
+    return {
+        "rotvid": rotvid.__version__,
+        "diffusers": diffusers.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "av": av.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} (cpu)"
+
+
+def _latents_sha256(t: torch.Tensor) -> str:
+    t = t.detach().to("cpu").contiguous()
+    return hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def _record_initial_latents(pipe, record: dict):
+    """Observe what the pipeline's own ``prepare_latents`` returns (the initial noise) for this call.
+
+    A per-instance wrapper, removed on exit; the pipeline's behaviour is unchanged.
+    """
+    original = pipe.prepare_latents
+
+    def wrapper(*args, **kwargs):
+        out = original(*args, **kwargs)
+        first = out[0] if isinstance(out, (tuple, list)) else out
+        if "sha256" not in record and isinstance(first, torch.Tensor):
+            record["sha256"] = _latents_sha256(first)
+            record["shape"] = list(first.shape)
+        return out
+
+    pipe.prepare_latents = wrapper
+    try:
+        yield
+    finally:
+        del pipe.prepare_latents
+
+
+def _pipeline_device(pipe) -> torch.device:
+    dev = getattr(pipe, "_execution_device", None) or getattr(pipe, "device", None)
+    return torch.device(dev) if dev is not None else torch.device("cpu")
+
+
+def _load_image(path: str):
+    from PIL import Image, UnidentifiedImageError
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"--image {p} does not exist")
+    try:
+        with Image.open(p) as im:
+            return im.convert("RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ValueError(f"--image {p} cannot be read as an image: {exc}") from None
+
+
+def call_kwargs(pipe, request: GenerationRequest) -> dict:
+    """The keyword arguments of ``pipe(...)`` for ``request`` (seeded CPU generator, numpy output)."""
+    kw: dict = {"prompt": request.prompt, "output_type": "np",
+                "generator": torch.Generator("cpu").manual_seed(int(request.seed))}
+    takes_image = accepts_image(pipe)
+    if request.image is not None and not takes_image:
+        raise ValueError(f"--image: {type(pipe).__name__} is a text-to-video pipeline and takes no image")
+    if request.image is None and takes_image:
+        raise ValueError(f"--image: {type(pipe).__name__} is an image-to-video pipeline; pass --image FILE")
+    if request.image is not None:
+        kw["image"] = _load_image(request.image)
+    for field_name, arg in (
+        ("negative_prompt", "negative_prompt"), ("height", "height"), ("width", "width"), ("frames", "num_frames"),
+        ("steps", "num_inference_steps"), ("guidance_scale", "guidance_scale"),
+        ("max_sequence_length", "max_sequence_length"),
+    ):
+        value = getattr(request, field_name)
+        if value is not None:
+            kw[arg] = value
+    params = inspect.signature(pipe.__call__).parameters
+    for arg in kw:
+        if arg not in params:
+            raise ValueError(f"{arg}: {type(pipe).__name__} does not take this argument")
+    return kw
+
+
+def fps_for(pipe, request: GenerationRequest) -> float:
+    if request.fps is not None:
+        if request.fps <= 0:
+            raise ValueError(f"--fps: expected a positive frame rate, got {request.fps}")
+        return float(request.fps)
+    fam, _ = pipeline_family_and_task(pipe)
+    return float(FPS_BY_FAMILY[fam])
+
+
+def request_record(model: str, request: GenerationRequest, config_dict: dict | None) -> dict:
+    """The part of a sidecar that identifies a run (compared on resume)."""
+    return {"model": str(model), **request.to_dict(), "config": config_dict}
+
+
+def finished(out: Path, record: dict) -> bool:
+    """True when ``out`` and its sidecar exist and were made by the same request (resume).
+
+    Raises ``FileExistsError`` when ``out`` exists but from another request or without a sidecar.
+    """
+    if not out.exists():
+        return False
+    side = read_sidecar(out)
+    if side is None:
+        raise FileExistsError(f"video {out} already exists without a rotvid sidecar (pass --overwrite to replace it)")
+    if side.get("request") != record:
+        old = side.get("request") or {}
+        diff = sorted(k for k in set(old) | set(record) if old.get(k) != record.get(k))
+        raise FileExistsError(
+            f"video {out} already exists from a different request (differs in: {', '.join(diff)}); "
+            "use another output folder or --overwrite"
+        )
+    return True
+
+
+def generate_video(
+    pipe,
+    request: GenerationRequest,
+    out: str | Path,
+    *,
+    model: str,
+    config=None,
+    overwrite: bool = False,
+    on_step: StepCallback | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """Generate one video to ``out`` (mp4) and write its sidecar; returns the sidecar dict.
+
+    ``config``: a :class:`~rotvid.pipelines.config.RotvidConfig` applied for this call only
+    (``rotvid.pipelines.apply`` before, ``remove`` after), or ``None`` for the untouched pipeline
+    (FP16 reference). ``on_step(done, total)`` is called after every denoising step.
+    """
+    from rotvid.pipelines.attach import apply, remove
+
+    out = Path(out)
+    check_can_write(out, overwrite=overwrite, what="video")
+    if not overwrite:
+        check_can_write(sidecar_path(out), overwrite=False, what="sidecar")
+    kwargs = call_kwargs(pipe, request)
+    fps = fps_for(pipe, request)
+    device = _pipeline_device(pipe)
+    family, task = pipeline_family_and_task(pipe)
+    step_times: list[float] = []
+    mark = [0.0]
+    total_steps = [kwargs.get("num_inference_steps") or inspect.signature(pipe.__call__).parameters[
+        "num_inference_steps"].default]
+
+    def callback(pipeline, step, timestep, callback_kwargs):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        step_times.append(now - mark[0])
+        mark[0] = now
+        n = len(getattr(pipeline, "scheduler").timesteps) if hasattr(pipeline, "scheduler") else total_steps[0]
+        total_steps[0] = n
+        if on_step is not None:
+            on_step(step + 1, n)
+        return {}
+
+    noise: dict = {}
+    handle = apply(pipe, config) if config is not None else None
+    try:
+        with _record_initial_latents(pipe, noise), torch.inference_mode():
+            t0 = time.perf_counter()
+            mark[0] = t0
+            result = pipe(**kwargs, callback_on_step_end=callback)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t_done = time.perf_counter()
+        run_report = handle.report.to_dict() if handle is not None else None
+    finally:
+        if handle is not None:
+            remove(pipe)
+    frames = result.frames[0] if hasattr(result, "frames") else result[0][0]
+    video = to_uint8_frames(frames)
+    write_video(out, video, fps, overwrite=overwrite)
+    t_end = time.perf_counter()
+    config_dict = config.to_dict() if config is not None else None
+    side = {
+        "request": request_record(model, request, config_dict),
+        "video": out.name,
+        "recipe": config.recipe if config is not None else "fp16",
+        "rotation": config.rotation if config is not None else "none",
+        "model": {"name": str(model), "pipeline": type(pipe).__name__, "family": family, "task": task},
+        "device": str(device),
+        "device_name": device_description(device),
+        "dtype": str(getattr(pipe.transformer, "dtype", "unknown")).removeprefix("torch."),
+        "frames": int(video.shape[0]),
+        "height": int(video.shape[1]),
+        "width": int(video.shape[2]),
+        "fps": fps,
+        "steps": len(step_times),
+        "initial_noise_sha256": noise.get("sha256"),
+        "initial_noise_shape": noise.get("shape"),
+        "timing": {
+            "per_step_seconds": step_times,
+            "denoise_seconds": sum(step_times),
+            "decode_seconds": (t_done - t0) - sum(step_times),
+            "total_seconds": t_end - t0,
+        },
+        "int4_fraction": run_report["quantized_fraction"] if run_report is not None else 0.0,
+        "fallbacks": run_report["fallbacks"] if run_report is not None else {},
+        "run_report": run_report,
+        "versions": versions(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **(extra or {}),
+    }
+    write_sidecar(out, side)
+    return side

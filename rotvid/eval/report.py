@@ -1,0 +1,323 @@
+"""The report folder of ``rotvid eval``.
+
+``report.md``        one table like the paper's Table 1 (variant, datatype, optimized P, rotation,
+                     Cosine ↑, MSE ↓, SSIM ↑, PSNR ↑, VBench dimensions, time), then per video
+``metrics.csv``      one row per (variant, video) plus a ``mean`` row per variant
+``metrics.json``     everything, per-frame PSNR included (``inf`` written as the string "inf")
+``psnr_per_frame.png`` per-frame PSNR of each variant, averaged over videos (needs matplotlib)
+``comparison.png``   sampled frames of one video: reference on top, one row per variant
+
+Every file is written through a temporary name and renamed (see :mod:`rotvid.eval.video_io`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rotvid.eval.pixel_metrics import VideoMetrics, float_to_json, mean_metrics
+from rotvid.eval.video_io import iter_frames, write_file_atomically
+
+logger = logging.getLogger(__name__)
+
+REPORT_FILES = ("report.md", "metrics.csv", "metrics.json", "psnr_per_frame.png", "comparison.png")
+
+
+@dataclass
+class VariantResult:
+    """The metrics of one variant (a candidate folder/file or a generated variant).
+
+    ``columns`` are the Table-1 (datatype, optimized P, rotation) marks, ``("–", "–", "–")`` when
+    unknown. ``seconds`` is the summed generation time of its videos (from the sidecars) or None.
+    """
+
+    label: str
+    source: str
+    videos: list[VideoMetrics]
+    columns: tuple[str, str, str] = ("–", "–", "–")
+    seconds: float | None = None
+    int4_fraction: float | None = None
+    vbench: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> dict[str, float]:
+        return mean_metrics(self.videos)
+
+
+@dataclass
+class EvalReport:
+    """A whole comparison: the reference, its variants, VBench scores and run facts."""
+
+    reference_label: str
+    reference_source: str
+    variants: list[VariantResult]
+    reference_seconds: float | None = None
+    reference_vbench: dict[str, float] = field(default_factory=dict)
+    vbench_dimensions: list[str] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def format_psnr(x: float) -> str:
+    return "∞" if math.isinf(x) and x > 0 else f"{x:.3f}"
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _time_columns(report: EvalReport) -> bool:
+    return report.reference_seconds is not None and all(v.seconds is not None for v in report.variants)
+
+
+def summary_table(report: EvalReport) -> str:
+    """The Table-1-like markdown table (means over videos)."""
+    dims = report.vbench_dimensions
+    timed = _time_columns(report)
+    head = ["Variant", "Datatype", "Optim-P", "Rotation", "Cosine ↑", "MSE ↓", "SSIM ↑", "PSNR ↑"]
+    head += [f"{d} ↑" for d in dims]
+    head += ["INT4 calls"]
+    if timed:
+        head += ["Time (s)", "Speedup"]
+    rows = []
+    # the reference against itself: the identity values, by definition
+    ref = [report.reference_label, "FP16", "–", "–", "1.0000", "0.00", "1.0000", "∞"]
+    ref += [_fmt(report.reference_vbench.get(d), ".4f") for d in dims]
+    ref += ["0%"]
+    if timed:
+        ref += [f"{report.reference_seconds:.1f}", "1.00×"]
+    rows.append(ref)
+    for v in report.variants:
+        m = v.mean
+        row = [v.label, *v.columns, f"{m['cosine']:.4f}", f"{m['mse']:.2f}", f"{m['ssim']:.4f}", format_psnr(m["psnr"])]
+        row += [_fmt(v.vbench.get(d), ".4f") for d in dims]
+        row += ["–" if v.int4_fraction is None else f"{100 * v.int4_fraction:.0f}%"]
+        if timed:
+            speed = report.reference_seconds / v.seconds if v.seconds > 0 else math.nan
+            row += [f"{v.seconds:.1f}", f"{speed:.2f}×"]
+        rows.append(row)
+    return _markdown_table(head, rows)
+
+
+def per_video_table(report: EvalReport) -> str:
+    head = ["Variant", "Video", "Frames", "Size", "Cosine ↑", "MSE ↓", "SSIM ↑", "PSNR ↑"]
+    rows = []
+    for v in report.variants:
+        for m in v.videos:
+            rows.append(
+                [v.label, m.name, str(m.frames), f"{m.width}×{m.height}", f"{m.cosine:.4f}", f"{m.mse:.2f}",
+                 f"{m.ssim:.4f}", format_psnr(m.psnr)]
+            )
+    return _markdown_table(head, rows)
+
+
+def _markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(esc(h) for h in head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def report_markdown(report: EvalReport, *, images: dict[str, str]) -> str:
+    """The text of ``report.md``; ``images`` maps a caption to a file name in the folder."""
+    parts = ["# rotvid eval", ""]
+    parts.append(f"Reference: `{report.reference_source}` (label {report.reference_label}).")
+    for key, val in report.meta.items():
+        parts.append(f"- {key}: {val}")
+    parts += [
+        "",
+        "Metrics on 8-bit pixels (0..255), averaged over videos: cosine similarity, MSE, SSIM "
+        "(scikit-image, per frame, averaged), PSNR in dB (10·log10(255²/MSE) per video; ∞ when identical).",
+        "",
+        summary_table(report),
+        "",
+        "## Per video",
+        "",
+        per_video_table(report),
+        "",
+    ]
+    for caption, fname in images.items():
+        parts += [f"## {caption}", "", f"![{caption}]({fname})", ""]
+    if report.notes:
+        parts += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
+    return "\n".join(parts)
+
+
+def metrics_csv(report: EvalReport) -> str:
+    dims = report.vbench_dimensions
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["variant", "video", "frames", "height", "width", "psnr", "ssim", "cosine", "mse", *dims])
+    for v in report.variants:
+        for m in v.videos:
+            w.writerow([v.label, m.name, m.frames, m.height, m.width, _csv_float(m.psnr), repr(m.ssim),
+                        repr(m.cosine), repr(m.mse)] + [""] * len(dims))
+        mean = v.mean
+        w.writerow([v.label, "mean", "", "", "", _csv_float(mean["psnr"]), repr(mean["ssim"]), repr(mean["cosine"]),
+                    repr(mean["mse"])] + [_csv_opt(v.vbench.get(d)) for d in dims])
+    if dims:
+        w.writerow([report.reference_label, "mean", "", "", "", "", "", "", ""]
+                   + [_csv_opt(report.reference_vbench.get(d)) for d in dims])
+    return buf.getvalue()
+
+
+def _csv_float(x: float) -> str:
+    return "inf" if math.isinf(x) and x > 0 else repr(x)
+
+
+def _csv_opt(x: float | None) -> str:
+    return "" if x is None else repr(x)
+
+
+def metrics_json(report: EvalReport) -> str:
+    data = {
+        "reference": {
+            "label": report.reference_label,
+            "source": report.reference_source,
+            "seconds": report.reference_seconds,
+            "vbench": report.reference_vbench,
+        },
+        "vbench_dimensions": report.vbench_dimensions,
+        "meta": report.meta,
+        "notes": report.notes,
+        "variants": [
+            {
+                "label": v.label,
+                "source": v.source,
+                "datatype": v.columns[0],
+                "optimized_p": v.columns[1],
+                "rotation": v.columns[2],
+                "seconds": v.seconds,
+                "int4_fraction": v.int4_fraction,
+                "mean": {k: float_to_json(x) for k, x in v.mean.items()},
+                "vbench": v.vbench,
+                "videos": [m.to_json() for m in v.videos],
+            }
+            for v in report.variants
+        ],
+    }
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def plot_psnr_per_frame(report: EvalReport) -> bytes:
+    """PNG bytes: per-frame PSNR of each variant (mean over videos; ∞ frames not drawn)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    any_inf = False
+    for v in report.variants:
+        length = max(len(m.psnr_per_frame) for m in v.videos)
+        arr = np.full((len(v.videos), length), np.nan)
+        for i, m in enumerate(v.videos):
+            vals = np.asarray(m.psnr_per_frame, dtype=np.float64)
+            any_inf |= bool(np.isinf(vals).any())
+            arr[i, : len(vals)] = np.where(np.isinf(vals), np.nan, vals)
+        with np.errstate(all="ignore"):
+            counts = np.sum(~np.isnan(arr), axis=0)
+            mean = np.where(counts > 0, np.nansum(arr, axis=0) / np.maximum(counts, 1), np.nan)
+        label = v.label if not np.isnan(mean).all() else f"{v.label} (identical: ∞ dB)"
+        ax.plot(np.arange(length), mean, marker="." if length <= 40 else None, label=label)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("frame")
+    ax.set_ylabel("PSNR (dB) vs reference")
+    title = "Per-frame PSNR, mean over videos"
+    if any_inf:
+        title += " (identical frames, ∞ dB, not drawn)"
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def sample_indices(n_frames: int, k: int) -> list[int]:
+    """``k`` frame indices spread evenly over ``n_frames`` (first and last included)."""
+    k = max(1, min(k, n_frames))
+    return sorted({int(round(x)) for x in np.linspace(0, n_frames - 1, k)})
+
+
+def comparison_image(rows: list[tuple[str, Path]], *, samples: int = 4, tile_width: int = 256) -> bytes:
+    """PNG bytes: one row per (label, video file), ``samples`` frames each, label on the left."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    decoded = []
+    for label, path in rows:
+        frames = list(iter_frames(path))
+        idx = sample_indices(len(frames), samples)
+        decoded.append((label, [frames[i] for i in idx], idx))
+    h0, w0 = decoded[0][1][0].shape[:2]
+    tw = tile_width
+    th = max(1, round(h0 * tw / w0))
+    resample = Image.NEAREST if tw >= w0 else Image.BILINEAR  # small videos: show the pixels
+    label_w, header_h = 160, 22
+    ncols = max(len(f) for _, f, _ in decoded)
+    canvas = Image.new("RGB", (label_w + ncols * tw, header_h + len(decoded) * th), "white")
+    draw = ImageDraw.Draw(canvas)
+    try:
+        font = ImageFont.load_default(size=14)
+    except TypeError:  # Pillow < 10.1
+        font = ImageFont.load_default()
+    for c, i in enumerate(decoded[0][2]):
+        draw.text((label_w + c * tw + 4, 3), f"frame {i}", fill="black", font=font)
+    for r, (label, frames, _) in enumerate(decoded):
+        y = header_h + r * th
+        draw.text((4, y + th // 2 - 7), label[:22], fill="black", font=font)
+        for c, f in enumerate(frames):
+            tile = Image.fromarray(f).resize((tw, th), resample)
+            canvas.paste(tile, (label_w + c * tw, y))
+    buf = io.BytesIO()
+    canvas.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_report(
+    folder: str | Path,
+    report: EvalReport,
+    *,
+    comparison_rows: list[tuple[str, Path]] | None = None,
+    comparison_video: str | None = None,
+    samples: int = 4,
+) -> dict[str, Path]:
+    """Write the report folder (see the module doc); returns {file kind: path}.
+
+    ``comparison_rows``: (label, video file) rows of the comparison image, reference first.
+    When matplotlib is missing the plot is not written and the report says so (a note).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    images: dict[str, str] = {}
+    try:
+        png = plot_psnr_per_frame(report)
+    except ImportError:
+        report.notes.append("psnr_per_frame.png not written: matplotlib is not installed (pip install 'rotvid[plot]')")
+        logger.warning("matplotlib is not installed: the per-frame PSNR plot is not written")
+    else:
+        written["plot"] = write_file_atomically(folder / "psnr_per_frame.png", png)
+        images["Per-frame PSNR"] = "psnr_per_frame.png"
+    if comparison_rows:
+        written["comparison"] = write_file_atomically(
+            folder / "comparison.png", comparison_image(comparison_rows, samples=samples)
+        )
+        images[f"Sampled frames of {comparison_video or comparison_rows[0][1].stem}"] = "comparison.png"
+    written["csv"] = write_file_atomically(folder / "metrics.csv", metrics_csv(report))
+    written["json"] = write_file_atomically(folder / "metrics.json", metrics_json(report))
+    written["markdown"] = write_file_atomically(folder / "report.md", report_markdown(report, images=images))
+    return written

@@ -1,0 +1,50 @@
+"""The JSON sidecar written next to every generated video (``clip.mp4`` -> ``clip.json``).
+
+Fields (``SIDECAR_VERSION`` 1):
+
+- ``request``: what was asked — model, prompt, negative prompt, image, seed, height, width,
+  frames, steps, guidance scale, fps, and the rotvid ``config`` (``null`` for the untouched FP16
+  reference). A finished video whose request equals a new one is not generated again (resume).
+- ``recipe`` / ``rotation``: the attention variant (``fp16`` / ``none`` for the reference).
+- ``model``: the resolved source, pipeline class and family; ``device``, ``dtype``.
+- ``initial_noise_sha256``: hash of the initial latents, identical across variants of one eval.
+- ``timing``: ``per_step_seconds`` (one per denoising step; step 0 also holds prompt encoding
+  and latent preparation), ``denoise_seconds``, ``decode_seconds``, ``total_seconds``.
+- ``int4_fraction``, ``fallbacks`` and ``run_report`` (rotvid's per-call counts; ``null`` for
+  the reference), ``versions`` (rotvid, diffusers, torch, transformers, PyAV, Python).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rotvid.eval.video_io import write_file_atomically
+
+SIDECAR_VERSION = 1
+
+
+def sidecar_path(video: str | os.PathLike) -> Path:
+    """``x.mp4`` -> ``x.json``."""
+    return Path(video).with_suffix(".json")
+
+
+def write_sidecar(video: str | os.PathLike, data: dict) -> Path:
+    """Write the sidecar of ``video`` (atomically); adds ``sidecar_version``."""
+    payload = {"sidecar_version": SIDECAR_VERSION, **data}
+    return write_file_atomically(sidecar_path(video), json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_sidecar(video: str | os.PathLike) -> dict | None:
+    """The sidecar of ``video``, or ``None`` when there is none or it is not a rotvid sidecar."""
+    p = sidecar_path(video)
+    if not p.is_file():
+        return None
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or "sidecar_version" not in data:
+        return None
+    return data

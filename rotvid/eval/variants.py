@@ -1,0 +1,84 @@
+"""Variant specs of ``rotvid eval --variants``: ``RECIPE:ROTATION`` (e.g. ``int4:half``).
+
+RECIPE is one of the attention recipes of :mod:`rotvid.kernels` (``fp16``, ``int4``,
+``int4-sym-p``, ``int8-fp8``, ``int4-fp8``, ``nvfp4``); ROTATION one of ``none``,
+``interleaved``, ``half``, ``full`` or ``learned:<file.safetensors>``. ``RECIPE`` alone means
+``RECIPE:none``. The Table-1 columns (datatype, range-optimized P, rotation) are derived here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+RECIPES = ("fp16", "int4", "int4-sym-p", "int8-fp8", "int4-fp8", "nvfp4")
+ROTATIONS = ("none", "interleaved", "half", "full")
+
+# Table 1 columns per recipe: (datatype, optimized-P mark)
+_RECIPE_COLUMNS = {
+    "fp16": ("FP16", "–"),
+    "int4": ("INT4", "✓"),
+    "int4-sym-p": ("INT4", "×"),
+    "int8-fp8": ("INT8/FP8", "–"),
+    "int4-fp8": ("INT4/FP8", "–"),
+    "nvfp4": ("NVFP4", "–"),
+}
+_ROTATION_NAMES = {"none": "W/O", "interleaved": "Interleave", "half": "Half", "full": "Full"}
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """One attention variant: a recipe and a rotation spec."""
+
+    recipe: str
+    rotation: str
+
+    @property
+    def label(self) -> str:
+        """A file-name-safe label, e.g. ``int4_half`` (used as the variant's folder name)."""
+        rot = self.rotation
+        if rot.startswith("learned:"):
+            stem = rot.split(":", 1)[1].rsplit("/", 1)[-1].removesuffix(".safetensors")
+            rot = "learned-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", stem)
+        return f"{self.recipe}_{rot}"
+
+    @property
+    def spec(self) -> str:
+        return f"{self.recipe}:{self.rotation}"
+
+    def table_columns(self) -> tuple[str, str, str]:
+        """(Datatype, Optim-P, Rotation) as in the paper's Table 1."""
+        dtype, optim_p = _RECIPE_COLUMNS.get(self.recipe, (self.recipe, "–"))
+        if self.recipe == "fp16" and self.rotation == "none":
+            return dtype, "–", "–"
+        rot = "Trained" if self.rotation.startswith("learned:") else _ROTATION_NAMES.get(self.rotation, self.rotation)
+        return dtype, optim_p, rot
+
+
+def parse_variant(text: str) -> VariantSpec:
+    """Parse one ``RECIPE[:ROTATION]``; ``ValueError`` naming what is accepted otherwise."""
+    text = text.strip()
+    recipe, _, rotation = text.partition(":")
+    rotation = rotation or "none"
+    if recipe not in RECIPES:
+        raise ValueError(f"--variants: unknown recipe {recipe!r} in {text!r}; expected one of {', '.join(RECIPES)}")
+    if rotation not in ROTATIONS and not (rotation.startswith("learned:") and len(rotation) > len("learned:")):
+        raise ValueError(
+            f"--variants: unknown rotation {rotation!r} in {text!r}; expected one of "
+            f"{', '.join(ROTATIONS)} or learned:<file.safetensors>"
+        )
+    return VariantSpec(recipe=recipe, rotation=rotation)
+
+
+def parse_variants(text: str) -> list[VariantSpec]:
+    """Parse a comma-separated list of variants (no duplicates, at least one)."""
+    # learned:<path> may itself hold no comma; split on commas
+    items = [t for t in (s.strip() for s in text.split(",")) if t]
+    if not items:
+        raise ValueError("--variants: expected at least one RECIPE:ROTATION, e.g. int4:half,int4:none")
+    specs = [parse_variant(t) for t in items]
+    labels = [s.label for s in specs]
+    dup = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if dup:
+        raise ValueError(f"--variants: listed more than once: {', '.join(dup)}")
+    return specs

@@ -1,0 +1,89 @@
+import csv
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from rotvid.eval.pixel_metrics import compare_arrays
+from rotvid.eval.report import EvalReport, VariantResult, sample_indices, summary_table, write_report
+from rotvid.eval.video_io import write_video
+
+
+def _report(rng):
+    ref = rng.integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+    noisy = np.clip(ref.astype(int) + rng.integers(-4, 5, ref.shape), 0, 255).astype(np.uint8)
+    same = VariantResult("int4_half", "a", [compare_arrays(ref, ref, name="v0")], ("INT4", "✓", "Half"),
+                         seconds=2.0, int4_fraction=0.81, vbench={"temporal_flickering": 0.97})
+    diff = VariantResult("int4_none", "b", [compare_arrays(ref, noisy, name="v0")], ("INT4", "✓", "W/O"),
+                         seconds=4.0, int4_fraction=0.81, vbench={"temporal_flickering": 0.95})
+    rep = EvalReport("FP16 (reference)", "ref", [same, diff], reference_seconds=3.0,
+                     reference_vbench={"temporal_flickering": 0.96}, vbench_dimensions=["temporal_flickering"],
+                     meta={"model": "tiny"})
+    return ref, noisy, rep
+
+
+def test_report_folder_contents(tmp_path):
+    rng = np.random.default_rng(0)
+    ref, noisy, rep = _report(rng)
+    write_video(tmp_path / "v" / "ref.mp4", ref, 8)
+    write_video(tmp_path / "v" / "noisy.mp4", noisy, 8)
+    written = write_report(tmp_path / "out", rep, comparison_rows=[("FP16", tmp_path / "v" / "ref.mp4"),
+                                                                  ("int4_none", tmp_path / "v" / "noisy.mp4")])
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["report.md", "metrics.csv", "metrics.json", "psnr_per_frame.png", "comparison.png"])
+    assert set(written) == {"markdown", "csv", "json", "plot", "comparison"}
+
+    md = (out / "report.md").read_text()
+    header = next(ln for ln in md.splitlines() if ln.startswith("| Variant | Datatype"))
+    assert header.split(" | ")[4:8] == ["Cosine ↑", "MSE ↓", "SSIM ↑", "PSNR ↑"]
+    half = next(ln for ln in md.splitlines() if ln.startswith("| int4_half | INT4"))
+    assert "| ∞ |" in half and "| 0.9700 |" in half and "| 81% |" in half and "1.50×" in half
+    none_row = next(ln for ln in md.splitlines() if ln.startswith("| int4_none | INT4"))
+    assert f"| {rep.variants[1].videos[0].psnr:.3f} |" in none_row and "0.75×" in none_row
+
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert rows[0]["variant"] == "int4_half" and rows[0]["psnr"] == "inf"
+    assert float(rows[2]["mse"]) == pytest.approx(rep.variants[1].videos[0].mse)
+    assert rows[-1]["variant"] == "FP16 (reference)" and float(rows[-1]["temporal_flickering"]) == 0.96
+
+    data = json.loads((out / "metrics.json").read_text())  # strict JSON: no Infinity
+    assert data["variants"][0]["mean"]["psnr"] == "inf"
+    assert data["variants"][0]["videos"][0]["psnr_per_frame"] == ["inf"] * 3
+    assert data["variants"][1]["videos"][0]["psnr"] == pytest.approx(rep.variants[1].videos[0].psnr)
+
+    img = Image.open(out / "comparison.png")
+    assert img.size[1] == 22 + 2 * 256  # header + two rows of 256-pixel tiles (16x16 frames upscaled)
+    assert Image.open(out / "psnr_per_frame.png").format == "PNG"
+
+
+def test_summary_table_without_times_has_no_speedup():
+    _, _, rep = _report(np.random.default_rng(1))
+    rep.variants[1].seconds = None
+    table = summary_table(rep)
+    assert "Speedup" not in table and "temporal_flickering ↑" in table
+    assert table.splitlines()[2].startswith("| FP16 (reference) | FP16 | – | – | 1.0000 | 0.00 | 1.0000 | ∞ |")
+
+
+def test_missing_matplotlib_is_a_note_not_silence(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_mpl(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    _, _, rep = _report(np.random.default_rng(2))
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    written = write_report(tmp_path, rep)
+    assert "plot" not in written and not (tmp_path / "psnr_per_frame.png").exists()
+    assert "matplotlib is not installed" in (tmp_path / "report.md").read_text()
+
+
+def test_sample_indices():
+    assert sample_indices(81, 4) == [0, 27, 53, 80]
+    assert sample_indices(2, 4) == [0, 1]
+    assert sample_indices(1, 4) == [0]
