@@ -305,3 +305,13 @@ def test_load_pipeline_from_local_folder_keeps_wan_vae_in_float32(tiny, tiny_dir
     assert type(pipe).__name__ == "WanPipeline"
     assert pipe.transformer.dtype == torch.bfloat16 and pipe.text_encoder.dtype == torch.bfloat16
     assert pipe.vae.dtype == torch.float32
+
+
+def test_remove_without_snapshots_unfuses_arithmetically(tiny):
+    pipe = tiny("cogvideox")
+    before = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
+    apply(pipe, RotvidConfig(vo_hadamard=True), exact_remove=False)
+    remove(pipe)
+    after = pipe.transformer.state_dict()
+    for k in before:
+        torch.testing.assert_close(after[k], before[k], rtol=1e-6, atol=1e-6)

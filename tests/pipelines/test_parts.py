@@ -144,3 +144,30 @@ def test_load_pipeline_bad_dtype(tmp_path):
     (tmp_path / "model_index.json").write_text("{}")
     with pytest.raises(ValueError, match="dtype"):
         load_pipeline(tmp_path, dtype="int8")
+
+
+def test_runtime_falls_back_on_a_mask_it_cannot_express_and_records_why():
+    from rotvid.pipelines import RotvidConfig
+    from rotvid.pipelines.report import RunReport
+    from rotvid.pipelines.runtime import AttentionSite, Runtime
+
+    tr = StepTracker()
+    tr.begin(4)
+    tr.set_step(1)
+    rep = RunReport(recipe="int4", backend_requested="reference")
+    rt = Runtime(RotvidConfig(recipe="int4", backend="reference"), tr, rep)
+    site = AttentionSite("transformer", 0, 1, 0, 0, 1)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 64, generator=g) for _ in range(3))
+    sentinel = torch.randn(2, 2, 5, 64, generator=g)
+    holes = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    holes[1, ..., 1] = False
+    out = rt.attend(site, q, k, v, mask=holes, fp16_attention=lambda: sentinel)
+    assert out is sentinel
+    assert rep.fallback_calls == 1 and "prefix" in next(iter(rep.fallbacks))
+    padded = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    padded[1, ..., 3:] = False
+    out = rt.attend(site, q, k, v, mask=padded, fp16_attention=lambda: sentinel)
+    ref = __import__("rotvid.kernels", fromlist=["attention"]).attention(
+        q, k, v, recipe="int4", backend="reference", kv_lens=torch.tensor([5, 3]))
+    assert torch.equal(out, ref) and rep.quantized_calls == 1
