@@ -95,6 +95,13 @@ def _prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
     return [prompt]
 
 
+def _check_model(model: str) -> None:
+    """Fail fast (before any loading) on a name that is neither a folder, a hub id nor a known model."""
+    from rotvid.pipelines.loading import resolve_model
+
+    resolve_model(model)
+
+
 def _check_positive(name: str, value) -> None:
     if value is not None and value <= 0:
         raise ValueError(f"{name}: expected a positive number, got {value}")
@@ -270,11 +277,12 @@ def generate(
 ) -> None:
     """Generate video(s) with INT4 self-attention; writes an H.264 mp4 and a JSON sidecar per prompt."""
     with _user_errors():
-        from rotvid.eval.generation import generate_video, video_name
+        from rotvid.eval.generation import call_kwargs, generate_video, video_name
         from rotvid.eval.sidecar import sidecar_path
         from rotvid.eval.video_io import check_can_write
 
         prompts = _prompts(prompt, prompt_file)
+        _check_model(model)
         template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height,
                                      width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
                                      max_sequence_length=max_sequence_length, fps=fps)
@@ -300,6 +308,7 @@ def generate(
         with _Progress(quiet) as bar:
             bar.log(f"loading {model} ...")
             pipe = _load(model, dtype, device)
+            call_kwargs(pipe, replace(template, prompt=prompts[0]))  # --image vs the pipeline, before any work
             if cfg is not None:
                 cfg = factory.build(pipe=pipe)
             for i, (p, o) in enumerate(zip(prompts, outputs)):
@@ -481,6 +490,7 @@ def _eval_generated(bar, *, prompt_file, variants, model, image, schedule, backe
 
     prompts = load_prompts(prompt_file)
     specs = parse_variants(variants)
+    _check_model(model)
     template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height, width=width,
                                  frames=frames, steps=steps, guidance_scale=guidance_scale,
                                  max_sequence_length=max_sequence_length, fps=fps)
