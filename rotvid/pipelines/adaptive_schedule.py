@@ -1,0 +1,138 @@
+"""Choosing which (step, block) self-attention calls stay FP16, from measured INT4 accuracy.
+
+SageAttention's adaptive per-layer choice (``papers/sageattention-zh.md`` §4.5), by step and
+block: ``rotvid calibrate`` measures, for every (step, block) of the calibration runs, the
+quantized attention output against the FP16 one on the same inputs (cosine similarity and
+relative L2, averaged over prompts), and this module turns those measurements into the
+explicit ``fp16_cells`` table of a :class:`~rotvid.pipelines.schedule.Schedule`:
+
+* ``cosine_floor``: every cell whose mean cosine is below the floor stays FP16;
+* ``target_int4_fraction``: the worst cells (lowest cosine first) stay FP16 until at most that
+  fraction of cells runs quantized.
+
+Both may be given; a cell is FP16 if either rule says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rotvid.pipelines.schedule import Schedule
+
+
+@dataclass
+class CellAccuracy:
+    """Accumulated accuracy of the quantized attention at one (step, block) cell."""
+
+    cosine_sum: float = 0.0
+    rel_l2_sum: float = 0.0
+    count: int = 0
+
+    def add(self, cosine: float, rel_l2: float) -> None:
+        self.cosine_sum += cosine
+        self.rel_l2_sum += rel_l2
+        self.count += 1
+
+    @property
+    def cosine(self) -> float:
+        return self.cosine_sum / self.count if self.count else math.nan
+
+    @property
+    def rel_l2(self) -> float:
+        return self.rel_l2_sum / self.count if self.count else math.nan
+
+
+@dataclass
+class AccuracyTable:
+    """(step, block) -> accuracy of the quantized attention, over the calibration runs."""
+
+    num_steps: int
+    num_blocks: int
+    cells: dict[tuple[int, int], CellAccuracy] = field(default_factory=dict)
+
+    def add(self, step: int, block: int, cosine: float, rel_l2: float) -> None:
+        if not (0 <= step < self.num_steps and 0 <= block < self.num_blocks):
+            raise ValueError(f"step, block: expected within ({self.num_steps}, {self.num_blocks}), got ({step}, {block})")
+        self.cells.setdefault((step, block), CellAccuracy()).add(cosine, rel_l2)
+
+    def to_dict(self) -> dict:
+        return {
+            "num_steps": self.num_steps,
+            "num_blocks": self.num_blocks,
+            "cells": [
+                {"step": s, "block": b, "cosine": c.cosine, "rel_l2": c.rel_l2, "count": c.count}
+                for (s, b), c in sorted(self.cells.items())
+            ],
+        }
+
+
+def choose_fp16_cells(
+    table: AccuracyTable,
+    *,
+    cosine_floor: float | None = None,
+    target_int4_fraction: float | None = None,
+) -> list[tuple[int, int]]:
+    """The (step, block) cells to keep FP16, sorted; see the module docstring for the rules.
+
+    Cells never measured count as quantized-and-unknown: they are kept FP16 only when the
+    target fraction needs them (they are taken after every measured cell).
+    """
+    if cosine_floor is None and target_int4_fraction is None:
+        raise ValueError("cosine_floor, target_int4_fraction: expected at least one of them")
+    if target_int4_fraction is not None and not 0.0 <= target_int4_fraction <= 1.0:
+        raise ValueError(f"target_int4_fraction: expected a value in [0, 1], got {target_int4_fraction}")
+    if cosine_floor is not None and not -1.0 <= cosine_floor <= 1.0:
+        raise ValueError(f"cosine_floor: expected a value in [-1, 1], got {cosine_floor}")
+    all_cells = [(s, b) for s in range(table.num_steps) for b in range(table.num_blocks)]
+    fp16 = set()
+    if cosine_floor is not None:
+        fp16 |= {cell for cell, acc in table.cells.items() if acc.cosine < cosine_floor}
+    if target_int4_fraction is not None:
+        total = len(all_cells)
+        max_quant = math.floor(target_int4_fraction * total + 1e-9)
+        # Worst measured first (lowest cosine), then the unmeasured ones.
+        ranked = sorted(all_cells, key=lambda c: (0, table.cells[c].cosine) if c in table.cells else (1, 0.0))
+        for cell in ranked:
+            if total - len(fp16) <= max_quant:
+                break
+            fp16.add(cell)
+    return sorted(fp16)
+
+
+def schedule_from_accuracy(
+    table: AccuracyTable,
+    *,
+    cosine_floor: float | None = None,
+    target_int4_fraction: float | None = None,
+    name: str = "calibrated",
+) -> Schedule:
+    """A table-only schedule (no first/last rules) keeping the chosen cells FP16."""
+    cells = choose_fp16_cells(table, cosine_floor=cosine_floor, target_int4_fraction=target_int4_fraction)
+    return Schedule(fp16_cells=tuple(cells), name=name)
+
+
+def write_schedule(schedule: Schedule, path: str | Path, *, accuracy: AccuracyTable | None = None) -> Path:
+    """Write ``schedule`` (and the accuracy it came from) as JSON, atomically."""
+    path = Path(path)
+    payload = {"version": 1, "schedule": schedule.to_dict()}
+    if accuracy is not None:
+        payload["accuracy"] = accuracy.to_dict()
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(path)
+    return path
+
+
+def read_schedule(path: str | Path) -> Schedule:
+    """Read a schedule JSON written by :func:`write_schedule` (or a bare ``Schedule.to_dict()``)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"schedule: file not found: {path}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"schedule: {path} is not valid JSON ({err})") from None
+    return Schedule.from_dict(data["schedule"] if isinstance(data, dict) and "schedule" in data else data)
