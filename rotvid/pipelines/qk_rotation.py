@@ -13,7 +13,10 @@ text tokens, for both Q and K. One orthogonal R on every token keeps every score
 
 Tables are cached: within one forward every block gets the same cos/sin objects; across
 forwards (cond / uncond, steps) the new cos/sin are compared with the cached ones
-(``torch.equal``, one reduction) and the table is reused when they match.
+(``torch.equal``, one reduction) and the table is reused when they match. A table is
+[N, D, 4] floats (67 MB in float32 for Wan 480p), so only a rotation shared by all blocks uses
+one; per-block (learned) rotations take the equivalent two-step path, RoPE then ``rotation.apply``
+(``fuse=False``), instead of keeping one table per block.
 """
 
 from __future__ import annotations
@@ -37,11 +40,14 @@ class QKRotator:
     Args:
         rotation: a :class:`rotvid.rope.rotations.Rotation` (already ``select``-ed to a block for
             per-block learned rotations; a remaining per-head lead dim applies per head).
+        fuse: apply RoPE·R through one cached generalized table (``True``) or as RoPE then
+            ``rotation.apply`` (``False``; same maths, no table). ``full`` is never fused.
     """
 
-    def __init__(self, rotation: Rotation):
+    def __init__(self, rotation: Rotation, *, fuse: bool = True):
         self.rotation = rotation
         self.kind = rotation.kind
+        self.fuse = fuse and rotation.kind != "full"
         self._cache_key: tuple | None = None  # (cos, sin) objects of the cached table
         self._cache_table: GeneralizedRopeTable | None = None
         self._cache_dtype: torch.dtype | None = None
@@ -74,8 +80,8 @@ class QKRotator:
 
     # ---- the op ------------------------------------------------------------------------------
     def _rope_and_rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.kind == "full":
-            return self.rotation.apply(apply_rope_interleaved(x, cos, sin))
+        if not self.fuse:
+            return self._rotate_only(apply_rope_interleaved(x, cos, sin))
         return apply_generalized_rope(x, self._table(cos, sin, _compute_dtype(x)))
 
     def _rotate_only(self, x: torch.Tensor) -> torch.Tensor:

@@ -81,17 +81,19 @@ def rope_tables(n, d, seed):
     return ang.cos(), ang.sin()
 
 
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("kind", ["none", "interleaved", "half", "full"])
 @pytest.mark.parametrize("span", [(0, 13), (4, 13), (0, 9), (3, 10)])
-def test_rotator_keeps_scores_and_matches_rope_then_rotation(kind, span):
+def test_rotator_keeps_scores_and_matches_rope_then_rotation(kind, span, fuse):
     g = torch.Generator().manual_seed(0)
     d, n = 64, 13
     q = torch.randn(2, 3, n, d, generator=g, dtype=torch.float64)
     k = torch.randn(2, 3, n, d, generator=g, dtype=torch.float64)
     cos, sin = rope_tables(span[1] - span[0], d, 1)
     rot = make_rotation(kind, d, (16, 24, 24))
-    r = QKRotator(rot)
+    r = QKRotator(rot, fuse=fuse)
     qr, kr = r.rotate(q, (cos, sin), span), r.rotate(k, (cos, sin), span)
+    assert (r._cache_table is not None) == (fuse and kind != "full")
 
     def rope_only(x):
         a, b = span
