@@ -228,7 +228,11 @@ class FullHadamardRotation(Rotation):
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x must be [..., {self.head_dim}], got {tuple(x.shape)}")
         cd = _compute_dtype(x)
-        return (x.to(cd) @ hadamard_matrix(self.head_dim, cd, x.device)).to(x.dtype)
+        key = (x.device, cd)
+        cache = self.__dict__.setdefault("_device_cache", {})
+        if key not in cache:
+            cache[key] = hadamard_matrix(self.head_dim, cd, x.device)
+        return (x.to(cd) @ cache[key]).to(x.dtype)
 
     def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         return hadamard_matrix(self.head_dim, dtype)
@@ -248,6 +252,8 @@ class PairRotation(Rotation):
         blocks: float64 [*lead, P, 2, 2]; lead is () or e.g. (heads,) / (blocks, heads).
         angles, reflect: the learned parameters ([*lead, P]) for kind "learned", else None.
         source: path of the file a learned rotation was loaded from (None otherwise).
+
+    Treat instances as immutable: ``apply`` caches the per-channel structure per device/dtype.
     """
 
     def __init__(
@@ -373,12 +379,19 @@ class PairRotation(Rotation):
                 f"got {tuple(x.shape)} (use .select() for a block index)"
             )
         cd = _compute_dtype(x)
-        partner, diag, off = self.column_structure()
-        # diag/off [*lead, D] -> [*lead, 1, D] to broadcast over the token axis.
-        diag = diag.to(device=x.device, dtype=cd).unsqueeze(-2)
-        off = off.to(device=x.device, dtype=cd).unsqueeze(-2)
+        key = (x.device, cd)
+        cache = self.__dict__.setdefault("_device_cache", {})
+        if key not in cache:
+            partner, diag, off = self.column_structure()
+            # diag/off [*lead, D] -> [*lead, 1, D] to broadcast over the token axis.
+            cache[key] = (
+                partner.to(x.device),
+                diag.to(device=x.device, dtype=cd).unsqueeze(-2),
+                off.to(device=x.device, dtype=cd).unsqueeze(-2),
+            )
+        partner, diag, off = cache[key]
         xc = x.to(cd)
-        return (xc * diag + xc[..., partner.to(x.device)] * off).to(x.dtype)
+        return (xc * diag + xc[..., partner] * off).to(x.dtype)
 
     def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         partner, diag, off = self.column_structure()

@@ -195,3 +195,19 @@ def test_cogvideox_attention(fused_projections):
         _close(out[1], ref[1])
         unfuse_v_hadamard(attn, HEAD_DIM)
         _assert_restored(attn, before)
+
+
+def test_hunyuan_text_branch_needs_the_same_h():
+    """Video and text values are attended together: H on the video branch alone is not exact."""
+    block = _randomize(HunyuanVideoTransformerBlock(HEADS, HEAD_DIM, mlp_ratio=2.0))
+    attn = block.attn
+    x, ctx = torch.randn(1, 12, DIM), torch.randn(1, 5, DIM)
+    freqs = _hunyuan_rope(1, 3, 4)
+    with torch.no_grad():
+        ref_video, _ = attn(x, ctx, image_rotary_emb=freqs)
+        text_w, text_b = attn.add_v_proj.weight.clone(), attn.add_v_proj.bias.clone()
+        fuse_v_hadamard(attn, HEAD_DIM)
+        attn.add_v_proj.weight.copy_(text_w)  # undo H on the text values only
+        attn.add_v_proj.bias.copy_(text_b)
+        video, _ = attn(x, ctx, image_rotary_emb=freqs)
+        assert (video - ref_video).abs().max() > 1e-2 * ref_video.abs().max()
