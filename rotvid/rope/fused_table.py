@@ -89,7 +89,8 @@ def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotat
         rotation: none, interleaved, half or learned (``full`` raises ValueError).
 
     Returns:
-        GeneralizedRopeTable with float64 coef [*lead, N, D, 4] and index [D, 4], such that
+        GeneralizedRopeTable with float64 coef [*lead, N, D, 4] and index [D, 4] on cos's
+        device, such that
         ``apply_generalized_rope(x, table) == rotation.apply(apply_rope_interleaved(x, cos, sin))``
         (to float64 rounding for float64 x).
     """
@@ -98,8 +99,9 @@ def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotat
     if cos.shape != sin.shape or cos.shape[-1] % 2:
         raise ValueError(f"cos and sin must both be [N, D] with D even, got {tuple(cos.shape)} and {tuple(sin.shape)}")
     d = cos.shape[-1]
-    partner, diag, off = _pair_structure(rotation, d)
-    c = torch.arange(d)
+    dev = cos.device
+    partner, diag, off = (t.to(dev) for t in _pair_structure(rotation, d))
+    c = torch.arange(d, device=dev)
     e_c = c - c % 2
     e_p = partner - partner % 2
     shift = torch.where(e_p == e_c, 0, 2)  # partner pair in slots 2, 3 unless it is the own pair
@@ -110,7 +112,7 @@ def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotat
     off = off.unsqueeze(-2)
     lead = diag.shape[:-2]
     n = cos.shape[0]
-    coef = torch.zeros(*lead, n, d, 4, dtype=torch.float64)
+    coef = torch.zeros(*lead, n, d, 4, dtype=torch.float64, device=dev)
     # (source channel, coefficient [*lead, N, D], slot of the source in index[c]).
     terms = (
         (c, diag * cos, c - e_c),  # x[c] via (xM)[c]

@@ -142,15 +142,17 @@ def _rotate(attn: nn.Module, head_dim: int, output_projection: nn.Linear | None,
         raise ValueError(f"head_dim={head_dim} gives {heads} heads but attn.heads={attn.heads}")
     h = hadamard_matrix(head_dim)
     # fuse: rows <- H^T W, columns <- W H;  unfuse: rows <- H W, columns <- W H^T.
-    left = h if inverse else h.T
-    right = h.T if inverse else h
+    left_cpu = h if inverse else h.T
+    right_cpu = h.T if inverse else h
     for _, lin, r0, r1 in values:
+        left = left_cpu.to(lin.weight.device)
         w = lin.weight[r0:r1].double().reshape(heads, head_dim, -1)
         lin.weight[r0:r1] = (left @ w).reshape(r1 - r0, -1).to(lin.weight.dtype)
         if lin.bias is not None:
             b = lin.bias[r0:r1].double().reshape(heads, head_dim, 1)
             lin.bias[r0:r1] = (left @ b).reshape(-1).to(lin.bias.dtype)
     for _, lin, c0, c1 in outputs:
+        right = right_cpu.to(lin.weight.device)
         w = lin.weight[:, c0:c1].double().reshape(lin.out_features, heads, head_dim)
         lin.weight[:, c0:c1] = (w @ right).reshape(lin.out_features, -1).to(lin.weight.dtype)
     logger.debug(
