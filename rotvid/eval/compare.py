@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,10 +52,15 @@ def _columns_from_sidecars(sidecars: list[dict | None]) -> tuple[str, str, str]:
     return VariantSpec(recipe, rotation).table_columns()
 
 
-def _seconds(sidecars: list[dict | None]) -> float | None:
+def _step_seconds(sidecars: list[dict | None]) -> float | None:
+    """Median denoising-step time over the videos (step 0 of each left out when it has more)."""
     if not sidecars or any(s is None or "timing" not in s for s in sidecars):
         return None
-    return float(sum(s["timing"]["total_seconds"] for s in sidecars))
+    steps = []
+    for s in sidecars:
+        per = list(s["timing"].get("per_step_seconds") or [])
+        steps += per[1:] if len(per) > 1 else per
+    return float(statistics.median(steps)) if steps else None
 
 
 def _int4_fraction(sidecars: list[dict | None]) -> float | None:
@@ -85,13 +91,13 @@ def measure(
         cols = (columns or {}).get(cs.variant) or _columns_from_sidecars(sides)
         variants.append(
             VariantResult(label=cs.variant, source=str(cs.source), videos=videos, columns=cols,
-                          seconds=_seconds(sides), int4_fraction=_int4_fraction(sides))
+                          step_seconds=_step_seconds(sides), int4_fraction=_int4_fraction(sides))
         )
     return EvalReport(
         reference_label=reference_label,
         reference_source=reference_source,
         variants=variants,
-        reference_seconds=_seconds(list(ref_sidecars.values())),
+        reference_step_seconds=_step_seconds(list(ref_sidecars.values())),
     )
 
 

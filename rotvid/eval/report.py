@@ -35,14 +35,15 @@ class VariantResult:
     """The metrics of one variant (a candidate folder/file or a generated variant).
 
     ``columns`` are the Table-1 (datatype, optimized P, rotation) marks, ``("–", "–", "–")`` when
-    unknown. ``seconds`` is the summed generation time of its videos (from the sidecars) or None.
+    unknown. ``step_seconds`` is the median time of one denoising step over its videos (from the
+    sidecars; the first step of each video, which also encodes the prompt, is left out) or None.
     """
 
     label: str
     source: str
     videos: list[VideoMetrics]
     columns: tuple[str, str, str] = ("–", "–", "–")
-    seconds: float | None = None
+    step_seconds: float | None = None
     int4_fraction: float | None = None
     vbench: dict[str, float] = field(default_factory=dict)
 
@@ -58,7 +59,7 @@ class EvalReport:
     reference_label: str
     reference_source: str
     variants: list[VariantResult]
-    reference_seconds: float | None = None
+    reference_step_seconds: float | None = None
     reference_vbench: dict[str, float] = field(default_factory=dict)
     vbench_dimensions: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
@@ -69,12 +70,23 @@ def format_psnr(x: float) -> str:
     return "∞" if math.isinf(x) and x > 0 else f"{x:.3f}"
 
 
+def psnr_cell(videos: list[VideoMetrics]) -> str:
+    """Mean PSNR over videos; when only some are identical (∞), the finite mean is shown too."""
+    vals = [v.psnr for v in videos]
+    finite = [x for x in vals if not math.isinf(x)]
+    if len(finite) == len(vals):
+        return f"{float(np.mean(finite)):.3f}"
+    if not finite:
+        return "∞"
+    return f"∞ ({len(vals) - len(finite)}/{len(vals)} identical; others {float(np.mean(finite)):.3f})"
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "–" if x is None else format(x, spec)
 
 
 def _time_columns(report: EvalReport) -> bool:
-    return report.reference_seconds is not None and all(v.seconds is not None for v in report.variants)
+    return report.reference_step_seconds is not None and all(v.step_seconds is not None for v in report.variants)
 
 
 def summary_table(report: EvalReport) -> str:
@@ -85,23 +97,23 @@ def summary_table(report: EvalReport) -> str:
     head += [f"{d} ↑" for d in dims]
     head += ["INT4 calls"]
     if timed:
-        head += ["Time (s)", "Speedup"]
+        head += ["s/step", "Speedup"]
     rows = []
     # the reference against itself: the identity values, by definition
     ref = [report.reference_label, "FP16", "–", "–", "1.0000", "0.00", "1.0000", "∞"]
     ref += [_fmt(report.reference_vbench.get(d), ".4f") for d in dims]
     ref += ["0%"]
     if timed:
-        ref += [f"{report.reference_seconds:.1f}", "1.00×"]
+        ref += [f"{report.reference_step_seconds:.3g}", "1.00×"]
     rows.append(ref)
     for v in report.variants:
         m = v.mean
-        row = [v.label, *v.columns, f"{m['cosine']:.4f}", f"{m['mse']:.2f}", f"{m['ssim']:.4f}", format_psnr(m["psnr"])]
+        row = [v.label, *v.columns, f"{m['cosine']:.4f}", f"{m['mse']:.2f}", f"{m['ssim']:.4f}", psnr_cell(v.videos)]
         row += [_fmt(v.vbench.get(d), ".4f") for d in dims]
         row += ["–" if v.int4_fraction is None else f"{100 * v.int4_fraction:.0f}%"]
         if timed:
-            speed = report.reference_seconds / v.seconds if v.seconds > 0 else math.nan
-            row += [f"{v.seconds:.1f}", f"{speed:.2f}×"]
+            speed = report.reference_step_seconds / v.step_seconds if v.step_seconds > 0 else math.nan
+            row += [f"{v.step_seconds:.3g}", f"{speed:.2f}×"]
         rows.append(row)
     return _markdown_table(head, rows)
 
@@ -136,7 +148,9 @@ def report_markdown(report: EvalReport, *, images: dict[str, str]) -> str:
     parts += [
         "",
         "Metrics on 8-bit pixels (0..255), averaged over videos: cosine similarity, MSE, SSIM "
-        "(scikit-image, per frame, averaged), PSNR in dB (10·log10(255²/MSE) per video; ∞ when identical).",
+        "(scikit-image, per frame, averaged), PSNR in dB (10·log10(255²/MSE) per video, then averaged; ∞ when "
+        "identical). s/step: median time of one denoising step (from the sidecars); Speedup: the reference's s/step "
+        "over the variant's.",
         "",
         summary_table(report),
         "",
@@ -183,7 +197,7 @@ def metrics_json(report: EvalReport) -> str:
         "reference": {
             "label": report.reference_label,
             "source": report.reference_source,
-            "seconds": report.reference_seconds,
+            "step_seconds": report.reference_step_seconds,
             "vbench": report.reference_vbench,
         },
         "vbench_dimensions": report.vbench_dimensions,
@@ -196,9 +210,11 @@ def metrics_json(report: EvalReport) -> str:
                 "datatype": v.columns[0],
                 "optimized_p": v.columns[1],
                 "rotation": v.columns[2],
-                "seconds": v.seconds,
+                "step_seconds": v.step_seconds,
                 "int4_fraction": v.int4_fraction,
                 "mean": {k: float_to_json(x) for k, x in v.mean.items()},
+                "identical_videos": sum(math.isinf(m.psnr) for m in v.videos),
+                "psnr_mean_of_finite": _finite_mean([m.psnr for m in v.videos]),
                 "vbench": v.vbench,
                 "videos": [m.to_json() for m in v.videos],
             }
@@ -206,6 +222,11 @@ def metrics_json(report: EvalReport) -> str:
         ],
     }
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def _finite_mean(vals: list[float]) -> float | None:
+    finite = [x for x in vals if not math.isinf(x)]
+    return float(np.mean(finite)) if finite else None
 
 
 def plot_psnr_per_frame(report: EvalReport) -> bytes:

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from rotvid.eval.pixel_metrics import compare_arrays
-from rotvid.eval.report import EvalReport, VariantResult, sample_indices, summary_table, write_report
+from rotvid.eval.report import EvalReport, VariantResult, metrics_json, sample_indices, summary_table, write_report
 from rotvid.eval.video_io import write_video
 
 
@@ -14,10 +14,10 @@ def _report(rng):
     ref = rng.integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
     noisy = np.clip(ref.astype(int) + rng.integers(-4, 5, ref.shape), 0, 255).astype(np.uint8)
     same = VariantResult("int4_half", "a", [compare_arrays(ref, ref, name="v0")], ("INT4", "✓", "Half"),
-                         seconds=2.0, int4_fraction=0.81, vbench={"temporal_flickering": 0.97})
+                         step_seconds=2.0, int4_fraction=0.81, vbench={"temporal_flickering": 0.97})
     diff = VariantResult("int4_none", "b", [compare_arrays(ref, noisy, name="v0")], ("INT4", "✓", "W/O"),
-                         seconds=4.0, int4_fraction=0.81, vbench={"temporal_flickering": 0.95})
-    rep = EvalReport("FP16 (reference)", "ref", [same, diff], reference_seconds=3.0,
+                         step_seconds=4.0, int4_fraction=0.81, vbench={"temporal_flickering": 0.95})
+    rep = EvalReport("FP16 (reference)", "ref", [same, diff], reference_step_seconds=3.0,
                      reference_vbench={"temporal_flickering": 0.96}, vbench_dimensions=["temporal_flickering"],
                      meta={"model": "tiny"})
     return ref, noisy, rep
@@ -60,7 +60,7 @@ def test_report_folder_contents(tmp_path):
 
 def test_summary_table_without_times_has_no_speedup():
     _, _, rep = _report(np.random.default_rng(1))
-    rep.variants[1].seconds = None
+    rep.variants[1].step_seconds = None
     table = summary_table(rep)
     assert "Speedup" not in table and "temporal_flickering ↑" in table
     assert table.splitlines()[2].startswith("| FP16 (reference) | FP16 | – | – | 1.0000 | 0.00 | 1.0000 | ∞ |")
@@ -87,3 +87,17 @@ def test_sample_indices():
     assert sample_indices(81, 4) == [0, 27, 53, 80]
     assert sample_indices(2, 4) == [0, 1]
     assert sample_indices(1, 4) == [0]
+
+
+def test_partly_identical_variant_shows_the_finite_mean_too():
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    b = a.copy()
+    b[:, 0, 0, 0] ^= 4
+    same, diff = compare_arrays(a, a, name="s"), compare_arrays(a, b, name="d")
+    rep = EvalReport("ref", "ref", [VariantResult("v", "v", [same, diff])])
+    row = next(ln for ln in summary_table(rep).splitlines() if ln.startswith("| v |"))
+    assert f"∞ (1/2 identical; others {diff.psnr:.3f})" in row
+    data = json.loads(metrics_json(rep))["variants"][0]
+    assert data["mean"]["psnr"] == "inf" and data["identical_videos"] == 1
+    assert data["psnr_mean_of_finite"] == pytest.approx(diff.psnr)
