@@ -270,7 +270,7 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
                 rotator = shared_rotator if rotation is base_rotation else QKRotator(rotation, fuse=False)
                 site = AttentionSite(tname, block, num_blocks, si, bi, len(blocks))
                 out_proj = None
-                if attn_lacks_to_out(attn):
+                if _lacks_to_out(attn):
                     paths = [p for p, cols in stack.out_projections if cols == "inner"]
                     out_proj = _get(blk, paths[0]) if paths else None
                 inst = _Installed(attn, attn.processor, head_dim, out_proj, vo_fused=False)
@@ -291,7 +291,7 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
         handle._scheduler = scheduler
 
 
-def attn_lacks_to_out(attn: nn.Module) -> bool:
+def _lacks_to_out(attn: nn.Module) -> bool:
     return getattr(attn, "to_out", None) is None
 
 
