@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -173,29 +172,6 @@ def _snapshot(block: nn.Module, stack: BlockStack) -> list[tuple[torch.Tensor, t
     return out
 
 
-@contextlib.contextmanager
-def _weights_on_cpu(*modules: nn.Module | None):
-    """Run the V/O Hadamard (un)fusion with the modules' weights on the CPU.
-
-    ``rotvid.rope.hadamard`` builds H on the CPU (``hadamard_matrix(head_dim)`` without a device)
-    and multiplies it with the weights, which fails for weights on a GPU. Until it takes the
-    weights' device, the few modules involved make a round trip through the CPU (parameters keep
-    their identity: ``Module.to`` swaps ``.data``).
-    """
-    mods = [m for m in modules if m is not None]
-    devices = [next(m.parameters()).device for m in mods]
-    if all(d.type == "cpu" for d in devices):
-        yield
-        return
-    for m in mods:
-        m.to("cpu")
-    try:
-        yield
-    finally:
-        for m, d in zip(mods, devices):
-            m.to(d)
-
-
 def _check_attn(attn: nn.Module, where: str) -> None:
     if getattr(attn, "fused_projections", False) or getattr(attn, "to_qkv", None) is not None:
         raise ValueError(
@@ -278,7 +254,7 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
                 if config.vo_hadamard:
                     if exact_remove:
                         inst.snapshots = _snapshot(blk, stack)
-                    with torch.no_grad(), _weights_on_cpu(attn, out_proj):
+                    with torch.no_grad():
                         fuse_v_hadamard(attn, head_dim, output_projection=out_proj)
                     inst.vo_fused = True
                 attn.set_processor(PROCESSORS[stack.processor_kind](handle.runtime, site, rotator, inst.original_processor))
@@ -319,8 +295,7 @@ def _uninstall(handle: RotvidHandle) -> None:
         inst.attn.set_processor(inst.original_processor)
         if inst.vo_fused:
             with torch.no_grad():
-                with _weights_on_cpu(inst.attn, inst.output_projection):
-                    unfuse_v_hadamard(inst.attn, inst.head_dim, output_projection=inst.output_projection)
+                unfuse_v_hadamard(inst.attn, inst.head_dim, output_projection=inst.output_projection)
                 for live, saved in inst.snapshots:
                     live.copy_(saved)
             inst.vo_fused = False

@@ -70,9 +70,8 @@ class QKRotator:
             ):
                 self._cache_key = (cos, sin)
                 return self._cache_table
-        # fuse_rope_and_rotation builds in float64 on the CPU; move the result once.
-        table = fuse_rope_and_rotation(cos.detach().cpu(), sin.detach().cpu(), self.rotation)
-        table = table.to(device=cos.device, dtype=dtype)
+        # Built in float64 on cos's device, kept in the compute dtype.
+        table = fuse_rope_and_rotation(cos.detach(), sin.detach(), self.rotation).to(dtype=dtype)
         self._cache_key = (cos, sin)
         self._cache_table = table
         self._cache_dtype = dtype
