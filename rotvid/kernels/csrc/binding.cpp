@@ -1,0 +1,199 @@
+// PyTorch binding of rotvid's INT4 kernels. The Python side (rotvid/kernels/cuda_backend.py)
+// validates arguments with ValueErrors; the TORCH_CHECKs here guard against misuse of the raw
+// extension functions.
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "int4_common.cuh"
+
+namespace {
+
+void check_cuda(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, "rotvid ", what, " launch failed: ", cudaGetErrorString(err));
+}
+
+struct Dims {
+  int64_t B, H, N, D, sb, sh, sn;
+};
+
+Dims dims_of(const at::Tensor& x, bool bnhd) {
+  TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "expected a 4-D tensor with a contiguous last dim");
+  if (bnhd) return {x.size(0), x.size(2), x.size(1), x.size(3), x.stride(0), x.stride(2), x.stride(1)};
+  return {x.size(0), x.size(1), x.size(2), x.size(3), x.stride(0), x.stride(1), x.stride(2)};
+}
+
+rotvid::PreprocessParams pre_params(const at::Tensor& x, const Dims& d, int64_t n_pad) {
+  rotvid::PreprocessParams p{};
+  p.x = x.data_ptr();
+  p.sb = d.sb;
+  p.sh = d.sh;
+  p.sn = d.sn;
+  p.B = (int)d.B;
+  p.H = (int)d.H;
+  p.N = (int)d.N;
+  p.N_pad = (int)n_pad;
+  p.D = (int)d.D;
+  p.is_bf16 = x.scalar_type() == at::kBFloat16 ? 1 : 0;
+  return p;
+}
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// mean over the valid tokens of each (b, h, channel): float32(sum_f64 / kv_len)
+at::Tensor token_mean(const at::Tensor& x, const Dims& d, const c10::optional<at::Tensor>& kv_lens,
+                      cudaStream_t stream) {
+  auto sums = at::zeros({d.B, d.H, d.D}, x.options().dtype(at::kDouble));
+  auto p = pre_params(x, d, d.N);
+  p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
+  check_cuda(rotvid::launch_colsum_f64(p, sums.data_ptr<double>(), stream), "colsum_f64");
+  at::Tensor lens;
+  if (kv_lens.has_value()) {
+    lens = kv_lens->to(at::kDouble).clamp_max((double)d.N).view({d.B, 1, 1});
+  } else {
+    lens = at::full({1, 1, 1}, (double)d.N, sums.options());
+  }
+  return (sums / lens).to(at::kFloat).contiguous();
+}
+
+std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const c10::optional<at::Tensor>& kv_lens, bool bnhd, int64_t block_n,
+                                        bool smooth_k, bool smooth_v, bool s4, int64_t p_mode) {
+  TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "q, k, v must be CUDA tensors");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), "q, k, v: same dtype");
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q: fp16 or bf16");
+  TORCH_CHECK(block_n == 64 || block_n == 128, "block_n: 64 or 128");
+  const c10::cuda::CUDAGuard guard(q.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const Dims dq = dims_of(q, bnhd), dk = dims_of(k, bnhd), dv = dims_of(v, bnhd);
+  TORCH_CHECK(dq.D == 64 || dq.D == 128, "head_dim: 64 or 128");
+  TORCH_CHECK(dk.B == dq.B && dk.H == dq.H && dk.D == dq.D, "k: batch, heads, head_dim of q");
+  TORCH_CHECK(dv.B == dk.B && dv.H == dk.H && dv.N == dk.N && dv.D == dk.D, "v: shape of k");
+  for (const at::Tensor* t : {&q, &k, &v})
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, "q, k, v: 16-byte aligned data pointers");
+  if (kv_lens.has_value()) {
+    TORCH_CHECK(kv_lens->is_cuda() && kv_lens->scalar_type() == at::kInt && kv_lens->numel() == dq.B &&
+                    kv_lens->is_contiguous(),
+                "kv_lens: contiguous int32 CUDA tensor [B]");
+  }
+  const int64_t D = dq.D, DB = s4 ? D / 2 : D;
+  const int64_t nq_pad = round_up(dq.N, rotvid::kBlockM), nkv_pad = round_up(dk.N, block_n);
+  auto i8 = q.options().dtype(at::kChar);
+  auto f32 = q.options().dtype(at::kFloat);
+
+  auto q_hat = at::empty({dq.B, dq.H, nq_pad, DB}, i8);
+  auto q_scale = at::empty({dq.B, dq.H, nq_pad}, f32);
+  auto k_hat = at::empty({dk.B, dk.H, nkv_pad, DB}, i8);
+  auto k_scale = at::empty({dk.B, dk.H, nkv_pad}, f32);
+  auto vt = at::empty({dv.B, dv.H, D, s4 ? nkv_pad / 2 : nkv_pad}, i8);
+  auto vparams = at::empty({dv.B, dv.H, nkv_pad / block_n, D, 2}, f32);
+
+  {
+    auto p = pre_params(q, dq, nq_pad);
+    p.out = q_hat.data_ptr<int8_t>();
+    p.scale = q_scale.data_ptr<float>();
+    check_cuda(rotvid::launch_quant_rows_int4(p, s4, stream), "quant_rows_int4(q)");
+  }
+  {
+    at::Tensor k_mean;
+    auto p = pre_params(k, dk, nkv_pad);
+    if (smooth_k) {
+      k_mean = token_mean(k, dk, kv_lens, stream);
+      p.mean = k_mean.data_ptr<float>();
+    }
+    p.out = k_hat.data_ptr<int8_t>();
+    p.scale = k_scale.data_ptr<float>();
+    check_cuda(rotvid::launch_quant_rows_int4(p, s4, stream), "quant_rows_int4(k)");
+  }
+  at::Tensor v_mean = at::empty({0}, f32);
+  {
+    auto p = pre_params(v, dv, nkv_pad);
+    p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
+    if (smooth_v) {
+      v_mean = token_mean(v, dv, kv_lens, stream);
+      p.mean = v_mean.data_ptr<float>();
+    }
+    p.out = vt.data_ptr<int8_t>();
+    p.scale = vparams.data_ptr<float>();
+    check_cuda(rotvid::launch_quant_v_int4(p, (int)block_n, s4, (int)p_mode, stream), "quant_v_int4");
+  }
+  return {q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean};
+}
+
+at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, const at::Tensor& k_hat,
+                          const at::Tensor& k_scale, const at::Tensor& vt, const at::Tensor& vparams,
+                          const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
+                          int64_t n_kv, int64_t head_dim, int64_t block_n, bool s4, int64_t p_mode, double qk_scale,
+                          bool out_bf16, bool bnhd, const c10::optional<at::Tensor>& out_opt) {
+  TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,DB]");
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
+  TORCH_CHECK(block_n == 64 || block_n == 128, "block_n: 64 or 128");
+  const c10::cuda::CUDAGuard guard(q_hat.device());
+  const int64_t B = q_hat.size(0), H = q_hat.size(1), D = head_dim, DB = s4 ? D / 2 : D;
+  const int64_t nq_pad = round_up(n_q, rotvid::kBlockM), nkv_pad = round_up(n_kv, block_n);
+  TORCH_CHECK(q_hat.sizes() == at::IntArrayRef({B, H, nq_pad, DB}) && q_hat.is_contiguous(), "q_hat: shape/layout");
+  TORCH_CHECK(q_scale.sizes() == at::IntArrayRef({B, H, nq_pad}) && q_scale.is_contiguous() &&
+                  q_scale.scalar_type() == at::kFloat, "q_scale: shape/dtype");
+  TORCH_CHECK(k_hat.sizes() == at::IntArrayRef({B, H, nkv_pad, DB}) && k_hat.is_contiguous() &&
+                  k_hat.scalar_type() == at::kChar, "k_hat: shape/dtype");
+  TORCH_CHECK(k_scale.sizes() == at::IntArrayRef({B, H, nkv_pad}) && k_scale.is_contiguous() &&
+                  k_scale.scalar_type() == at::kFloat, "k_scale: shape/dtype");
+  TORCH_CHECK(vt.sizes() == at::IntArrayRef({B, H, D, s4 ? nkv_pad / 2 : nkv_pad}) && vt.is_contiguous() &&
+                  vt.scalar_type() == at::kChar, "vt: shape/dtype");
+  TORCH_CHECK(vparams.sizes() == at::IntArrayRef({B, H, nkv_pad / block_n, D, 2}) && vparams.is_contiguous() &&
+                  vparams.scalar_type() == at::kFloat, "vparams: shape/dtype");
+  const bool has_vmean = v_mean.numel() > 0;
+  if (has_vmean)
+    TORCH_CHECK(v_mean.numel() == B * H * D && v_mean.is_contiguous() && v_mean.scalar_type() == at::kFloat,
+                "v_mean: fp32 [B,H,D]");
+  if (kv_lens.has_value())
+    TORCH_CHECK(kv_lens->is_cuda() && kv_lens->scalar_type() == at::kInt && kv_lens->numel() == B &&
+                    kv_lens->is_contiguous(), "kv_lens: contiguous int32 CUDA tensor [B]");
+  auto opts = q_hat.options().dtype(out_bf16 ? at::kBFloat16 : at::kHalf);
+  at::Tensor out;
+  if (out_opt.has_value()) {  // caller-provided output (tests poison it to check every element is written)
+    out = *out_opt;
+    const auto want = bnhd ? std::vector<int64_t>{B, n_q, H, D} : std::vector<int64_t>{B, H, n_q, D};
+    TORCH_CHECK(out.is_cuda() && out.sizes() == at::IntArrayRef(want) && out.scalar_type() == opts.dtype().toScalarType() &&
+                    out.stride(3) == 1 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0 && out.stride(2) % 2 == 0,
+                "out: shape/dtype/strides of the attention output");
+  } else {
+    out = bnhd ? at::empty({B, n_q, H, D}, opts) : at::empty({B, H, n_q, D}, opts);
+  }
+  rotvid::Int4AttnParams p{};
+  p.q = q_hat.data_ptr<int8_t>();
+  p.k = k_hat.data_ptr<int8_t>();
+  p.vt = vt.data_ptr<int8_t>();
+  p.q_scale = q_scale.data_ptr<float>();
+  p.k_scale = k_scale.data_ptr<float>();
+  p.vparams = vparams.data_ptr<float>();
+  p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
+  p.v_mean = has_vmean ? v_mean.data_ptr<float>() : nullptr;
+  p.out = out.data_ptr();
+  p.out_sb = out.stride(0);
+  p.out_sh = bnhd ? out.stride(2) : out.stride(1);
+  p.out_sn = bnhd ? out.stride(1) : out.stride(2);
+  p.B = (int)B;
+  p.H = (int)H;
+  p.Nq = (int)n_q;
+  p.Nq_pad = (int)nq_pad;
+  p.Nkv = (int)n_kv;
+  p.Nkv_pad = (int)nkv_pad;
+  p.qk_scale = (float)qk_scale;  // float32(sm_scale * log2(e)), computed by the caller in double
+  p.out_bf16 = out_bf16 ? 1 : 0;
+  if (n_q > 0) {
+    check_cuda(rotvid::launch_int4_attention(p, (int)D, (int)block_n, s4, (int)p_mode,
+                                             c10::cuda::getCurrentCUDAStream()),
+               "int4_attention");
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("preprocess_int4", &preprocess_int4, "INT4 pre-processing (smoothing, quantization, V^T layout)");
+  m.def("attention_int4", &attention_int4, "INT4 attention on quantized inputs");
+}

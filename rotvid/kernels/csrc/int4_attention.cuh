@@ -1,0 +1,411 @@
+// INT4 flash attention on mma.sync (numerics: /work/notes/numerics_int4.md, DESIGN.md §The numerics).
+//
+// One CTA = 16*NW query rows of one (batch, head); NW warps x 16 rows (NW = 4 by default). Key blocks of BN keys are
+// double-buffered in shared memory with cp.async. Per key block:
+//   S = Q^ K^T        int32, mma.sync s8 m16n8k32 (S4=false) or s4 m16n8k64 (S4=true),
+//                     accumulator initialised with MAGIC_I so that float(acc) is one FADD
+//   x = float(S) * k_scale;  m_blk = q_scale*qk_scale * max(x);  p = ex2(x*sq - m_blk)
+//   P~ = rint(15 p) - 8 (range) | rint(7 p) (sym), packed straight from the accumulator
+//   PV = P~ V^ + 8 colsum       int32 (colsum folded in the accumulator init), then
+//   O = O*a + c*float(PV)*v_scale/15,  l = l*a + c*sum(p)
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdlib>
+
+#include "int4_common.cuh"
+
+#ifndef ROTVID_NW4_MINB
+#define ROTVID_NW4_MINB 3
+#endif
+
+namespace rotvid {
+namespace attn {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                            uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+template <bool S4>
+__device__ __forceinline__ void mma_int(uint32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (S4) {
+    asm("mma.sync.aligned.m16n8k64.row.col.s32.s4.s4.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Low bytes of four words -> one word (byte i = low byte of wi).
+__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  uint32_t lo = __byte_perm(w0, w1, 0x0040);
+  uint32_t hi = __byte_perm(w2, w3, 0x0040);
+  return __byte_perm(lo, hi, 0x5410);
+}
+
+template <int D, int BN, bool S4>
+struct Cfg {
+  static constexpr int DB = S4 ? D / 2 : D;      // bytes per Q/K row
+  static constexpr int VB = S4 ? BN / 2 : BN;    // bytes per V^T row per key block
+  static constexpr int KSTR = DB + 16;           // padded smem strides (conflict-free ldmatrix)
+  static constexpr int VSTR = VB + 16;
+  static constexpr int NT = BN / 8;              // score n-tiles per warp
+  static constexpr int QKS = DB / 32;            // k-steps of QK^T (32 bytes each)
+  static constexpr int PKS = VB / 32;            // k-steps of P.V
+  static constexpr int DT = D / 8;               // output n-tiles
+  static constexpr int KCH = DB / 16;            // 16-byte chunks per K row
+  static constexpr int VCH = VB / 16;            // 16-byte chunks per V^T row (per block)
+  static constexpr int K_BYTES = BN * KSTR;
+  static constexpr int V_BYTES = D * VSTR;
+  static constexpr int KS_BYTES = BN * 4;
+  static constexpr int VP_BYTES = D * 8;
+  static constexpr int STAGE = K_BYTES + V_BYTES + KS_BYTES + VP_BYTES;
+  static constexpr int SMEM = 2 * STAGE;
+  static_assert(KCH % 2 == 0 && VCH % 2 == 0, "k-steps need pairs of chunks");
+  static_assert((KCH >= 4 && KCH % 4 == 0) || KCH == 2, "ldmatrix grouping");
+  static_assert((VCH >= 4 && VCH % 4 == 0) || VCH == 2, "ldmatrix grouping");
+};
+
+// Load B fragments for NTILE consecutive 8-row tiles starting at row0 of a smem matrix with CH
+// 16-byte chunks per row; frag[j*CH + c] = chunk c of tile j (as the mma B register layout).
+template <int CH, int STR, int NTILE>
+__device__ __forceinline__ void load_b_frags(uint32_t (&frag)[NTILE * CH], uint32_t base, int row0, int lane) {
+  static_assert((NTILE * CH) % 4 == 0, "groups of 4 matrices");
+#pragma unroll
+  for (int x = 0; x < NTILE * CH / 4; ++x) {
+    int row, col;
+    if constexpr (CH >= 4) {
+      row = row0 + 8 * ((4 * x) / CH) + (lane & 7);
+      col = (4 * x) % CH + (lane >> 3);
+    } else {  // CH == 2: one ldmatrix.x4 covers two tiles
+      row = row0 + 8 * (2 * x + (lane >> 4)) + (lane & 7);
+      col = (lane >> 3) & 1;
+    }
+    ldmatrix_x4(frag[4 * x], frag[4 * x + 1], frag[4 * x + 2], frag[4 * x + 3], base + row * STR + col * 16);
+  }
+}
+
+template <int D, int BN, bool S4, int PMODE, int NW, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int4AttnParams p) {
+  using C = Cfg<D, BN, S4>;
+  constexpr int NTH = NW * 32;  // threads; BM = 16 * NW query rows
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int mb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int bh = b * p.H + h;
+  int kv_len = p.Nkv;
+  if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
+  const int nblk = (kv_len + BN - 1) / BN;
+
+  const int8_t* kg = p.k + (size_t)bh * p.Nkv_pad * C::DB;
+  constexpr int VROW_DIV = S4 ? 2 : 1;
+  const size_t vrow = (size_t)p.Nkv_pad / VROW_DIV;
+  const int8_t* vg = p.vt + (size_t)bh * D * vrow;
+  const float* ksg = p.k_scale + (size_t)bh * p.Nkv_pad;
+  const float* vpg = p.vparams + (size_t)bh * (p.Nkv_pad / BN) * D * 2;
+  const uint32_t sbase = smem_u32(smem);
+
+  auto load_stage = [&](int stage, int kb) {
+    const uint32_t sk = sbase + stage * C::STAGE;
+    const uint32_t sv = sk + C::K_BYTES;
+    const uint32_t sks = sv + C::V_BYTES;
+    const uint32_t svp = sks + C::KS_BYTES;
+    const int8_t* ksrc = kg + (size_t)kb * BN * C::DB;
+#pragma unroll
+    for (int i = 0; i < (BN * C::KCH + NTH - 1) / NTH; ++i) {
+      const int c = tid + i * NTH;
+      if ((BN * C::KCH) % NTH == 0 || c < BN * C::KCH) {
+        const int r = c / C::KCH, cc = c % C::KCH;
+        cp_async16(sk + r * C::KSTR + cc * 16, ksrc + r * C::DB + cc * 16);
+      }
+    }
+    const int8_t* vsrc = vg + (size_t)kb * C::VB;
+#pragma unroll
+    for (int i = 0; i < (D * C::VCH + NTH - 1) / NTH; ++i) {
+      const int c = tid + i * NTH;
+      if ((D * C::VCH) % NTH == 0 || c < D * C::VCH) {
+        const int r = c / C::VCH, cc = c % C::VCH;
+        cp_async16(sv + r * C::VSTR + cc * 16, vsrc + r * vrow + cc * 16);
+      }
+    }
+    if (tid < BN / 4) cp_async16(sks + tid * 16, ksg + (size_t)kb * BN + tid * 4);
+    static_assert(BN / 4 <= NTH - D / 2, "scale loaders overlap");
+    if (tid >= NTH - D / 2) {
+      const int c = tid - (NTH - D / 2);
+      cp_async16(svp + c * 16, vpg + ((size_t)kb * D + c * 2) * 2);
+    }
+  };
+
+  load_stage(0, 0);
+  cp_async_commit();
+
+  // Q fragments (registers for the whole loop) and per-row score scales.
+  const int row_base = mb * (16 * NW) + warp * 16;
+  uint32_t qf[C::QKS][4];
+  {
+    const int8_t* qg = p.q + ((size_t)bh * p.Nq_pad + row_base) * C::DB;
+#pragma unroll
+    for (int s = 0; s < C::QKS; ++s) {
+      qf[s][0] = *reinterpret_cast<const uint32_t*>(qg + g * C::DB + 32 * s + 4 * t);
+      qf[s][1] = *reinterpret_cast<const uint32_t*>(qg + (g + 8) * C::DB + 32 * s + 4 * t);
+      qf[s][2] = *reinterpret_cast<const uint32_t*>(qg + g * C::DB + 32 * s + 16 + 4 * t);
+      qf[s][3] = *reinterpret_cast<const uint32_t*>(qg + (g + 8) * C::DB + 32 * s + 16 + 4 * t);
+    }
+  }
+  float sq[2];
+  sq[0] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale;
+  sq[1] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g + 8] * p.qk_scale;
+
+  float o[C::DT][4];
+#pragma unroll
+  for (int j = 0; j < C::DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+
+  for (int kb = 0; kb < nblk; ++kb) {
+    const int stage = kb & 1;
+    if (kb + 1 < nblk) {
+      load_stage(stage ^ 1, kb + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    const uint32_t sk = sbase + stage * C::STAGE;
+    const uint32_t sv = sk + C::K_BYTES;
+    const float* sks = reinterpret_cast<const float*>(smem + stage * C::STAGE + C::K_BYTES + C::V_BYTES);
+    const float* svp = sks + BN;
+
+    // ---- S = Q^ K^T (int32 + MAGIC) ----
+    uint32_t sacc[C::NT][4];
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = kMagicI;
+    constexpr int JG = C::KCH >= 4 ? 1 : 2;
+#pragma unroll
+    for (int j0 = 0; j0 < C::NT; j0 += JG) {
+      uint32_t bf[JG * C::KCH];
+      load_b_frags<C::KCH, C::KSTR, JG>(bf, sk, 8 * j0, lane);
+#pragma unroll
+      for (int jj = 0; jj < JG; ++jj)
+#pragma unroll
+        for (int s = 0; s < C::QKS; ++s)
+          mma_int<S4>(sacc[j0 + jj], qf[s], bf[jj * C::KCH + 2 * s], bf[jj * C::KCH + 2 * s + 1]);
+    }
+
+    // ---- scores, block max, exponentials ----
+    float x[C::NT][4];
+    const bool partial = (kb + 1) * BN > kv_len;
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j) {
+      const float2 ks = *reinterpret_cast<const float2*>(sks + 8 * j + 2 * t);
+      x[j][0] = (__uint_as_float(sacc[j][0]) - kMagicF) * ks.x;
+      x[j][1] = (__uint_as_float(sacc[j][1]) - kMagicF) * ks.y;
+      x[j][2] = (__uint_as_float(sacc[j][2]) - kMagicF) * ks.x;
+      x[j][3] = (__uint_as_float(sacc[j][3]) - kMagicF) * ks.y;
+    }
+    if (partial) {
+#pragma unroll
+      for (int j = 0; j < C::NT; ++j) {
+        const int key = kb * BN + 8 * j + 2 * t;
+        if (key >= kv_len) x[j][0] = x[j][2] = -INFINITY;
+        if (key + 1 >= kv_len) x[j][1] = x[j][3] = -INFINITY;
+      }
+    }
+    float xmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j) {
+      xmax[0] = fmaxf(xmax[0], fmaxf(x[j][0], x[j][1]));
+      xmax[1] = fmaxf(xmax[1], fmaxf(x[j][2], x[j][3]));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 1));
+      xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 2));
+    }
+    // Online combine with a lazily moved reference max m_run (FA4-style): O and l are rescaled
+    // only when a block max exceeds m_run by more than 2^8, so c = exp2(m_blk - m_run) <= 256.
+    // Exact in real arithmetic (the factor cancels in O / l); P~ depends on m_blk only.
+    float mblk[2], c_fac[2];
+    mblk[0] = sq[0] * xmax[0];
+    mblk[1] = sq[1] * xmax[1];
+    if (__any_sync(0xffffffffu, (mblk[0] > m_run[0] + 8.f) || (mblk[1] > m_run[1] + 8.f))) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m_run[r], mblk[r]);
+        const float a = ex2(m_run[r] - m_new);
+        m_run[r] = m_new;
+        l_run[r] *= a;
+#pragma unroll
+        for (int j = 0; j < C::DT; ++j) {
+          o[j][2 * r] *= a;
+          o[j][2 * r + 1] *= a;
+        }
+      }
+    }
+    c_fac[0] = ex2(mblk[0] - m_run[0]);
+    c_fac[1] = ex2(mblk[1] - m_run[1]);
+    float lblk[2] = {0.f, 0.f};
+    constexpr float kPMul = PMODE == kPRange ? 15.f : 7.f;
+    constexpr float kPAdd = PMODE == kPRange ? kMagicF - 8.f : kMagicF;
+    uint32_t pw[C::NT][4];  // float bits; low byte / nibble = P~
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        float pe = ex2(fmaf(x[j][e], sq[r], -mblk[r]));
+        if (partial) {
+          const int key = kb * BN + 8 * j + 2 * t + (e & 1);
+          if (key >= kv_len) pe = 0.f;
+        }
+        lblk[r] += pe;
+        pw[j][e] = __float_as_uint(fmaf(pe, kPMul, kPAdd));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l_run[r] = fmaf(c_fac[r], lblk[r], l_run[r]);
+
+    // ---- P~ A fragments ----
+    uint32_t pf[C::PKS][4];
+#pragma unroll
+    for (int s = 0; s < C::PKS; ++s) {
+      if constexpr (!S4) {  // 32 positions = n-tiles 4s..4s+3
+        pf[s][0] = pack_low_bytes(pw[4 * s][0], pw[4 * s][1], pw[4 * s + 1][0], pw[4 * s + 1][1]);
+        pf[s][1] = pack_low_bytes(pw[4 * s][2], pw[4 * s][3], pw[4 * s + 1][2], pw[4 * s + 1][3]);
+        pf[s][2] = pack_low_bytes(pw[4 * s + 2][0], pw[4 * s + 2][1], pw[4 * s + 3][0], pw[4 * s + 3][1]);
+        pf[s][3] = pack_low_bytes(pw[4 * s + 2][2], pw[4 * s + 2][3], pw[4 * s + 3][2], pw[4 * s + 3][3]);
+      } else {  // 64 positions = n-tiles 8s..8s+7; nibble i <- tile i/2, element i&1
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int j0 = 8 * s + 4 * (q >> 1);
+          const int e0 = 2 * (q & 1);  // row g (0) or g+8 (2)
+          uint32_t ev = pack_low_bytes(pw[j0][e0], pw[j0 + 1][e0], pw[j0 + 2][e0], pw[j0 + 3][e0]);
+          uint32_t od = pack_low_bytes(pw[j0][e0 + 1], pw[j0 + 1][e0 + 1], pw[j0 + 2][e0 + 1], pw[j0 + 3][e0 + 1]);
+          // q: 0 -> a0 (row g, first half), 1 -> a1 (row g+8), 2 -> a2, 3 -> a3
+          pf[s][(q & 1) | ((q >> 1) << 1)] = (ev & 0x0F0F0F0Fu) | ((od & 0x0F0F0F0Fu) << 4);
+        }
+      }
+    }
+
+    // ---- O = O*a + c * (P~ V^ + 8 colsum) * v_scale/15 ----
+    constexpr int VJG = C::VCH >= 4 ? 1 : 2;
+#pragma unroll
+    for (int j0 = 0; j0 < C::DT; j0 += VJG) {
+      uint32_t bf[VJG * C::VCH];
+      load_b_frags<C::VCH, C::VSTR, VJG>(bf, sv, 8 * j0, lane);
+#pragma unroll
+      for (int jj = 0; jj < VJG; ++jj) {
+        const int j = j0 + jj;
+        const float4 vp = *reinterpret_cast<const float4*>(svp + 2 * (8 * j + 2 * t));
+        uint32_t acc[4];
+        acc[0] = acc[2] = __float_as_uint(vp.y);
+        acc[1] = acc[3] = __float_as_uint(vp.w);
+#pragma unroll
+        for (int s = 0; s < C::PKS; ++s)
+          mma_int<S4>(acc, pf[s], bf[jj * C::VCH + 2 * s], bf[jj * C::VCH + 2 * s + 1]);
+        o[j][0] = fmaf(c_fac[0] * (__uint_as_float(acc[0]) - kMagicF), vp.x, o[j][0]);
+        o[j][1] = fmaf(c_fac[0] * (__uint_as_float(acc[1]) - kMagicF), vp.z, o[j][1]);
+        o[j][2] = fmaf(c_fac[1] * (__uint_as_float(acc[2]) - kMagicF), vp.x, o[j][2]);
+        o[j][3] = fmaf(c_fac[1] * (__uint_as_float(acc[3]) - kMagicF), vp.z, o[j][3]);
+      }
+    }
+    __syncthreads();
+  }
+
+  // ---- epilogue: O / l (+ v_mean) ----
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  const float* vm = p.v_mean != nullptr ? p.v_mean + (size_t)bh * D : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + g + 8 * r;
+    if (row >= p.Nq) continue;
+    const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+    for (int j = 0; j < C::DT; ++j) {
+      const int d = 8 * j + 2 * t;
+      float y0 = o[j][2 * r] / l_run[r];
+      float y1 = o[j][2 * r + 1] / l_run[r];
+      if (vm != nullptr) {
+        y0 += vm[d];
+        y1 += vm[d + 1];
+      }
+      if (p.out_bf16) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + off + d) = __floats2bfloat162_rn(y0, y1);
+      } else {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + off + d) = __floats2half2_rn(y0, y1);
+      }
+    }
+  }
+}
+
+template <int D, int BN, bool S4, int PMODE, int NW, int MINB>
+cudaError_t launch_nw(const Int4AttnParams& p, cudaStream_t stream) {
+  using C = Cfg<D, BN, S4>;
+  auto kernel = int4_attention_kernel<D, BN, S4, PMODE, NW, MINB>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+  if (err != cudaSuccess) return err;
+  dim3 grid(p.Nq_pad / (16 * NW), p.H, p.B);
+  kernel<<<grid, NW * 32, C::SMEM, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Warps per CTA: 4 (64 query rows, 3 CTAs per SM). Measured on H100 (Wan2.1-1.3B shape, BN=64):
+// 4 warps 344 TOP/s, 8 warps (1 CTA per SM, 255 registers) 279 TOP/s. Building the 8-warp
+// variant too (-DROTVID_ATTN_NW8, then ROTVID_ATTN_NWARPS=8 at run time) is a tuning aid only.
+template <int D, int BN, bool S4, int PMODE>
+cudaError_t launch_one(const Int4AttnParams& p, cudaStream_t stream) {
+#ifdef ROTVID_ATTN_NW8
+  const char* env = std::getenv("ROTVID_ATTN_NWARPS");
+  if (env != nullptr && std::atoi(env) == 8) return launch_nw<D, BN, S4, PMODE, 8, 1>(p, stream);
+#endif
+  return launch_nw<D, BN, S4, PMODE, 4, ROTVID_NW4_MINB>(p, stream);
+}
+
+template <int D, bool S4>
+cudaError_t launch_for_dim(const Int4AttnParams& p, int block_n, int p_mode, cudaStream_t stream) {
+  if (block_n == 64) {
+    return p_mode == kPRange ? launch_one<D, 64, S4, kPRange>(p, stream) : launch_one<D, 64, S4, kPSym>(p, stream);
+  }
+  if (block_n == 128) {
+    return p_mode == kPRange ? launch_one<D, 128, S4, kPRange>(p, stream) : launch_one<D, 128, S4, kPSym>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace attn
+}  // namespace rotvid

@@ -1,0 +1,74 @@
+// Shared definitions of rotvid's INT4 attention kernels (no torch headers: nvcc-only).
+//
+// Kernel-side layouts ("kernel layout", produced by preprocess_int4.cu or packed from the
+// reference's quantized tensors by rotvid/kernels/cuda_backend.py). BH = batch*heads, rows
+// padded with zeros: Nq_pad = ceil(Nq / BM) * BM, Nkv_pad = ceil(Nkv / BN) * BN.
+//   q      int8 [BH, Nq_pad, DB]   DB = D (s8 path) or D/2 (s4 path: two values per byte,
+//                                  element 2c in the low nibble of byte c)
+//   k      int8 [BH, Nkv_pad, DB]
+//   vt     int8 [BH, D, VROW]      V-hat transposed (K-major for the tensor cores);
+//                                  VROW = Nkv_pad (s8) or Nkv_pad/2 (s4); within each chunk of
+//                                  CHK = 32 (s8) or 64 (s4) key positions the keys are permuted
+//                                  by vt_key_of_position() so that the P fragment produced by
+//                                  the QK^T accumulator feeds the P.V mma without shuffles
+//   q_scale, k_scale  fp32 [BH, Nq_pad], [BH, Nkv_pad]   (zero on padded rows)
+//   vparams fp32 [BH, Nkv_pad/BN, D, 2]: (v_scale * (1/15) or * (1/7),
+//                                  bits of int32 (MAGIC_I + 8*colsum) or MAGIC_I)
+//   v_mean fp32 [BH, D] (optional, added to the output)
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace rotvid {
+
+// 1.5 * 2^23: float(MAGIC_I + n) == MAGIC_F + n exactly for |n| < 2^22.
+constexpr int kMagicI = 0x4B400000;
+constexpr float kMagicF = 12582912.0f;
+
+// Padding granularity of the query rows (a multiple of every CTA's 16 * warps rows).
+constexpr int kBlockM = 128;
+
+enum PMode : int { kPRange = 0, kPSym = 1 };
+
+struct Int4AttnParams {
+  const int8_t* q;
+  const int8_t* k;
+  const int8_t* vt;
+  const float* q_scale;
+  const float* k_scale;
+  const float* vparams;
+  const int* kv_lens;   // [B] int32 or nullptr
+  const float* v_mean;  // [BH, D] or nullptr
+  void* out;            // [B, H, Nq, D] addressed through the strides below (elements)
+  long long out_sb, out_sh, out_sn;
+  int B, H, Nq, Nq_pad, Nkv, Nkv_pad;
+  float qk_scale;       // float32(sm_scale * log2(e))
+  int out_bf16;         // 0: fp16 out, 1: bf16 out
+};
+
+// Key offset (inside its chunk of CHK positions) stored at position p of the V^T layout.
+__host__ __device__ constexpr int vt_key_of_position(int p, int chk) {
+  return (p - p % chk) + ((p % chk) / (chk / 2)) * (chk / 2) + 8 * (((p % (chk / 2)) % (chk / 8)) >> 1) +
+         2 * ((p % (chk / 2)) / (chk / 8)) + (((p % (chk / 2)) % (chk / 8)) & 1);
+}
+
+// Launchers (return cudaError_t of the launch).
+cudaError_t launch_int4_attention(const Int4AttnParams& p, int head_dim, int block_n, bool s4, int p_mode,
+                                  cudaStream_t stream);
+
+struct PreprocessParams {
+  const void* x;          // fp16 / bf16 input, [B, H, N, D] through strides (elements)
+  long long sb, sh, sn;
+  int B, H, N, N_pad, D;
+  const int* kv_lens;     // [B] or nullptr (for K/V; Q passes nullptr)
+  const float* mean;      // [BH, D] or nullptr
+  int8_t* out;            // row quant: [BH, N_pad, DB]; V: [BH, D, VROW]
+  float* scale;           // row quant: [BH, N_pad]; V: vparams [BH, nblk, D, 2]
+  int is_bf16;
+};
+
+cudaError_t launch_colsum_f64(const PreprocessParams& p, double* sums, cudaStream_t stream);
+cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream);
+cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream);
+
+}  // namespace rotvid

@@ -1,0 +1,267 @@
+// Pre-processing of the INT4 recipe (memory-bound), bit-identical to rotvid.kernels.quantize:
+//   colsum_f64        sum over valid tokens of each channel in float64 (for K / V smoothing means)
+//   quant_rows_int4   per-token INT4 of Q or K (after subtracting the mean), kernel row layout
+//   quant_v_int4      per-group INT4 of V (per key block of BN tokens and channel), written
+//                     transposed and permuted (int4_common.cuh), plus v_scale/15|7 and colsums
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "int4_common.cuh"
+
+namespace rotvid {
+namespace pre {
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T x);
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ int quant7(float x, float inv) {
+  int v = __float2int_rn(x * inv);
+  return max(-7, min(7, v));
+}
+
+// grid (splits, BH), 256 threads; sums[bh, d] += sum over this split's valid tokens.
+template <typename T>
+__global__ void colsum_f64_kernel(const PreprocessParams p, int tokens_per_split, double* sums) {
+  __shared__ double part[256];
+  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  int len = p.N;
+  if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
+  const int start = blockIdx.x * tokens_per_split;
+  const int end = min(start + tokens_per_split, len);
+  const int d = threadIdx.x % p.D, r0 = threadIdx.x / p.D, rstep = blockDim.x / p.D;
+  const T* x = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + d;
+  double acc = 0.0;
+#pragma unroll 8
+  for (int n = start + r0; n < end; n += rstep) acc += (double)to_f32<T>(x[(size_t)n * p.sn]);
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.x < p.D) {
+    double tot = 0.0;
+    for (int r = 0; r < rstep; ++r) tot += part[r * p.D + threadIdx.x];
+    if (start < end) atomicAdd(sums + (size_t)bh * p.D + threadIdx.x, tot);
+  }
+}
+
+// One warp per group of ROWS rows of the padded output (loads of all rows issued first); lane
+// holds D/32 consecutive channels of each row.
+constexpr int kRowsPerWarp = 4;
+
+template <typename T, int D>
+__device__ __forceinline__ void load_row(const T* x, float (&v)[D / 32]) {
+  constexpr int EPT = D / 32;
+  if constexpr (EPT == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(x);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = to_f32<T>(e[i]);
+  } else {
+    const uint32_t raw = *reinterpret_cast<const uint32_t*>(x);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) v[i] = to_f32<T>(e[i]);
+  }
+}
+
+template <typename T, int D, bool S4>
+__global__ void quant_rows_kernel(const PreprocessParams p) {
+  constexpr int EPT = D / 32;
+  constexpr int DB = S4 ? D / 2 : D;
+  const int lane = threadIdx.x & 31;
+  const long long row0 = ((long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5)) * kRowsPerWarp;
+  const long long total = (long long)p.B * p.H * p.N_pad;
+  float v[kRowsPerWarp][EPT];
+  bool live[kRowsPerWarp];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const long long row = row0 + rr;
+    const int bh = (int)(row / p.N_pad), n = (int)(row % p.N_pad);
+    live[rr] = row < total && n < p.N;
+    if (live[rr]) {
+      const int b = bh / p.H, h = bh % p.H;
+      load_row<T, D>(static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + (size_t)n * p.sn + lane * EPT, v[rr]);
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const long long row = row0 + rr;
+    if (row >= total) break;
+    const int bh = (int)(row / p.N_pad);
+    int qv[EPT];
+    float scale = 0.f;
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) qv[i] = 0;
+    if (live[rr]) {
+      if (p.mean != nullptr) {
+        const float* mu = p.mean + (size_t)bh * D + lane * EPT;
+#pragma unroll
+        for (int i = 0; i < EPT; ++i) v[rr][i] = v[rr][i] - mu[i];
+      }
+      float amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < EPT; ++i) amax = fmaxf(amax, fabsf(v[rr][i]));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (amax != 0.f) {
+        const float inv = __fdiv_rn(7.0f, amax);
+#pragma unroll
+        for (int i = 0; i < EPT; ++i) qv[i] = quant7(v[rr][i], inv);
+        scale = __fdiv_rn(amax, 7.0f);
+      }
+    }
+    int8_t* out = p.out + (size_t)row * DB;
+    if constexpr (!S4) {
+      if constexpr (EPT == 4) {
+        const uint32_t w = (qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8) | ((qv[2] & 0xFF) << 16) | ((uint32_t)(qv[3] & 0xFF) << 24);
+        *reinterpret_cast<uint32_t*>(out + lane * 4) = w;
+      } else {
+        const uint16_t w = (uint16_t)((qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8));
+        *reinterpret_cast<uint16_t*>(out + lane * 2) = w;
+      }
+    } else {
+      if constexpr (EPT == 4) {
+        const uint16_t w = (uint16_t)((qv[0] & 0xF) | ((qv[1] & 0xF) << 4) | ((qv[2] & 0xF) << 8) | ((qv[3] & 0xF) << 12));
+        *reinterpret_cast<uint16_t*>(out + lane * 2) = w;
+      } else {
+        out[lane] = (int8_t)((qv[0] & 0xF) | ((qv[1] & 0xF) << 4));
+      }
+    }
+    if (lane == 0) p.scale[row] = scale;
+  }
+}
+
+// grid (nblk, BH), D threads: thread d quantizes channel d of key block blockIdx.x.
+template <typename T, int D, int BN, bool S4, int PMODE>
+__global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
+  constexpr int CHK = S4 ? 64 : 32;
+  constexpr int VB = S4 ? BN / 2 : BN;
+  const int kb = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, d = threadIdx.x;
+  int len = p.N;
+  if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
+  const T* x = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + d;
+  const float mu = p.mean != nullptr ? p.mean[(size_t)bh * D + d] : 0.f;
+  float v[BN];
+#pragma unroll
+  for (int j = 0; j < BN; ++j) {
+    const int key = kb * BN + j;
+    v[j] = key < len ? to_f32<T>(x[(size_t)key * p.sn]) - mu : 0.f;
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < BN; ++j) amax = fmaxf(amax, fabsf(v[j]));
+  int qv[BN];
+  float scale = 0.f;
+  int colsum = 0;
+  if (amax == 0.f) {
+#pragma unroll
+    for (int j = 0; j < BN; ++j) qv[j] = 0;
+  } else {
+    const float inv = __fdiv_rn(7.0f, amax);
+#pragma unroll
+    for (int j = 0; j < BN; ++j) {
+      qv[j] = quant7(v[j], inv);
+      colsum += qv[j];
+    }
+    scale = __fdiv_rn(amax, 7.0f);
+  }
+  const size_t vrow = S4 ? (size_t)p.N_pad / 2 : (size_t)p.N_pad;
+  uint4* dst = reinterpret_cast<uint4*>(p.out + ((size_t)bh * D + d) * vrow + (size_t)kb * VB);
+#pragma unroll
+  for (int c = 0; c < VB / 16; ++c) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      uint32_t acc = 0;
+#pragma unroll
+      for (int byte = 0; byte < 4; ++byte) {
+        const int pos_byte = 16 * c + 4 * k + byte;
+        uint32_t bv;
+        if constexpr (!S4) {
+          bv = (uint32_t)(qv[vt_key_of_position(pos_byte, CHK)] & 0xFF);
+        } else {
+          bv = (uint32_t)(qv[vt_key_of_position(2 * pos_byte, CHK)] & 0xF) |
+               ((uint32_t)(qv[vt_key_of_position(2 * pos_byte + 1, CHK)] & 0xF) << 4);
+        }
+        acc |= bv << (8 * byte);
+      }
+      w[k] = acc;
+    }
+    dst[c] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  const int nblk = p.N_pad / BN;
+  float* vp = p.scale + (((size_t)bh * nblk + kb) * D + d) * 2;
+  constexpr float kInvLevels = PMODE == kPRange ? 1.0f / 15.0f : 1.0f / 7.0f;
+  vp[0] = scale * kInvLevels;
+  vp[1] = __int_as_float(kMagicI + (PMODE == kPRange ? 8 * colsum : 0));
+}
+
+template <typename T>
+cudaError_t colsum_typed(const PreprocessParams& p, double* sums, cudaStream_t stream) {
+  const int tps = 512;
+  int len = p.N;
+  dim3 grid((len + tps - 1) / tps, p.B * p.H);
+  colsum_f64_kernel<T><<<grid, 256, 0, stream>>>(p, tps, sums);
+  return cudaGetLastError();
+}
+
+template <typename T, int D, bool S4>
+cudaError_t rows_typed(const PreprocessParams& p, cudaStream_t stream) {
+  const long long total = (long long)p.B * p.H * p.N_pad;
+  const int warps = 8;
+  const long long rows_per_cta = (long long)warps * kRowsPerWarp;
+  dim3 grid((unsigned)((total + rows_per_cta - 1) / rows_per_cta));
+  quant_rows_kernel<T, D, S4><<<grid, warps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int D, int BN, bool S4>
+cudaError_t v_typed(const PreprocessParams& p, int p_mode, cudaStream_t stream) {
+  dim3 grid(p.N_pad / BN, p.B * p.H);
+  if (p_mode == kPRange)
+    quant_v_kernel<T, D, BN, S4, kPRange><<<grid, D, 0, stream>>>(p);
+  else
+    quant_v_kernel<T, D, BN, S4, kPSym><<<grid, D, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t v_dim(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream) {
+  if (block_n == 64) return s4 ? v_typed<T, D, 64, true>(p, p_mode, stream) : v_typed<T, D, 64, false>(p, p_mode, stream);
+  if (block_n == 128) return s4 ? v_typed<T, D, 128, true>(p, p_mode, stream) : v_typed<T, D, 128, false>(p, p_mode, stream);
+  return cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t v_type(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream) {
+  if (p.D == 64) return v_dim<T, 64>(p, block_n, s4, p_mode, stream);
+  if (p.D == 128) return v_dim<T, 128>(p, block_n, s4, p_mode, stream);
+  return cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t rows_type(const PreprocessParams& p, bool s4, cudaStream_t stream) {
+  if (p.D == 64) return s4 ? rows_typed<T, 64, true>(p, stream) : rows_typed<T, 64, false>(p, stream);
+  if (p.D == 128) return s4 ? rows_typed<T, 128, true>(p, stream) : rows_typed<T, 128, false>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace pre
+
+cudaError_t launch_colsum_f64(const PreprocessParams& p, double* sums, cudaStream_t stream) {
+  if (p.D != 64 && p.D != 128) return cudaErrorInvalidValue;
+  return p.is_bf16 ? pre::colsum_typed<__nv_bfloat16>(p, sums, stream) : pre::colsum_typed<__half>(p, sums, stream);
+}
+
+cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream) {
+  return p.is_bf16 ? pre::rows_type<__nv_bfloat16>(p, s4, stream) : pre::rows_type<__half>(p, s4, stream);
+}
+
+cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream) {
+  return p.is_bf16 ? pre::v_type<__nv_bfloat16>(p, block_n, s4, p_mode, stream)
+                   : pre::v_type<__half>(p, block_n, s4, p_mode, stream);
+}
+
+}  // namespace rotvid

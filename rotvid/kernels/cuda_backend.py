@@ -1,0 +1,550 @@
+"""CUDA backend of the INT4 recipes: build, custom ops, the arch table, the dispatcher backend.
+
+The CUDA sources live in ``rotvid/kernels/csrc`` and are compiled at first use with
+``torch.utils.cpp_extension.load`` (ninja) into a cache directory (``$ROTVID_EXT_CACHE`` or
+``~/.cache/rotvid/ext``), keyed by the sources, torch/CUDA versions and compute capability, and
+reused afterwards.
+
+Instruction paths, chosen by compute capability from :data:`ARCH_TABLE`:
+
+* ``"s4"`` (sm80/86/89): native INT4 ``mma.sync.m16n8k64.s4`` for QKᵀ and P̃V̂; Q/K/V̂ packed
+  two values per byte.
+* ``"s8"`` (sm90): the same INT4-valued numbers on INT8 ``mma.sync.m16n8k32.s8`` (identical
+  integer products, so identical outputs).
+
+Both paths are compiled for every supported architecture, so the s4 path can be tested on an
+H100 (where it runs emulated, slowly) by passing ``path="s4"``.
+
+Kernel layout (what :func:`preprocess_int4_cuda` returns and :func:`attention_int4_quantized`
+takes), with BH = batch·heads, ``Nq_pad`` = Nq rounded up to 128, ``Nkv_pad`` to block_n:
+
+* ``q_hat`` int8 [B, H, Nq_pad, DB], ``k_hat`` int8 [B, H, Nkv_pad, DB]; DB = D (s8) or D/2
+  (s4, element 2c in the low nibble of byte c); padded rows are zero.
+* ``q_scale`` fp32 [B, H, Nq_pad], ``k_scale`` fp32 [B, H, Nkv_pad] (zero on padded rows).
+* ``vt`` int8 [B, H, D, Nkv_pad] (s8) or [B, H, D, Nkv_pad/2] (s4): V̂ transposed, key
+  positions permuted inside chunks of 32 (s8) / 64 (s4) keys (:func:`vt_key_permutation`).
+* ``vparams`` fp32 [B, H, Nkv_pad/block_n, D, 2]: ``v_scale * float32(1/15)`` (range P) or
+  ``* float32(1/7)`` (sym P), and the bits of int32 ``0x4B400000 + 8*colsum`` (range) or
+  ``0x4B400000`` (sym), the accumulator initialiser of P̃V̂.
+* ``v_mean`` fp32 [B, H, D] when V is smoothed, else an empty tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from rotvid.kernels.reference import LOG2E, QuantizedQKV, to_bhnd
+
+logger = logging.getLogger(__name__)
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = (
+    "binding.cpp",
+    "preprocess_int4.cu",
+    "attn_dispatch.cu",
+    "attn_s8_d64.cu",
+    "attn_s8_d128.cu",
+    "attn_s4_d64.cu",
+    "attn_s4_d128.cu",
+)
+HEADERS = ("int4_common.cuh", "int4_attention.cuh")
+
+BLOCK_M = 128
+SUPPORTED_BLOCK_N = (64, 128)
+DEFAULT_BLOCK_N = 64
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+RECIPE_P_MODE = {"int4": "range", "int4-sym-p": "sym"}
+P_MODES = {"range": 0, "sym": 1}
+MAGIC_I = 0x4B400000
+
+
+@dataclass(frozen=True)
+class ArchEntry:
+    """One row of the arch table: the instruction path and the nvcc target of a compute capability."""
+
+    path: str  # "s4" (native INT4 mma) or "s8" (INT4-valued numbers on INT8 mma)
+    gencode: str
+
+
+# One cached table: compute capability -> instruction path and nvcc target.
+ARCH_TABLE: dict[tuple[int, int], ArchEntry] = {
+    (8, 0): ArchEntry("s4", "-gencode=arch=compute_80,code=sm_80"),
+    (8, 6): ArchEntry("s4", "-gencode=arch=compute_86,code=sm_86"),
+    (8, 7): ArchEntry("s4", "-gencode=arch=compute_87,code=sm_87"),
+    (8, 9): ArchEntry("s4", "-gencode=arch=compute_89,code=sm_89"),
+    (9, 0): ArchEntry("s8", "-gencode=arch=compute_90a,code=sm_90a"),
+}
+
+
+class KernelQKV(NamedTuple):
+    """Pre-processed operands in the kernel layout (see the module docstring)."""
+
+    q_hat: torch.Tensor
+    q_scale: torch.Tensor
+    k_hat: torch.Tensor
+    k_scale: torch.Tensor
+    vt: torch.Tensor
+    vparams: torch.Tensor
+    v_mean: torch.Tensor
+
+
+# --------------------------------------------------------------------------------------------
+# Build and load
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+
+
+def arch_entry(device: torch.device | None = None) -> ArchEntry:
+    """The arch-table row of ``device`` (default: the current CUDA device); RuntimeError naming what is missing."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("rotvid CUDA kernels: no CUDA GPU (torch.cuda.is_available() is False)")
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    cap = _capability(device)
+    if cap not in ARCH_TABLE:
+        known = ", ".join(f"sm{a}{b}" for a, b in ARCH_TABLE)
+        raise RuntimeError(f"rotvid CUDA kernels: unsupported compute capability sm{cap[0]}{cap[1]} (supported: {known})")
+    return ARCH_TABLE[cap]
+
+
+def _nvcc() -> str:
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME
+    nvcc = os.path.join(home, "bin", "nvcc") if home else shutil.which("nvcc")
+    if not nvcc or not os.path.exists(nvcc):
+        raise RuntimeError("rotvid CUDA kernels: nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    return nvcc
+
+
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    for name in (*SOURCES, *HEADERS):
+        h.update(name.encode())
+        h.update((CSRC / name).read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(str(torch.version.cuda).encode())
+    return h.hexdigest()[:12]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ROTVID_EXT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rotvid", "ext")
+    return Path(root)
+
+
+@functools.cache
+def _load_for(cap: tuple[int, int]):
+    from torch.utils import cpp_extension
+
+    entry = ARCH_TABLE[cap]
+    _nvcc()
+    name = f"rotvid_int4_sm{cap[0]}{cap[1]}_{_source_hash()}"
+    build = cache_dir() / name
+    build.mkdir(parents=True, exist_ok=True)
+    logger.info("loading/building rotvid CUDA extension %s in %s", name, build)
+    return cpp_extension.load(
+        name=name,
+        sources=[str(CSRC / s) for s in SOURCES],
+        extra_cflags=["-O3", "-std=c++17"],
+        extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo", entry.gencode],
+        build_directory=str(build),
+        verbose=os.environ.get("ROTVID_EXT_VERBOSE") == "1",
+    )
+
+
+def load_extension(device: torch.device | None = None):
+    """Build (first use) or load the extension for ``device``'s compute capability."""
+    arch_entry(device)
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    return _load_for(_capability(device))
+
+
+# --------------------------------------------------------------------------------------------
+# Custom ops (with fake implementations for torch.compile)
+
+
+def _pads(n_q: int, n_kv: int, block_n: int) -> tuple[int, int]:
+    return -(-n_q // BLOCK_M) * BLOCK_M, -(-n_kv // block_n) * block_n
+
+
+@torch.library.custom_op("rotvid::int4_preprocess", mutates_args=())
+def _int4_preprocess_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_lens: torch.Tensor | None,
+    bnhd: bool,
+    block_n: int,
+    smooth_k: bool,
+    smooth_v: bool,
+    path: str,
+    p_mode: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ext = load_extension(q.device)
+    s4 = _resolve_path(path, q.device) == "s4"
+    return tuple(ext.preprocess_int4(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, s4, p_mode))
+
+
+@_int4_preprocess_op.register_fake
+def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode):
+    s4 = _resolve_path(path, q.device) == "s4"
+    if bnhd:
+        b, n_q, h, d = q.shape
+        n_kv = k.shape[1]
+    else:
+        b, h, n_q, d = q.shape
+        n_kv = k.shape[2]
+    nq_pad, nkv_pad = _pads(n_q, n_kv, block_n)
+    db = d // 2 if s4 else d
+    i8, f32 = dict(dtype=torch.int8, device=q.device), dict(dtype=torch.float32, device=q.device)
+    return (
+        q.new_empty((b, h, nq_pad, db), **i8),
+        q.new_empty((b, h, nq_pad), **f32),
+        q.new_empty((b, h, nkv_pad, db), **i8),
+        q.new_empty((b, h, nkv_pad), **f32),
+        q.new_empty((b, h, d, nkv_pad // 2 if s4 else nkv_pad), **i8),
+        q.new_empty((b, h, nkv_pad // block_n, d, 2), **f32),
+        q.new_empty((b, h, d) if smooth_v else (0,), **f32),
+    )
+
+
+@torch.library.custom_op("rotvid::int4_attention", mutates_args=())
+def _int4_attention_op(
+    q_hat: torch.Tensor,
+    q_scale: torch.Tensor,
+    k_hat: torch.Tensor,
+    k_scale: torch.Tensor,
+    vt: torch.Tensor,
+    vparams: torch.Tensor,
+    v_mean: torch.Tensor,
+    kv_lens: torch.Tensor | None,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    block_n: int,
+    path: str,
+    p_mode: int,
+    qk_scale: float,
+    out_bf16: bool,
+    bnhd: bool,
+) -> torch.Tensor:
+    ext = load_extension(q_hat.device)
+    s4 = _resolve_path(path, q_hat.device) == "s4"
+    return ext.attention_int4(
+        q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, s4, p_mode,
+        qk_scale, out_bf16, bnhd, None,
+    )
+
+
+@_int4_attention_op.register_fake
+def _(q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, path, p_mode,
+      qk_scale, out_bf16, bnhd):
+    b, h = q_hat.shape[0], q_hat.shape[1]
+    shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
+    return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
+
+
+# --------------------------------------------------------------------------------------------
+# Public functions
+
+
+def _resolve_path(path: str, device: torch.device) -> str:
+    """'auto' -> the arch table's path for ``device``; 's4' / 's8' as given."""
+    return arch_entry(device).path if path == "auto" else path
+
+
+def _check_path(path: str | None) -> str:
+    if path is None:
+        return "auto"
+    if path not in ("s4", "s8"):
+        raise ValueError(f"path: expected 's4', 's8' or None (arch default), got {path!r}")
+    return path
+
+
+def _check_inputs(q, k, v, layout, kv_lens, block_n):
+    if layout not in ("BHND", "BNHD"):
+        raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-D torch.Tensor in layout {layout}")
+        if not t.is_cuda:
+            raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"{name}: expected dtype float16 or bfloat16, got {t.dtype}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: expected a contiguous last (head_dim) dimension")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"k, v: expected the same dtype as q ({q.dtype}), got {k.dtype}, {v.dtype}")
+    qb, qh, qn, qd = to_bhnd(q, layout).shape
+    kb, kh, kn, kd = to_bhnd(k, layout).shape
+    if qd not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"q: expected head_dim in {SUPPORTED_HEAD_DIMS}, got {qd}")
+    if (kb, kh, kd) != (qb, qh, qd) or k.shape != v.shape:
+        raise ValueError(f"k, v: expected batch/heads/head_dim of q {(qb, qh, qd)} and equal shapes, got {tuple(k.shape)}, {tuple(v.shape)}")
+    if block_n not in SUPPORTED_BLOCK_N:
+        raise ValueError(f"block_n: expected one of {SUPPORTED_BLOCK_N}, got {block_n!r}")
+    if kv_lens is not None:
+        if not isinstance(kv_lens, torch.Tensor) or kv_lens.shape != (qb,) or kv_lens.dtype.is_floating_point:
+            raise ValueError(f"kv_lens: expected an integer tensor of shape [{qb}]")
+    if not torch.compiler.is_compiling():  # (the C++ side checks alignment again)
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.data_ptr() % 16 != 0:
+                raise ValueError(f"{name}: expected a 16-byte aligned data pointer")
+    return qb, qh, qn, qd, kn
+
+
+def _kv_lens_int32(kv_lens, device):
+    if kv_lens is None:
+        return None
+    return kv_lens.to(device=device, dtype=torch.int32).contiguous()
+
+
+def preprocess_int4_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    block_n: int = DEFAULT_BLOCK_N,
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+    p_mode: str = "range",
+    path: str | None = None,
+) -> KernelQKV:
+    """Steps 1-2 of the INT4 recipe on the GPU (K/V smoothing, per-token INT4 Q/K, per-group INT4 V).
+
+    Args: q [B, H, Nq, D] (``"BHND"``) or [B, Nq, H, D] (``"BNHD"``), k, v likewise with Nkv
+    keys; fp16 or bf16, last dim contiguous; D in (64, 128). ``kv_lens`` int [B] (keys
+    ``j >= kv_lens[b]`` masked). ``p_mode`` decides the ``vparams`` encoding; ``path`` the
+    packing (``None``: the arch default). Returns a :class:`KernelQKV` (module docstring).
+    Bit-identical to :func:`rotvid.kernels.reference.preprocess_int4` packed by
+    :func:`pack_reference_quantized`.
+    """
+    _check_inputs(q, k, v, layout, kv_lens, block_n)
+    if p_mode not in P_MODES:
+        raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
+    path = _check_path(path)
+    out = _int4_preprocess_op(
+        q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", block_n, smooth_k, smooth_v, path,
+        P_MODES[p_mode],
+    )
+    return KernelQKV(*out)
+
+
+def attention_int4_quantized(
+    qkv: KernelQKV,
+    *,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    block_n: int = DEFAULT_BLOCK_N,
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    p_mode: str = "range",
+    path: str | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    layout: str = "BHND",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Steps 3-6 of the INT4 recipe (the attention kernel) on operands in the kernel layout.
+
+    Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in
+    ``out_dtype`` (fp16 or bf16); fp32 accumulation of O across key blocks. ``out``: an
+    optional preallocated output of that shape and dtype, written in place (not traceable by
+    torch.compile; for tests).
+    """
+    if p_mode not in P_MODES:
+        raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
+    if out_dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"out_dtype: expected float16 or bfloat16, got {out_dtype}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    if block_n not in SUPPORTED_BLOCK_N:
+        raise ValueError(f"block_n: expected one of {SUPPORTED_BLOCK_N}, got {block_n!r}")
+    if layout not in ("BHND", "BNHD"):
+        raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
+    path = _check_path(path)
+    sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    args = (
+        qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
+        _kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, block_n, path, P_MODES[p_mode],
+        float(sm_scale * LOG2E), out_dtype == torch.bfloat16, layout == "BNHD",
+    )
+    if out is None:
+        return _int4_attention_op(*args)
+    # Writing into a caller's tensor (tests poison it first): the raw extension, outside the custom op.
+    if out.dtype != out_dtype:
+        raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
+    s4 = _resolve_path(path, qkv.q_hat.device) == "s4"
+    load_extension(qkv.q_hat.device).attention_int4(*args[:12], s4, *args[13:], out)
+    return out
+
+
+def int4_attention_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    p_mode: str = "range",
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+    block_n: int = DEFAULT_BLOCK_N,
+    path: str | None = None,
+) -> torch.Tensor:
+    """Pre-processing + INT4 attention on the GPU; output has q's shape, layout and dtype."""
+    qb, qh, qn, qd, kn = _check_inputs(q, k, v, layout, kv_lens, block_n)
+    qkv = preprocess_int4_cuda(
+        q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k, smooth_v=smooth_v,
+        p_mode=p_mode, path=path,
+    )
+    return attention_int4_quantized(
+        qkv, n_q=qn, n_kv=kn, head_dim=qd, block_n=block_n, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
+        path=path, out_dtype=q.dtype, layout=layout,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Packing the reference's quantized operands into the kernel layout (for tests)
+
+
+def vt_key_permutation(n_pad: int, path: str, device=None) -> torch.Tensor:
+    """Long [n_pad]: the key index stored at each position of the V^T layout (int4_common.cuh)."""
+    chk = 64 if path == "s4" else 32
+    p = torch.arange(n_pad, device=device)
+    q = p % chk
+    r = p % (chk // 2)
+    t, i = r // (chk // 8), r % (chk // 8)
+    return (p - q) + (q // (chk // 2)) * (chk // 2) + 8 * (i >> 1) + 2 * t + (i & 1)
+
+
+def _pack_nibbles(x: torch.Tensor) -> torch.Tensor:
+    """int8 values in [-8, 7] along the last dim -> bytes, element 2c in the low nibble of byte c."""
+    lo = x[..., 0::2].to(torch.int32) & 0xF
+    hi = x[..., 1::2].to(torch.int32) & 0xF
+    return (lo | (hi << 4)).to(torch.uint8).view(torch.int8)
+
+
+def _pad_rows(x: torch.Tensor, n_pad: int) -> torch.Tensor:
+    n = x.shape[2]
+    if n == n_pad:
+        return x.contiguous()
+    shape = list(x.shape)
+    shape[2] = n_pad - n
+    return torch.cat([x, x.new_zeros(shape)], dim=2).contiguous()
+
+
+def pack_reference_quantized(qkv: QuantizedQKV, *, p_mode: str = "range", path: str = "s8") -> KernelQKV:
+    """Kernel-layout operands from the reference's :class:`QuantizedQKV` (same values, no rounding).
+
+    Q smoothing (``q_block_mean``) is not supported by the kernel and raises ValueError.
+    """
+    if qkv.q_block_mean is not None:
+        raise ValueError("qkv: Q smoothing (q_block_mean) is not supported by the CUDA kernel")
+    if p_mode not in P_MODES:
+        raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
+    b, h, n_q, d = qkv.q_hat.shape
+    n_kv = qkv.k_hat.shape[2]
+    nq_pad, nkv_pad = _pads(n_q, n_kv, qkv.block_n)
+    q_hat = _pad_rows(qkv.q_hat, nq_pad)
+    k_hat = _pad_rows(qkv.k_hat, nkv_pad)
+    q_scale = _pad_rows(qkv.q_scale.float(), nq_pad).reshape(b, h, nq_pad)
+    k_scale = _pad_rows(qkv.k_scale.float(), nkv_pad).reshape(b, h, nkv_pad)
+    v_hat = qkv.v_hat  # [B, H, Nkv_pad, D]
+    if v_hat.shape[2] != nkv_pad:
+        raise ValueError(f"qkv.v_hat: expected {nkv_pad} (padded) keys, got {v_hat.shape[2]}")
+    perm = vt_key_permutation(nkv_pad, path, device=v_hat.device)
+    vt = v_hat.transpose(2, 3)[..., perm].contiguous()
+    if path == "s4":
+        q_hat, k_hat, vt = _pack_nibbles(q_hat), _pack_nibbles(k_hat), _pack_nibbles(vt)
+    inv_levels = torch.tensor(1.0 / (15 if p_mode == "range" else 7), dtype=torch.float32)
+    vs = qkv.v_scale.float() * inv_levels.to(qkv.v_scale.device)
+    cs = MAGIC_I + (8 * qkv.v_colsum.to(torch.int32) if p_mode == "range" else 0 * qkv.v_colsum.to(torch.int32))
+    vparams = torch.stack([vs, cs.to(torch.int32).view(torch.float32)], dim=-1).contiguous()
+    if qkv.v_mean is not None:
+        v_mean = qkv.v_mean.float().reshape(b, h, d).contiguous()
+    else:
+        v_mean = torch.empty(0, dtype=torch.float32, device=q_hat.device)
+    return KernelQKV(q_hat.contiguous(), q_scale.contiguous(), k_hat.contiguous(), k_scale.contiguous(), vt, vparams, v_mean)
+
+
+# --------------------------------------------------------------------------------------------
+# The dispatcher backend
+
+
+class CudaBackend:
+    """``backend="cuda"`` of :func:`rotvid.kernels.attention`: the INT4 recipes on the GPU."""
+
+    name = "cuda"
+
+    def availability(self) -> str:
+        try:
+            entry = arch_entry()
+            _nvcc()
+        except RuntimeError as err:
+            return str(err)
+        return f"available ({entry.path} path)"
+
+    def unsupported_reason(self, q, k, v, *, recipe="int4", layout="BHND", kv_lens=None, **opts) -> str | None:
+        if recipe not in RECIPE_P_MODE:
+            return f"recipe {recipe!r} has no CUDA kernel (supported: {', '.join(RECIPE_P_MODE)})"
+        if not torch.cuda.is_available():
+            return "no CUDA GPU (torch.cuda.is_available() is False)"
+        if not q.is_cuda:
+            return f"inputs are on {q.device}, not a CUDA device"
+        try:
+            arch_entry(q.device)
+            _nvcc()
+        except RuntimeError as err:
+            return str(err)
+        if q.dtype not in SUPPORTED_DTYPES:
+            return f"dtype {q.dtype} (the kernel takes float16 or bfloat16)"
+        d = q.shape[-1]
+        if d not in SUPPORTED_HEAD_DIMS:
+            return f"head_dim {d} (the kernel takes {SUPPORTED_HEAD_DIMS})"
+        if opts.get("smooth_q"):
+            return "smooth_q=True (Q smoothing with the ΔS correction is reference-only)"
+        bm, bn = opts.get("block_m"), opts.get("block_n")
+        if bm is not None and bm != BLOCK_M:
+            return f"block_m={bm} (the kernel uses {BLOCK_M})"
+        if bn is not None and bn not in SUPPORTED_BLOCK_N:
+            return f"block_n={bn} (the kernel takes {SUPPORTED_BLOCK_N})"
+        if any(t.stride(-1) != 1 for t in (q, k, v)):
+            return "a non-contiguous head_dim (stride(-1) != 1)"
+        if any(t.data_ptr() % 16 for t in (q, k, v)):
+            return "a data pointer that is not 16-byte aligned"
+        return None
+
+    def run(self, q, k, v, *, recipe="int4", layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True,
+            smooth_q=False, smooth_v=False, block_m=None, block_n=None) -> torch.Tensor:
+        why = self.unsupported_reason(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, smooth_q=smooth_q,
+                                      block_m=block_m, block_n=block_n)
+        if why is not None:
+            raise ValueError(f"backend: 'cuda' cannot run this call: {why}")
+        return int4_attention_cuda(
+            q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=RECIPE_P_MODE[recipe],
+            smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n or DEFAULT_BLOCK_N,
+        )
+
+
+def _register() -> None:
+    from rotvid.kernels.dispatch import register_backend
+
+    register_backend("cuda", CudaBackend())
+
+
+_register()
