@@ -77,8 +77,8 @@ def choose_fp16_cells(
 ) -> list[tuple[int, int]]:
     """The (step, block) cells to keep FP16, sorted; see the module docstring for the rules.
 
-    Cells never measured count as quantized-and-unknown: they are kept FP16 only when the
-    target fraction needs them (they are taken after every measured cell).
+    Only measured cells are ranked and counted (with Wan2.2's two experts each table holds the
+    steps of its own expert); cells never measured are left to the schedule's other rules.
     """
     if cosine_floor is None and target_int4_fraction is None:
         raise ValueError("cosine_floor, target_int4_fraction: expected at least one of them")
@@ -86,16 +86,13 @@ def choose_fp16_cells(
         raise ValueError(f"target_int4_fraction: expected a value in [0, 1], got {target_int4_fraction}")
     if cosine_floor is not None and not -1.0 <= cosine_floor <= 1.0:
         raise ValueError(f"cosine_floor: expected a value in [-1, 1], got {cosine_floor}")
-    all_cells = [(s, b) for s in range(table.num_steps) for b in range(table.num_blocks)]
     fp16 = set()
     if cosine_floor is not None:
         fp16 |= {cell for cell, acc in table.cells.items() if acc.cosine < cosine_floor}
     if target_int4_fraction is not None:
-        total = len(all_cells)
+        total = len(table.cells)
         max_quant = math.floor(target_int4_fraction * total + 1e-9)
-        # Worst measured first (lowest cosine), then the unmeasured ones.
-        ranked = sorted(all_cells, key=lambda c: (0, table.cells[c].cosine) if c in table.cells else (1, 0.0))
-        for cell in ranked:
+        for cell in sorted(table.cells, key=lambda c: (table.cells[c].cosine, c)):  # worst first
             if total - len(fp16) <= max_quant:
                 break
             fp16.add(cell)

@@ -96,6 +96,9 @@ class Runtime:
         self.report = report
         self._mask_key: torch.Tensor | None = None
         self._mask_value: tuple[torch.Tensor | None, str | None] = (None, None)
+        # Calibration observers (rotvid.pipelines.capture): called on every self-attention call,
+        # before the schedule decides, as observer(site, step, num_steps, q, k, v, kv_lens, fp16_attention).
+        self.observers: list[Callable] = []
 
     def kv_lens_for(self, mask: torch.Tensor | None, batch: int, n_kv: int) -> tuple[torch.Tensor | None, str | None]:
         """:func:`key_padding_lengths`, cached on the mask object (one per transformer forward)."""
@@ -142,6 +145,11 @@ class Runtime:
         Returns:
             [B, H, N_q, D] in q's dtype.
         """
+        if self.observers:
+            step, num_steps = self.tracker.current()
+            obs_kv_lens, _ = self.kv_lens_for(mask, k.shape[0], k.shape[2])
+            for observer in self.observers:
+                observer(site, step, num_steps, q, k, v, obs_kv_lens, fp16_attention)
         reason = self.planned_fp16_reason(site)
         if reason is not None:
             self.report.record_fp16(site.key, reason)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rotvid.kernels.fake_quant import fake_quant_per_token_int4
+from rotvid.kernels.fake_quant import fake_quant_attention, fake_quant_per_token_int4
 from rotvid.rope.rotations import PairRotation, half_rotation_pairs, interleaved_pairs, pair_blocks
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,19 @@ def rotation_objective(q: torch.Tensor, k: torch.Tensor, r_q: torch.Tensor, r_k:
     y = q @ k.transpose(-1, -2)
     y_hat = fake_quant_per_token_int4(q @ r_q) @ fake_quant_per_token_int4(k @ r_k).transpose(-1, -2)
     return (y - y_hat).square().sum() / y.square().sum()
+
+
+def output_objective(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r_q: torch.Tensor, r_k: torch.Tensor | None = None,
+    *, block_n: int = 64,
+) -> torch.Tensor:
+    """End-to-end objective: ``‖O − O_int4(q R_q, k R_k, v)‖² / ‖O‖²`` with the full INT4 recipe
+    (fake-quantized Q/K/V and range-optimized P, :func:`fake_quant_attention`), O in full precision."""
+    r_k = r_q if r_k is None else r_k
+    with torch.no_grad():
+        ref = fake_quant_attention(q, k, v, p_mode=None, quantize_qkv=False)
+    out = fake_quant_attention(q @ r_q, k @ r_k, v, p_mode="range", block_n=block_n)
+    return (out - ref).square().sum() / ref.square().sum()
 
 
 @dataclass
@@ -99,6 +112,8 @@ def learn_rotation(
     lr: float = 0.01,
     unconstrained: bool = False,
     seed: int = 0,
+    v: torch.Tensor | None = None,
+    objective: str = "scores",
 ) -> LearnedRotationResult:
     """Learn 2×2 blocks on smoothed ``q``, ``k`` [H, N, D] (or [N, D]) minimizing Eq. 9.
 
@@ -107,12 +122,27 @@ def learn_rotation(
         per_head: one set of blocks per head (angles [H, P]) instead of one shared set.
         iters, lr: Adam iterations and learning rate.
         unconstrained: learn general 2×2 blocks (init H₂); K gets the inverse transpose.
+        objective: ``"scores"`` (Eq. 9) or ``"output"`` (attention output error of the full
+            INT4 recipe through the fake-quantized attention; needs ``v`` [H, N_kv, D], with
+            ``k`` and ``v`` holding the same keys).
     """
     if q.dim() == 2:
         q, k = q.unsqueeze(0), k.unsqueeze(0)
     if q.dim() != 3 or k.dim() != 3 or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]:
         raise ValueError(f"q, k: expected [H, N, D] tensors with equal H and D, got {tuple(q.shape)} and {tuple(k.shape)}")
     head_dim = q.shape[-1]
+    if objective not in ("scores", "output"):
+        raise ValueError(f"objective: expected 'scores' or 'output', got {objective!r}")
+    if objective == "output":
+        if v is None:
+            raise ValueError("v: the 'output' objective needs the values (same keys as k)")
+        v = v.unsqueeze(0) if v.dim() == 2 else v
+        if v.shape != k.shape:
+            raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+        v = v.float()
+        loss_fn = lambda a, b, rq, rk: output_objective(a, b, v, rq, rk)  # noqa: E731
+    else:
+        loss_fn = rotation_objective
     if pairing == "interleaved":
         pairs = interleaved_pairs(head_dim)
     elif pairing == "half":
@@ -141,11 +171,11 @@ def learn_rotation(
     opt = torch.optim.Adam([param], lr=lr)
     history = []
     with torch.no_grad():
-        init = float(rotation_objective(q, k, *matrices()))
+        init = float(loss_fn(q, k, *matrices()))
     best, best_param = init, param.detach().clone()
     for step in range(iters + 1):
         opt.zero_grad()
-        loss = rotation_objective(q, k, *matrices())
+        loss = loss_fn(q, k, *matrices())
         now = float(loss.detach())
         history.append(now)
         if now < best:  # the objective at the parameters before this step

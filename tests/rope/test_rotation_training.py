@@ -26,7 +26,7 @@ def test_h2_is_the_reflection_at_pi_over_4():
 
 def test_learned_rotation_is_orthogonal_and_beats_h2():
     q, k = paired_qk()
-    res = learn_rotation(q, k, iters=80, lr=0.03)
+    res = learn_rotation(q, k, iters=40, lr=0.05)
     r = res.matrix_q()[0] if res.matrix_q().dim() == 3 else res.matrix_q()
     torch.testing.assert_close(r.T @ r, torch.eye(32, dtype=torch.float64), rtol=0, atol=1e-6)
     assert res.objective_final < 0.9 * res.objective_init  # strictly better than H2 here
@@ -68,3 +68,12 @@ def test_trained_rotation_saves_and_loads_through_make_rotation(tmp_path):
     loaded = make_rotation(f"learned:{path}", 32, (8, 12, 12))
     torch.testing.assert_close(loaded.matrix(), res.matrix_q(), rtol=0, atol=1e-6)
     torch.testing.assert_close(res.to_rotation((8, 12, 12)).matrix(), res.matrix_q(), rtol=0, atol=1e-12)
+
+
+def test_output_objective_trains_and_needs_v():
+    q, k = paired_qk(n=128, seed=4)
+    v = torch.randn(128, 32)
+    res = learn_rotation(q, k, v=v, objective="output", iters=10, lr=0.03)
+    assert res.objective_final <= res.objective_init and res.objective_init > 0
+    with pytest.raises(ValueError, match="v: the 'output' objective needs the values"):
+        learn_rotation(q, k, objective="output", iters=1)

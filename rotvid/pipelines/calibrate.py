@@ -1,0 +1,248 @@
+"""``rotvid calibrate``: learn per-block rotations and an adaptive FP16 schedule from a few prompts.
+
+Two passes over the calibration prompts on the same pipeline:
+
+1. **Capture** (FP16 attention, no rotation, no V/O Hadamard — so the pipeline computes exactly
+   what it computes without rotvid): :class:`~rotvid.pipelines.capture.QKVCapture` records
+   token-subsampled post-RoPE Q and smoothed K (and V) of every block at the chosen steps.
+   Per block (optionally per head) the 2×2 blocks are learned
+   (:func:`rotvid.rope.rotation_training.learn_rotation`, paper Eq. 9–10, initialized at H₂)
+   and written to ``rotations.safetensors`` ([blocks, P] or [blocks, heads, P]; several
+   transformers — Wan2.2's experts — are stacked one after the other).
+2. **Probe** (the learned rotation installed, every call measured, none quantized for real):
+   :class:`~rotvid.pipelines.capture.AccuracyProbe` measures the quantized recipe against FP16
+   at every (step, block) and :mod:`rotvid.pipelines.adaptive_schedule` chooses the FP16 cells
+   (cosine floor and/or target INT4 fraction), written to ``schedule.json``.
+
+``rotvid generate --rotation learned:calib/rotations.safetensors --schedule calib/schedule.json``
+then uses both. The step indices in the schedule refer to a run with the same number of steps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from rotvid.pipelines.adaptive_schedule import AccuracyTable, choose_fp16_cells, write_schedule
+from rotvid.pipelines.attach import apply, find_transformers, remove
+from rotvid.pipelines.capture import AccuracyProbe, QKVCapture
+from rotvid.pipelines.config import RotvidConfig
+from rotvid.pipelines.schedule import Schedule
+from rotvid.rope.rotation_training import learn_rotation
+from rotvid.rope.rotations import save_learned_rotation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CalibrationOptions:
+    """Knobs of :func:`calibrate` (the CLI's options map one to one).
+
+    Attributes:
+        pairing: ``"half"`` or ``"interleaved"``.
+        per_head: learn one set of blocks per head (default: one per block).
+        iters, lr: Adam iterations and learning rate per block.
+        objective: ``"scores"`` (Eq. 9) or ``"output"`` (INT4 attention output error).
+        unconstrained: learn general invertible blocks (the paper's ablation; the result is
+            written to ``rotations_unconstrained.safetensors`` and cannot be installed).
+        capture_steps: steps to capture (``None``: every step).
+        max_tokens: tokens per call kept by the capture, and per block for learning.
+        recipe, backend: what the probe measures.
+        cosine_floor, target_int4_fraction: the adaptive schedule's rules (at least one).
+    """
+
+    pairing: str = "half"
+    per_head: bool = False
+    iters: int = 200
+    lr: float = 0.01
+    objective: str = "scores"
+    unconstrained: bool = False
+    capture_steps: set[int] | None = None
+    max_tokens: int = 1024
+    recipe: str = "int4"
+    backend: str = "auto"
+    cosine_floor: float | None = None
+    target_int4_fraction: float | None = 0.8
+    seed: int = 0
+
+
+@dataclass
+class BlockResult:
+    transformer: str
+    block: int
+    objective_init: float
+    objective_final: float
+
+
+@dataclass
+class CalibrationResult:
+    """What :func:`calibrate` wrote and measured."""
+
+    rotations_path: Path
+    schedule_path: Path
+    blocks: list[BlockResult] = field(default_factory=list)
+    fp16_cells: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    int4_fraction: float = math.nan
+    schedule: Schedule | None = None
+
+    def summary_rows(self) -> list[dict]:
+        return [
+            {"transformer": b.transformer, "block": b.block, "objective_H2": b.objective_init,
+             "objective_learned": b.objective_final}
+            for b in self.blocks
+        ]
+
+
+def _segments_of(pipe, transformer_name: str) -> tuple[int, ...] | None:
+    from rotvid.pipelines.attach import _segments_for
+
+    family, transformers = find_transformers(pipe)
+    t = transformers[transformer_name]
+    return _segments_for(family, t, int(t.config.attention_head_dim))
+
+
+def calibrate(
+    pipe,
+    prompts: Iterable[str],
+    out_dir: str | Path,
+    *,
+    call: Callable[[object, str], object],
+    options: CalibrationOptions | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CalibrationResult:
+    """Run both calibration passes on ``pipe`` and write ``rotations.safetensors`` + ``schedule.json``.
+
+    Args:
+        pipe: a diffusers pipeline rotvid supports (rotvid must not be applied to it).
+        prompts: calibration prompts (a handful is enough).
+        out_dir: output folder (created).
+        call: ``call(pipe, prompt)`` runs one generation (same steps/size/seed as generation will).
+        options: :class:`CalibrationOptions`.
+        progress: optional callback for one-line progress messages.
+    """
+    opts = options or CalibrationOptions()
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts: expected at least one calibration prompt")
+    if opts.cosine_floor is None and opts.target_int4_fraction is None:
+        raise ValueError("cosine_floor, target_int4_fraction: expected at least one of them")
+    say = progress or (lambda msg: logger.info(msg))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    family, transformers = find_transformers(pipe)
+
+    # Pass 1: capture Q/K/V exactly as the untouched model computes them.
+    capture = QKVCapture(steps=opts.capture_steps, max_tokens=opts.max_tokens, seed=opts.seed)
+    handle = apply(pipe, RotvidConfig(recipe="fp16", rotation="none", vo_hadamard=False, backend="reference"))
+    handle.runtime.observers.append(capture)
+    try:
+        for i, prompt in enumerate(prompts):
+            say(f"capture {i + 1}/{len(prompts)}: {prompt[:60]}")
+            call(pipe, prompt)
+    finally:
+        remove(pipe)
+
+    # Learn per block.
+    result_blocks: list[BlockResult] = []
+    angles_all, reflect_all, unconstrained_blocks = [], [], []
+    segments = None
+    for tname, transformer in transformers.items():
+        head_dim = int(transformer.config.attention_head_dim)
+        segments = _segments_of(pipe, tname) if opts.pairing == "half" else None
+        num_blocks = sum(len(getattr(transformer, s.attr)) for s in family.stacks)
+        for block in range(num_blocks):
+            q, k, v = capture.tensors(tname, block, max_tokens=opts.max_tokens)
+            res = learn_rotation(
+                q, k, v=v, objective=opts.objective, pairing=opts.pairing, segments=segments,
+                per_head=opts.per_head, iters=opts.iters, lr=opts.lr, unconstrained=opts.unconstrained, seed=opts.seed,
+            )
+            say(f"{tname} block {block}: objective {res.objective_init:.4g} (H2) -> {res.objective_final:.4g}")
+            result_blocks.append(BlockResult(tname, block, res.objective_init, res.objective_final))
+            if opts.unconstrained:
+                unconstrained_blocks.append(res.blocks.detach())
+            else:
+                angles_all.append(res.angles.detach().reshape(-1, head_dim // 2).squeeze(0))
+                reflect_all.append(res.reflect.reshape(-1, head_dim // 2).squeeze(0))
+
+    if opts.unconstrained:
+        from safetensors.torch import save_file
+
+        path = out / "rotations_unconstrained.safetensors"
+        save_file({"blocks": torch.stack(unconstrained_blocks).float().contiguous()}, str(path),
+                  metadata={"pairing": opts.pairing, "head_dim": str(head_dim), "kind": "unconstrained"})
+        result = CalibrationResult(rotations_path=path, schedule_path=out / "schedule.json", blocks=result_blocks)
+        _write_summary(out, result, opts)
+        return result
+
+    rot_path = out / "rotations.safetensors"
+    tmp = out / "rotations.safetensors.tmp"
+    save_learned_rotation(
+        tmp, torch.stack(angles_all), torch.stack(reflect_all), pairing=opts.pairing, head_dim=head_dim,
+        segments=segments,
+    )
+    tmp.replace(rot_path)
+
+    # Pass 2: probe the quantized recipe with the learned rotation at every (step, block).
+    probe = AccuracyProbe(recipe=opts.recipe, backend=opts.backend)
+    handle = apply(pipe, RotvidConfig(recipe="fp16", rotation=f"learned:{rot_path}", vo_hadamard=True, backend=opts.backend))
+    handle.runtime.observers.append(probe)
+    try:
+        for i, prompt in enumerate(prompts):
+            say(f"probe {i + 1}/{len(prompts)}: {prompt[:60]}")
+            call(pipe, prompt)
+    finally:
+        remove(pipe)
+
+    cells: dict[str, list[tuple[int, int]]] = {}
+    merged_cells: list[tuple[int, int]] = []
+    total = quant = 0
+    for tname, table in probe.tables.items():
+        chosen = choose_fp16_cells(table, cosine_floor=opts.cosine_floor, target_int4_fraction=opts.target_int4_fraction)
+        cells[tname] = chosen
+        merged_cells.extend(chosen)
+        n = len(table.cells)
+        total, quant = total + n, quant + n - len(chosen)
+    schedule = Schedule(fp16_cells=tuple(sorted(set(merged_cells))), name="calibrated")
+    sched_path = write_schedule(schedule, out / "schedule.json", accuracy=_merge_tables(probe.tables))
+    result = CalibrationResult(
+        rotations_path=rot_path, schedule_path=sched_path, blocks=result_blocks, fp16_cells=cells,
+        int4_fraction=quant / total if total else math.nan, schedule=schedule,
+    )
+    _write_summary(out, result, opts)
+    return result
+
+
+def _merge_tables(tables: dict[str, AccuracyTable]) -> AccuracyTable | None:
+    """One table for the schedule file (experts run disjoint steps, so their cells do not collide)."""
+    if not tables:
+        return None
+    first = next(iter(tables.values()))
+    merged = AccuracyTable(num_steps=first.num_steps, num_blocks=first.num_blocks)
+    for table in tables.values():
+        for key, acc in table.cells.items():
+            cell = merged.cells.setdefault(key, type(acc)())
+            cell.cosine_sum += acc.cosine_sum
+            cell.rel_l2_sum += acc.rel_l2_sum
+            cell.count += acc.count
+    return merged
+
+
+def _write_summary(out: Path, result: CalibrationResult, opts: CalibrationOptions) -> None:
+    payload = {
+        "version": 1,
+        "options": {k: (sorted(v) if isinstance(v, set) else v) for k, v in opts.__dict__.items()},
+        "rotations": str(result.rotations_path),
+        "schedule": str(result.schedule_path) if result.schedule is not None else None,
+        "blocks": result.summary_rows(),
+        "fp16_cells": {k: [list(c) for c in v] for k, v in result.fp16_cells.items()},
+        "int4_fraction": result.int4_fraction,
+    }
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(out / "summary.json")

@@ -1,0 +1,151 @@
+"""Calibration observers on the self-attention calls of a pipeline rotvid is applied to.
+
+Both are registered on ``handle.runtime.observers`` and see every self-attention call with its
+(step, block), the rotated-space Q, K, V (BHND) and the model's own FP16 attention:
+
+* :class:`QKVCapture` records, for chosen steps and blocks, token-subsampled Q, smoothed K and V
+  (the tensors the rotation is learned on), and optionally writes them as tensor dumps
+  (:func:`rotvid.rope.dumps.save_qkv_dump`) for ``benchmarks/accuracy_study.py``;
+* :class:`AccuracyProbe` measures the quantized attention against the FP16 attention on the
+  same inputs (cosine, relative L2) for every (step, block): the input of the adaptive schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import rotvid.kernels as kernels
+from rotvid.kernels import metrics
+from rotvid.pipelines.adaptive_schedule import AccuracyTable
+from rotvid.pipelines.runtime import AttentionSite
+
+logger = logging.getLogger(__name__)
+
+
+def _valid_keys(kv_lens: torch.Tensor | None, b: int, n: int) -> int:
+    return n if kv_lens is None else int(kv_lens[b])
+
+
+@dataclass
+class DumpSpec:
+    """Where and how to write tensor dumps of captured calls (grid = latent (f, h, w) after patching)."""
+
+    directory: Path
+    model: str
+    family: str
+    grid: tuple[int, int, int]
+    text_position: str  # "none" | "first" | "last"
+
+
+@dataclass
+class QKVCapture:
+    """Record subsampled Q, smoothed K and V per block (see the module docstring).
+
+    Attributes:
+        steps: the denoising steps to capture (``None``: all).
+        blocks: the global block indices to capture (``None``: all).
+        max_tokens: tokens kept per call and batch row (queries and keys subsampled separately;
+            keys and values share their subsample).
+        dump: write each captured call's full tensors (batch row 0) as a dump when given.
+    """
+
+    steps: set[int] | None = None
+    blocks: set[int] | None = None
+    max_tokens: int = 512
+    seed: int = 0
+    dump: DumpSpec | None = None
+    samples: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    dumps_written: list[Path] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._gen = torch.Generator().manual_seed(self.seed)
+
+    def _pick(self, n: int) -> torch.Tensor:
+        if n <= self.max_tokens:
+            return torch.arange(n)
+        return torch.randperm(n, generator=self._gen)[: self.max_tokens].sort().values
+
+    def __call__(self, site: AttentionSite, step, num_steps, q, k, v, kv_lens, fp16_attention) -> None:
+        if self.steps is not None and step not in self.steps:
+            return
+        if self.blocks is not None and site.block not in self.blocks:
+            return
+        for b in range(q.shape[0]):
+            n_kv = _valid_keys(kv_lens, b, k.shape[2])
+            kb = k[b, :, :n_kv].float()
+            kb = kb - kb.double().mean(dim=1, keepdim=True).float()  # K smoothing, as the kernel does
+            qi, ki = self._pick(q.shape[2]), self._pick(n_kv)
+            self.samples[(site.transformer, site.block)].append(
+                (q[b, :, qi.to(q.device)].float().cpu(), kb[:, ki.to(k.device)].cpu(), v[b, :, ki.to(v.device)].float().cpu())
+            )
+        if self.dump is not None:
+            self._write_dump(site, step, q, k, v, kv_lens)
+
+    def _write_dump(self, site, step, q, k, v, kv_lens) -> None:
+        from rotvid.rope.dumps import save_qkv_dump
+
+        spec = self.dump
+        n_video = spec.grid[0] * spec.grid[1] * spec.grid[2]
+        text = q.shape[2] - n_video
+        if text < 0 or (text > 0 and spec.text_position == "none"):
+            logger.warning("dump skipped: %d tokens do not fit the grid %s", q.shape[2], spec.grid)
+            return
+        spec.directory.mkdir(parents=True, exist_ok=True)
+        path = spec.directory / f"{site.transformer}-block{site.block:03d}-step{step:03d}-{len(self.dumps_written):04d}.safetensors"
+        save_qkv_dump(
+            path, q[:1], k[:1], v[:1], model=spec.model, family=spec.family, block=site.block, step=step,
+            grid=spec.grid, text_tokens=text, text_position=spec.text_position if text else "none",
+            kv_len=None if kv_lens is None else int(kv_lens[0]),
+        )
+        self.dumps_written.append(path)
+
+    def tensors(self, transformer: str, block: int, max_tokens: int | None = None):
+        """Captured (q, k, v) of one block, concatenated over calls: [H, N, D] each (CPU, float32).
+
+        Queries and keys are subsampled (again) to ``max_tokens`` in total when given.
+        """
+        got = self.samples.get((transformer, block))
+        if not got:
+            raise ValueError(f"block: nothing captured for {transformer} block {block}")
+        q = torch.cat([s[0] for s in got], dim=1)
+        k = torch.cat([s[1] for s in got], dim=1)
+        v = torch.cat([s[2] for s in got], dim=1)
+        if max_tokens is not None:
+            qi, ki = self._pick_total(q.shape[1], max_tokens), self._pick_total(k.shape[1], max_tokens)
+            q, k, v = q[:, qi], k[:, ki], v[:, ki]
+        return q, k, v
+
+    def _pick_total(self, n: int, limit: int) -> torch.Tensor:
+        return torch.arange(n) if n <= limit else torch.randperm(n, generator=self._gen)[:limit].sort().values
+
+
+@dataclass
+class AccuracyProbe:
+    """Measure the quantized recipe against the model's FP16 attention at every (step, block).
+
+    One :class:`AccuracyTable` per transformer (Wan2.2's experts run different steps).
+    """
+
+    recipe: str = "int4"
+    backend: str = "auto"
+    smooth_k: bool = True
+    smooth_q: bool = False
+    smooth_v: bool = False
+    block_n: int | None = None
+    tables: dict[str, AccuracyTable] = field(default_factory=dict)
+
+    def __call__(self, site: AttentionSite, step, num_steps, q, k, v, kv_lens, fp16_attention) -> None:
+        table = self.tables.setdefault(site.transformer, AccuracyTable(num_steps=num_steps, num_blocks=site.num_blocks))
+        ref = fp16_attention()
+        out = kernels.attention(
+            q, k, v, recipe=self.recipe, layout="BHND", backend=self.backend, kv_lens=kv_lens,
+            smooth_k=self.smooth_k, smooth_q=self.smooth_q, smooth_v=self.smooth_v, block_n=self.block_n,
+        )
+        table.add(step, site.block, metrics.cosine_similarity(ref, out), metrics.relative_l2(ref, out))
