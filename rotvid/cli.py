@@ -277,9 +277,7 @@ def generate(
 ) -> None:
     """Generate video(s) with INT4 self-attention; writes an H.264 mp4 and a JSON sidecar per prompt."""
     with _user_errors():
-        from rotvid.eval.generation import call_kwargs, generate_video, video_name
-        from rotvid.eval.sidecar import sidecar_path
-        from rotvid.eval.video_io import check_can_write
+        from rotvid.eval.generation import call_kwargs, check_outputs, generate_video, video_name
 
         prompts = _prompts(prompt, prompt_file)
         _check_model(model)
@@ -299,8 +297,7 @@ def generate(
                 raise ValueError(f"--out {out}: expected a folder, got a file")
             outputs = [out / f"{video_name(i, p)}.mp4" for i, p in enumerate(prompts)]
         for o in outputs:
-            check_can_write(o, overwrite=overwrite, what="video")
-            check_can_write(sidecar_path(o), overwrite=overwrite, what="sidecar")
+            check_outputs(o, overwrite=overwrite)
         factory = _ConfigFactory(model, base=_base_config(config), recipe=recipe, rotation=rotation,
                                  schedule=_schedule(schedule), backend=backend)
         cfg = factory.check()

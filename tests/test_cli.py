@@ -253,8 +253,16 @@ def test_eval_generates_reference_and_variants_then_resumes(tiny_wan, tmp_path, 
     data = json.loads((out / "metrics.json").read_text())
     for v in data["variants"]:
         assert v["mean"]["psnr"] != "inf" and v["mean"]["ssim"] < 1.0  # INT4 attention changed the video
-    # resume: nothing is generated again and the model is not even loaded
+    # an interrupted run: one video lost (its sidecar left behind); only that one is made again
     mtimes = {p: p.stat().st_mtime_ns for p in videos.rglob("*.mp4")}
+    lost = videos / "int4_half" / "001-a-blue-bird-flies.mp4"
+    lost.unlink()
+    r = run(*args, "--quiet")
+    assert r.exit_code == 0, r.output
+    again = {p: p.stat().st_mtime_ns for p in videos.rglob("*.mp4")}
+    assert {p for p in again if again[p] != mtimes.get(p)} == {lost}
+    # resume: nothing is generated again and the model is not even loaded
+    mtimes = again
     import rotvid.cli
 
     def no_load(*a, **k):

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import inspect
 import logging
+import os
 import platform
 import re
 import time
@@ -291,9 +292,7 @@ def generate_video(
     from rotvid.pipelines.attach import apply, remove
 
     out = Path(out)
-    check_can_write(out, overwrite=overwrite, what="video")
-    if not overwrite:
-        check_can_write(sidecar_path(out), overwrite=False, what="sidecar")
+    check_outputs(out, overwrite=overwrite)
     kwargs = call_kwargs(pipe, request)
     fps = fps_for(pipe, request)
     device = _pipeline_device(pipe)
@@ -331,7 +330,10 @@ def generate_video(
             remove(pipe)
     frames = result.frames[0] if hasattr(result, "frames") else result[0][0]
     video = to_uint8_frames(frames)
-    write_video(out, video, fps, overwrite=overwrite)
+    # the video is complete under a staging name, then its sidecar is written, then the video is
+    # renamed into place: a video under its final name always has its sidecar
+    staged = out.with_name(f".{out.stem}.staged{out.suffix}")
+    write_video(staged, video, fps, overwrite=True)
     t_end = time.perf_counter()
     config_dict = config.to_dict() if config is not None else None
     side = {
@@ -363,5 +365,20 @@ def generate_video(
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **(extra or {}),
     }
-    write_sidecar(out, side)
+    try:
+        write_sidecar(out, side)
+        os.replace(staged, out)
+    finally:
+        if staged.exists():
+            staged.unlink()
     return side
+
+
+def check_outputs(out: Path, *, overwrite: bool) -> None:
+    """Refuse to replace an existing video (without ``overwrite``) or a JSON file that is not a
+    rotvid sidecar; a sidecar whose video is missing (an interrupted run) may be replaced."""
+    out = Path(out)
+    check_can_write(out, overwrite=overwrite, what="video")
+    side = sidecar_path(out)
+    if side.exists() and not overwrite and read_sidecar(out) is None:
+        raise FileExistsError(f"{side} already exists and is not a rotvid sidecar (pass --overwrite to replace it)")

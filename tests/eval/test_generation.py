@@ -98,3 +98,19 @@ def test_resume_check(tmp_path):
     other = gen.request_record("m", gen.GenerationRequest(prompt="a", seed=2), None)
     with pytest.raises(FileExistsError, match="differs in: seed"):
         gen.finished(out, other)
+
+
+def test_check_outputs(tmp_path):
+    from rotvid.eval.sidecar import write_sidecar
+
+    out = tmp_path / "v.mp4"
+    gen.check_outputs(out, overwrite=False)
+    write_sidecar(out, {"request": {}})  # an orphan sidecar of an interrupted run: may be replaced
+    gen.check_outputs(out, overwrite=False)
+    out.with_suffix(".json").write_text('{"mine": 1}')  # somebody else's JSON: kept
+    with pytest.raises(FileExistsError, match="not a rotvid sidecar"):
+        gen.check_outputs(out, overwrite=False)
+    out.write_bytes(b"x")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        gen.check_outputs(out, overwrite=False)
+    gen.check_outputs(out, overwrite=True)
