@@ -157,8 +157,10 @@ def test_eval_video_against_itself(tmp_path):
     write_video(tmp_path / "a.mp4", v, 16)
     r = run("eval", tmp_path / "a.mp4", tmp_path / "a.mp4", "--out", tmp_path / "rep")
     assert r.exit_code == 0, r.output
-    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("| a |"))
-    assert row.split(" | ")[4:8] == ["1.0000", "0.00", "1.0000", "∞"]
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| a |")]
+    # the reference row (no sidecar: its datatype is unknown) and the candidate row
+    assert rows[0].split(" | ")[1:4] == ["–", "–", "–"] and len(rows) == 2
+    assert rows[1].split(" | ")[4:8] == ["1.0000", "0.00", "1.0000", "∞"]
     data = json.loads((tmp_path / "rep" / "metrics.json").read_text())
     mean = data["variants"][0]["mean"]
     assert mean["psnr"] == "inf" and mean["mse"] == 0.0

@@ -98,6 +98,7 @@ def measure(
         reference_source=reference_source,
         variants=variants,
         reference_step_seconds=_step_seconds(list(ref_sidecars.values())),
+        reference_columns=_columns_from_sidecars(list(ref_sidecars.values())),
     )
 
 
@@ -158,7 +159,7 @@ def evaluate_paths(
     if vbench is not None:
         check_weights(vbench.dimensions, vbench.cache_dir)
     ref = Path(reference)
-    report = measure("FP16 (reference)" if ref.is_dir() else ref.stem, str(ref), sets, on_video=on_video)
+    report = measure(ref.resolve().name if ref.is_dir() else ref.stem, str(ref), sets, on_video=on_video)
     if vbench is not None:
         add_vbench(report, sets, vbench)
     first = sets[0].pairs[0]

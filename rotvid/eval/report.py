@@ -60,6 +60,7 @@ class EvalReport:
     reference_source: str
     variants: list[VariantResult]
     reference_step_seconds: float | None = None
+    reference_columns: tuple[str, str, str] = ("FP16", "–", "–")
     reference_vbench: dict[str, float] = field(default_factory=dict)
     vbench_dimensions: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
@@ -100,9 +101,9 @@ def summary_table(report: EvalReport) -> str:
         head += ["s/step", "Speedup"]
     rows = []
     # the reference against itself: the identity values, by definition
-    ref = [report.reference_label, "FP16", "–", "–", "1.0000", "0.00", "1.0000", "∞"]
+    ref = [report.reference_label, *report.reference_columns, "1.0000", "0.00", "1.0000", "∞"]
     ref += [_fmt(report.reference_vbench.get(d), ".4f") for d in dims]
-    ref += ["0%"]
+    ref += ["0%" if report.reference_columns[0] == "FP16" else "–"]
     if timed:
         ref += [f"{report.reference_step_seconds:.3g}", "1.00×"]
     rows.append(ref)
