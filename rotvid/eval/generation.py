@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 # Frame rate of the videos each family was trained on (Wan 2.1/2.2: 16 fps; HunyuanVideo: 24 fps;
 # CogVideoX 1.0: 8 fps, 49 frames = 6 s).
 FPS_BY_FAMILY = {"wan": 16, "hunyuan_video": 24, "cogvideox": 8}
+# Checkpoints whose frame rate differs from their family's (Wan2.2-TI2V-5B: 121 frames at 24 fps).
+FPS_BY_REPO = {"Wan-AI/Wan2.2-TI2V-5B-Diffusers": 24}
 # Default FP16-fallback schedule preset by (family, task) when the model is not a named
 # checkpoint of rotvid.pipelines.model_table.MODELS (e.g. a local folder).
 PRESET_BY_FAMILY_TASK = {
@@ -238,11 +240,18 @@ def call_kwargs(pipe, request: GenerationRequest) -> dict:
     return kw
 
 
-def fps_for(pipe, request: GenerationRequest) -> float:
+def fps_for(pipe, request: GenerationRequest, model: str | None = None) -> float:
+    """``request.fps``, else the checkpoint's (:data:`FPS_BY_REPO`), else the family's."""
     if request.fps is not None:
         if request.fps <= 0:
             raise ValueError(f"--fps: expected a positive frame rate, got {request.fps}")
         return float(request.fps)
+    if model is not None:
+        from rotvid.pipelines.loading import resolve_model
+
+        source, _ = resolve_model(model)
+        if source in FPS_BY_REPO:
+            return float(FPS_BY_REPO[source])
     fam, _ = pipeline_family_and_task(pipe)
     return float(FPS_BY_FAMILY[fam])
 
@@ -294,7 +303,7 @@ def generate_video(
     out = Path(out)
     check_outputs(out, overwrite=overwrite)
     kwargs = call_kwargs(pipe, request)
-    fps = fps_for(pipe, request)
+    fps = fps_for(pipe, request, model)
     device = _pipeline_device(pipe)
     family, task = pipeline_family_and_task(pipe)
     step_times: list[float] = []

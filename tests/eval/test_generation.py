@@ -114,3 +114,12 @@ def test_check_outputs(tmp_path):
     with pytest.raises(FileExistsError, match="--overwrite"):
         gen.check_outputs(out, overwrite=False)
     gen.check_outputs(out, overwrite=True)
+
+
+def test_fps_of_checkpoints_and_families():
+    wan = type("WanStub", (), {})()
+    req = gen.GenerationRequest(prompt="x")
+    assert gen.fps_for(wan, gen.GenerationRequest(prompt="x", fps=12.5)) == 12.5
+    with pytest.raises(ValueError, match="--fps"):
+        gen.fps_for(wan, gen.GenerationRequest(prompt="x", fps=0))
+    assert gen.fps_for(wan, req, "wan2.2-ti2v-5b") == 24.0  # no need to look at the pipeline
