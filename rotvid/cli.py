@@ -26,12 +26,14 @@ app = typer.Typer(
 )
 
 DEFAULT_MODEL = "wan2.1-t2v-1.3b"
+_STATE = {"verbose": False}
 
 
 @app.callback()
 def _main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details (INFO level).")] = False,
 ) -> None:
+    _STATE["verbose"] = verbose
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -58,6 +60,10 @@ def _user_errors():
 
 
 def _fail(exc: BaseException) -> None:
+    if _STATE["verbose"]:  # --verbose: the traceback too, for bug reports
+        import traceback
+
+        traceback.print_exception(exc)
     msg = " ".join(str(exc).split()) or type(exc).__name__
     typer.echo(f"Error: {msg}", err=True)
     raise typer.Exit(1) from None
