@@ -539,7 +539,13 @@ def vbench_setup(
                 if rc != 0:
                     raise ValueError(f"command failed with exit code {rc}: {' '.join(cmd)}")
         if not dry_run:
-            typer.echo(f"done: pass --vbench-python {target / 'bin' / 'python'} (or set ROTVID_VBENCH_PYTHON)")
+            py = target / "bin" / "python"
+            check = subprocess.run([str(py), "-c", "import vbench.utils"], capture_output=True, text=True)
+            if check.returncode != 0:
+                last = (check.stderr.strip().splitlines() or ["?"])[-1]
+                raise ValueError(f"{target} was made but `import vbench` fails there ({last}); torch and torchvision "
+                                 "must be builds of the same release from the same index")
+            typer.echo(f"done: pass --vbench-python {py} (or set ROTVID_VBENCH_PYTHON)")
 
 
 if __name__ == "__main__":  # pragma: no cover
