@@ -101,6 +101,22 @@ def _prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
     return [prompt]
 
 
+def _check_dtype_device(dtype: str, device: str) -> None:
+    import torch
+
+    from rotvid.pipelines.loading import DTYPES
+
+    if dtype.lower() not in DTYPES:
+        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if device != "auto":
+        try:
+            dev = torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: no CUDA GPU on this machine (torch.cuda.is_available() is False)")
+
+
 def _check_model(model: str) -> None:
     """Fail fast (before any loading) on a name that is neither a folder, a hub id nor a known model."""
     from rotvid.pipelines.loading import resolve_model
@@ -287,6 +303,7 @@ def generate(
 
         prompts = _prompts(prompt, prompt_file)
         _check_model(model)
+        _check_dtype_device(dtype, device)
         template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height,
                                      width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
                                      max_sequence_length=max_sequence_length, fps=fps)
@@ -494,6 +511,7 @@ def _eval_generated(bar, *, prompt_file, variants, model, image, schedule, backe
     prompts = load_prompts(prompt_file)
     specs = parse_variants(variants)
     _check_model(model)
+    _check_dtype_device(dtype, device)
     template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height, width=width,
                                  frames=frames, steps=steps, guidance_scale=guidance_scale,
                                  max_sequence_length=max_sequence_length, fps=fps)

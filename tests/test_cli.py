@@ -129,6 +129,8 @@ def test_generate_bad_inputs(tiny_wan, tmp_path):
                  "neither a preset")
     assert_fails(run("generate", "-p", "x", "--steps", "0", "--out", tmp_path / "x.mp4"), "--steps")
     assert_fails(run("generate", "-p", "x", "--out", tmp_path / "x.avi"), "ending in .mp4")
+    assert_fails(run("generate", "-p", "x", "--dtype", "int8", "--out", tmp_path / "x.mp4"), "--dtype")
+    assert_fails(run("generate", "-p", "x", "--device", "gpu0", "--out", tmp_path / "x.mp4"), "--device")
     pf = tmp_path / "two.txt"
     pf.write_text("a\nb\n")
     assert_fails(run("generate", "--prompt-file", pf, "--out", tmp_path / "x.mp4"), "expected a folder")
