@@ -537,6 +537,114 @@ def _eval_generated(bar, *, prompt_file, variants, model, image, schedule, backe
 # ---- VBench environment -----------------------------------------------------------------------
 
 
+@app.command()
+def calibrate(
+    prompt_file: Annotated[Path, typer.Option("--prompt-file", help="Calibration prompts, one per line.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder: rotations.safetensors, "
+                                      "schedule.json, summary.json.")],
+    model: ModelOpt = DEFAULT_MODEL,
+    image: ImageOpt = None,
+    pairing: Annotated[str, typer.Option(help="Pairs the 2x2 blocks act on: half or interleaved.")] = "half",
+    per_head: Annotated[bool, typer.Option("--per-head", help="One set of blocks per head.")] = False,
+    iters: Annotated[int, typer.Option(help="Adam iterations per block.")] = 200,
+    lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 0.01,
+    objective: Annotated[str, typer.Option(help="scores (paper Eq. 9) or output (INT4 attention output "
+                                           "error through the fake-quantized attention).")] = "scores",
+    unconstrained: Annotated[bool, typer.Option("--unconstrained", help="Learn general invertible blocks "
+                                                "(the paper's ablation; not installable).")] = False,
+    max_tokens: Annotated[int, typer.Option(help="Tokens captured per call and used per block.")] = 1024,
+    cosine_floor: Annotated[Optional[float], typer.Option(help="Keep FP16 every (step, block) whose INT4 "
+                                                          "cosine vs FP16 is below this.")] = None,
+    target_int4: Annotated[Optional[float], typer.Option("--target-int4", help="Keep the worst cells FP16 "
+                                                         "until at most this fraction runs INT4.")] = None,
+    recipe: Annotated[str, typer.Option(help="Recipe the schedule is chosen for.")] = "int4",
+    backend: BackendOpt = None,
+    steps: StepsOpt = None,
+    height: HeightOpt = None,
+    width: WidthOpt = None,
+    frames: FramesOpt = None,
+    guidance_scale: GuidanceOpt = None,
+    negative_prompt: NegOpt = None,
+    max_sequence_length: MaxSeqOpt = None,
+    seed: SeedOpt = 0,
+    dtype: DtypeOpt = "bf16",
+    device: DeviceOpt = "auto",
+    overwrite: OverwriteOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Learn per-block rotations and an adaptive FP16 schedule from a few prompts.
+
+    Use the result with: rotvid generate --rotation learned:OUT/rotations.safetensors
+    --schedule OUT/schedule.json (same --steps as here).
+    """
+    with _user_errors():
+        from rotvid.eval.generation import call_kwargs, load_prompts
+        from rotvid.pipelines.calibrate import CalibrationOptions, calibrate as run_calibration
+        from rotvid.pipelines.config import PIPELINE_RECIPES
+
+        if not prompt_file.is_file():
+            raise FileNotFoundError(f"--prompt-file {prompt_file} does not exist")
+        prompts = load_prompts(prompt_file)
+        _check_model(model)
+        _check_dtype_device(dtype, device)
+        if pairing not in ("half", "interleaved"):
+            raise ValueError(f"--pairing: expected half or interleaved, got {pairing!r}")
+        if objective not in ("scores", "output"):
+            raise ValueError(f"--objective: expected scores or output, got {objective!r}")
+        if recipe not in PIPELINE_RECIPES or recipe == "fp16":
+            raise ValueError(f"--recipe: expected a quantized recipe ({', '.join(r for r in PIPELINE_RECIPES if r != 'fp16')}), got {recipe!r}")
+        _check_positive("--iters", iters)
+        _check_positive("--lr", lr)
+        _check_positive("--max-tokens", max_tokens)
+        if cosine_floor is None and target_int4 is None:
+            target_int4 = 0.8
+        if target_int4 is not None and not 0.0 <= target_int4 <= 1.0:
+            raise ValueError(f"--target-int4: expected a fraction in [0, 1], got {target_int4}")
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: expected a folder, got a file")
+        if (out / "rotations.safetensors").exists() and not overwrite:
+            raise FileExistsError(f"{out / 'rotations.safetensors'} exists; pass --overwrite to replace it")
+        template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height,
+                                     width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
+                                     max_sequence_length=max_sequence_length, fps=None)
+        options = CalibrationOptions(
+            pairing=pairing, per_head=per_head, iters=iters, lr=lr, objective=objective, unconstrained=unconstrained,
+            max_tokens=max_tokens, recipe=recipe, backend=backend or "auto", cosine_floor=cosine_floor,
+            target_int4_fraction=target_int4, seed=seed,
+        )
+        with _Progress(quiet) as bar:
+            bar.log(f"loading {model} ...")
+            pipe = _load(model, dtype, device)
+            call_kwargs(pipe, replace(template, prompt=prompts[0]))  # --image vs the pipeline, before any work
+
+            def call(p, text):
+                kw = call_kwargs(p, replace(template, prompt=text))
+                kw["output_type"] = "latent"
+                return p(**kw)
+
+            result = run_calibration(pipe, prompts, out, call=call, options=options, progress=bar.log)
+        if not quiet:
+            _print_calibration(result)
+
+
+def _print_calibration(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="rotvid calibrate: objective per block (lower is better)")
+    for col in ("transformer", "block", "H2 init", "learned"):
+        table.add_column(col, justify="right")
+    for row in result.blocks:
+        table.add_row(row.transformer, str(row.block), f"{row.objective_init:.4g}", f"{row.objective_final:.4g}")
+    console = Console()
+    console.print(table)
+    console.print(f"rotations: {result.rotations_path}")
+    if result.schedule is not None:
+        n = sum(len(c) for c in result.fp16_cells.values())
+        console.print(f"schedule:  {result.schedule_path} ({n} FP16 (step, block) cells, "
+                      f"INT4 fraction {result.int4_fraction:.1%})")
+
+
 @app.command("vbench-setup")
 def vbench_setup(
     venv: Annotated[Optional[Path], typer.Option(help="Where to create the VBench environment "

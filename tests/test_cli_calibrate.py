@@ -1,0 +1,40 @@
+"""`rotvid calibrate` through CliRunner on a tiny Wan pipeline, then `generate` using its output."""
+
+import json
+
+from safetensors import safe_open
+
+from tests.test_cli import TINY, assert_fails, run, tiny_wan  # noqa: F401  (fixture)
+
+
+def test_calibrate_then_generate_with_its_rotations_and_schedule(tiny_wan, tmp_path):  # noqa: F811
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\na blue car\n")
+    out = tmp_path / "calib"
+    r = run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--out", out,
+            "--iters", "10", "--lr", "0.03", "--max-tokens", "128", "--target-int4", "0.5", "--backend", "reference")
+    assert r.exit_code == 0, r.output
+    assert "objective per block" in r.stdout and "INT4 fraction 50.0%" in r.stdout
+    with safe_open(str(out / "rotations.safetensors"), framework="pt") as f:
+        assert f.get_tensor("angles").shape == (2, 32) and f.metadata()["pairing"] == "half"
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(b["objective_learned"] <= b["objective_H2"] for b in summary["blocks"])
+    video = tmp_path / "v.mp4"
+    r = run("generate", "-p", "a dog", "--model", tiny_wan, *TINY, "--quiet", "--out", video, "--backend", "reference",
+            "--rotation", f"learned:{out / 'rotations.safetensors'}", "--schedule", out / "schedule.json")
+    assert r.exit_code == 0, r.output
+    side = json.loads(video.with_suffix(".json").read_text())
+    assert side["int4_fraction"] == 0.5  # 2 steps x 2 blocks = 4 cells, 2 kept FP16
+    # Calibrating into the same folder again needs --overwrite.
+    r = run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--out", out, "--iters", "1")
+    assert_fails(r, "rotations.safetensors exists", "--overwrite")
+
+
+def test_calibrate_bad_input(tiny_wan, tmp_path):  # noqa: F811
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a cat\n")
+    assert_fails(run("calibrate", "--prompt-file", tmp_path / "missing.txt", "--out", tmp_path / "o"), "missing.txt")
+    assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
+                     "--pairing", "diagonal"), "--pairing")
+    assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
+                     "--target-int4", "1.5"), "--target-int4")
