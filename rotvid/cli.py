@@ -553,6 +553,11 @@ def calibrate(
     unconstrained: Annotated[bool, typer.Option("--unconstrained", help="Learn general invertible blocks "
                                                 "(the paper's ablation; not installable).")] = False,
     max_tokens: Annotated[int, typer.Option(help="Tokens captured per call and used per block.")] = 1024,
+    capture_steps: Annotated[Optional[str], typer.Option(help="Comma-separated denoising steps to capture Q/K "
+                                                         "at [default: all].")] = None,
+    dump_dir: Annotated[Optional[Path], typer.Option(help="Also write each captured call's full Q/K/V as a "
+                                                     "tensor dump here (for benchmarks/accuracy_study.py --dump; "
+                                                     "large: use --capture-steps).")] = None,
     cosine_floor: Annotated[Optional[float], typer.Option(help="Keep FP16 every (step, block) whose INT4 "
                                                           "cosine vs FP16 is below this.")] = None,
     target_int4: Annotated[Optional[float], typer.Option("--target-int4", help="Keep the worst cells FP16 "
@@ -607,7 +612,16 @@ def calibrate(
         template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height,
                                      width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
                                      max_sequence_length=max_sequence_length, fps=None)
+        steps_set = None
+        if capture_steps is not None:
+            try:
+                steps_set = {int(x) for x in capture_steps.split(",") if x.strip()}
+            except ValueError:
+                raise ValueError(f"--capture-steps: expected comma-separated step numbers, got {capture_steps!r}") from None
+            if not steps_set or min(steps_set) < 0:
+                raise ValueError(f"--capture-steps: expected non-negative step numbers, got {capture_steps!r}")
         options = CalibrationOptions(
+            capture_steps=steps_set, dump_dir=dump_dir, model_name=model,
             pairing=pairing, per_head=per_head, iters=iters, lr=lr, objective=objective, unconstrained=unconstrained,
             max_tokens=max_tokens, recipe=recipe, backend=backend or "auto", cosine_floor=cosine_floor,
             target_int4_fraction=target_int4, seed=seed,
@@ -615,7 +629,9 @@ def calibrate(
         with _Progress(quiet) as bar:
             bar.log(f"loading {model} ...")
             pipe = _load(model, dtype, device)
-            call_kwargs(pipe, replace(template, prompt=prompts[0]))  # --image vs the pipeline, before any work
+            first = call_kwargs(pipe, replace(template, prompt=prompts[0]))  # --image vs the pipeline, before work
+            if dump_dir is not None:
+                options.video_size = _video_size(pipe, first)
 
             def call(p, text):
                 kw = call_kwargs(p, replace(template, prompt=text))
@@ -625,6 +641,21 @@ def calibrate(
             result = run_calibration(pipe, prompts, out, call=call, options=options, progress=bar.log)
         if not quiet:
             _print_calibration(result)
+
+
+def _video_size(pipe, kwargs: dict) -> tuple[int, int, int]:
+    """(height, width, frames) of a call: its arguments, else the pipeline's defaults."""
+    import inspect
+
+    params = inspect.signature(pipe.__call__).parameters
+    size = []
+    for arg in ("height", "width", "num_frames"):
+        value = kwargs.get(arg, params[arg].default if arg in params else None)
+        if not isinstance(value, int):
+            raise ValueError(f"--{'frames' if arg == 'num_frames' else arg}: needed for --dump-dir "
+                             f"({type(pipe).__name__} has no default)")
+        size.append(value)
+    return tuple(size)
 
 
 def _print_calibration(result) -> None:
@@ -639,6 +670,8 @@ def _print_calibration(result) -> None:
     console = Console()
     console.print(table)
     console.print(f"rotations: {result.rotations_path}")
+    if result.dumps:
+        console.print(f"dumps:     {len(result.dumps)} files in {result.dumps[0].parent}")
     if result.schedule is not None:
         n = sum(len(c) for c in result.fp16_cells.values())
         console.print(f"schedule:  {result.schedule_path} ({n} FP16 (step, block) cells, "

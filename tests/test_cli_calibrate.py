@@ -38,3 +38,19 @@ def test_calibrate_bad_input(tiny_wan, tmp_path):  # noqa: F811
                      "--pairing", "diagonal"), "--pairing")
     assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
                      "--target-int4", "1.5"), "--target-int4")
+
+
+def test_calibrate_dumps_are_readable_by_the_accuracy_study(tiny_wan, tmp_path):  # noqa: F811
+    from rotvid.rope.dumps import load_qkv_dump
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a cat\n")
+    r = run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--out", tmp_path / "c",
+            "--iters", "2", "--capture-steps", "1", "--dump-dir", tmp_path / "dumps", "--quiet")
+    assert r.exit_code == 0, r.output
+    files = sorted((tmp_path / "dumps").glob("*.safetensors"))
+    assert len(files) == 4  # step 1: 2 blocks x (cond + uncond)
+    d = load_qkv_dump(files[0])
+    assert d.grid == (2, 2, 2) and d.step == 1 and d.block == 0 and d.q.shape == (1, 2, 8, 64)
+    assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "d",
+                     "--capture-steps", "1,x"), "--capture-steps")

@@ -31,7 +31,7 @@ import torch
 
 from rotvid.pipelines.adaptive_schedule import AccuracyTable, choose_fp16_cells, write_schedule
 from rotvid.pipelines.attach import apply, find_transformers, remove
-from rotvid.pipelines.capture import AccuracyProbe, QKVCapture
+from rotvid.pipelines.capture import TEXT_POSITION_BY_TOKEN_ORDER, AccuracyProbe, DumpSpec, QKVCapture, latent_grid
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.schedule import Schedule
 from rotvid.rope.rotation_training import learn_rotation
@@ -55,6 +55,8 @@ class CalibrationOptions:
         max_tokens: tokens per call kept by the capture, and per block for learning.
         recipe, backend: what the probe measures.
         cosine_floor, target_int4_fraction: the adaptive schedule's rules (at least one).
+        dump_dir: also write every captured call (batch row 0, full tensors) as a tensor dump
+            for ``benchmarks/accuracy_study.py --dump``; needs ``video_size``.
     """
 
     pairing: str = "half"
@@ -70,6 +72,9 @@ class CalibrationOptions:
     cosine_floor: float | None = None
     target_int4_fraction: float | None = 0.8
     seed: int = 0
+    dump_dir: Path | None = None
+    model_name: str = ""
+    video_size: tuple[int, int, int] | None = None  # (height, width, frames), needed for dumps
 
 
 @dataclass
@@ -90,6 +95,7 @@ class CalibrationResult:
     fp16_cells: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     int4_fraction: float = math.nan
     schedule: Schedule | None = None
+    dumps: list[Path] = field(default_factory=list)
 
     def summary_rows(self) -> list[dict]:
         return [
@@ -138,7 +144,8 @@ def calibrate(
     family, transformers = find_transformers(pipe)
 
     # Pass 1: capture Q/K/V exactly as the untouched model computes them.
-    capture = QKVCapture(steps=opts.capture_steps, max_tokens=opts.max_tokens, seed=opts.seed)
+    capture = QKVCapture(steps=opts.capture_steps, max_tokens=opts.max_tokens, seed=opts.seed,
+                         dump=_dump_spec(pipe, family, transformers, opts))
     handle = apply(pipe, RotvidConfig(recipe="fp16", rotation="none", vo_hadamard=False, backend="reference"))
     handle.runtime.observers.append(capture)
     try:
@@ -176,7 +183,8 @@ def calibrate(
         path = out / "rotations_unconstrained.safetensors"
         save_file({"blocks": torch.stack(unconstrained_blocks).float().contiguous()}, str(path),
                   metadata={"pairing": opts.pairing, "head_dim": str(head_dim), "kind": "unconstrained"})
-        result = CalibrationResult(rotations_path=path, schedule_path=out / "schedule.json", blocks=result_blocks)
+        result = CalibrationResult(rotations_path=path, schedule_path=out / "schedule.json", blocks=result_blocks,
+                                   dumps=list(capture.dumps_written))
         _write_summary(out, result, opts)
         return result
 
@@ -212,10 +220,22 @@ def calibrate(
     sched_path = write_schedule(schedule, out / "schedule.json", accuracy=_merge_tables(probe.tables))
     result = CalibrationResult(
         rotations_path=rot_path, schedule_path=sched_path, blocks=result_blocks, fp16_cells=cells,
-        int4_fraction=quant / total if total else math.nan, schedule=schedule,
+        int4_fraction=quant / total if total else math.nan, schedule=schedule, dumps=list(capture.dumps_written),
     )
     _write_summary(out, result, opts)
     return result
+
+
+def _dump_spec(pipe, family, transformers, opts: CalibrationOptions) -> DumpSpec | None:
+    """Where the capture writes tensor dumps (``opts.dump_dir``), with the token grid of the run."""
+    if opts.dump_dir is None:
+        return None
+    if opts.video_size is None:
+        raise ValueError("video_size: dumps need the (height, width, frames) of the calibration runs")
+    height, width, frames = opts.video_size
+    grid = latent_grid(pipe, next(iter(transformers.values())), height=height, width=width, frames=frames)
+    return DumpSpec(Path(opts.dump_dir), model=opts.model_name or type(pipe).__name__, family=family.rope_family,
+                    grid=grid, text_position=TEXT_POSITION_BY_TOKEN_ORDER[family.token_order])
 
 
 def _merge_tables(tables: dict[str, AccuracyTable]) -> AccuracyTable | None:
@@ -244,5 +264,5 @@ def _write_summary(out: Path, result: CalibrationResult, opts: CalibrationOption
         "int4_fraction": result.int4_fraction,
     }
     tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.write_text(json.dumps(payload, indent=2, default=str))
     tmp.replace(out / "summary.json")

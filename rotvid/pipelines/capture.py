@@ -42,6 +42,27 @@ class DumpSpec:
     text_position: str  # "none" | "first" | "last"
 
 
+TEXT_POSITION_BY_TOKEN_ORDER = {"video": "none", "video,text": "last", "text,video": "first"}
+
+
+def latent_grid(pipe, transformer, *, height: int, width: int, frames: int) -> tuple[int, int, int]:
+    """The (f, h, w) token grid a pipeline's transformer sees for a video of that size.
+
+    Latent frames ``(frames - 1) // temporal + 1`` and pixels ``// spatial`` (the pipeline's VAE
+    factors), then the transformer's patch sizes (Wan: ``patch_size`` (t, h, w); HunyuanVideo and
+    CogVideoX: ``patch_size`` and ``patch_size_t``).
+    """
+    cfg = transformer.config
+    patch = cfg.get("patch_size")
+    if isinstance(patch, (list, tuple)):
+        pt, ph, pw = (int(x) for x in patch)
+    else:
+        pt, ph, pw = int(cfg.get("patch_size_t") or 1), int(patch), int(patch)
+    t_lat = (frames - 1) // int(pipe.vae_scale_factor_temporal) + 1
+    sp = int(pipe.vae_scale_factor_spatial)
+    return -(-t_lat // pt), height // sp // ph, width // sp // pw
+
+
 @dataclass
 class QKVCapture:
     """Record subsampled Q, smoothed K and V per block (see the module docstring).
