@@ -284,6 +284,8 @@ def _check_inputs(q, k, v, layout, kv_lens, block_n):
             raise ValueError(f"{name}: expected dtype float16 or bfloat16, got {t.dtype}")
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: expected a contiguous last (head_dim) dimension")
+        if any(st % 8 for st in t.stride()[:3]):
+            raise ValueError(f"{name}: expected strides that are multiples of 8 elements (16-byte aligned rows), got {t.stride()}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"k, v: expected the same dtype as q ({q.dtype}), got {k.dtype}, {v.dtype}")
     qb, qh, qn, qd = to_bhnd(q, layout).shape
@@ -525,6 +527,8 @@ class CudaBackend:
             return f"block_n={bn} (the kernel takes {SUPPORTED_BLOCK_N})"
         if any(t.stride(-1) != 1 for t in (q, k, v)):
             return "a non-contiguous head_dim (stride(-1) != 1)"
+        if any(st % 8 for t in (q, k, v) for st in t.stride()[:3]):
+            return "strides that are not multiples of 8 elements (rows not 16-byte aligned)"
         if any(t.data_ptr() % 16 for t in (q, k, v)):
             return "a data pointer that is not 16-byte aligned"
         return None

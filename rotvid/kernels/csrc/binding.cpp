@@ -71,8 +71,11 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
   TORCH_CHECK(dq.D == 64 || dq.D == 128, "head_dim: 64 or 128");
   TORCH_CHECK(dk.B == dq.B && dk.H == dq.H && dk.D == dq.D, "k: batch, heads, head_dim of q");
   TORCH_CHECK(dv.B == dk.B && dv.H == dk.H && dv.N == dk.N && dv.D == dk.D, "v: shape of k");
-  for (const at::Tensor* t : {&q, &k, &v})
+  for (const at::Tensor* t : {&q, &k, &v}) {
     TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, "q, k, v: 16-byte aligned data pointers");
+    TORCH_CHECK(t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0 && t->stride(2) % 8 == 0,
+                "q, k, v: strides must be multiples of 8 elements (16-byte aligned rows)");
+  }
   if (kv_lens.has_value()) {
     TORCH_CHECK(kv_lens->is_cuda() && kv_lens->scalar_type() == at::kInt && kv_lens->numel() == dq.B &&
                     kv_lens->is_contiguous(),

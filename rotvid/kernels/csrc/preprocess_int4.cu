@@ -141,13 +141,27 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
   const int kb = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, d = threadIdx.x;
   int len = p.N;
   if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
-  const T* x = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + d;
+  // Stage the BN x D tile through shared memory with coalesced 16-byte loads (rows must be
+  // 16-byte aligned: checked by the binding), then thread d reads its column.
+  __shared__ __align__(16) T tile[BN * D];
+  const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh;
+  constexpr int CPR = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = 0; i < BN * CPR / D; ++i) {
+    const int c = d + i * D;
+    const int j = c / CPR, c8 = c % CPR;
+    const int key = kb * BN + j;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (key < len) val = *reinterpret_cast<const uint4*>(xb + (size_t)key * p.sn + c8 * 8);
+    *reinterpret_cast<uint4*>(tile + j * D + c8 * 8) = val;
+  }
+  __syncthreads();
   const float mu = p.mean != nullptr ? p.mean[(size_t)bh * D + d] : 0.f;
   float v[BN];
 #pragma unroll
   for (int j = 0; j < BN; ++j) {
     const int key = kb * BN + j;
-    v[j] = key < len ? to_f32<T>(x[(size_t)key * p.sn]) - mu : 0.f;
+    v[j] = key < len ? to_f32<T>(tile[j * D + d]) - mu : 0.f;
   }
   float amax = 0.f;
 #pragma unroll
