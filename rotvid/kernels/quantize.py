@@ -29,9 +29,12 @@ def _symmetric_quantize(x: torch.Tensor, amax: torch.Tensor, qmax: int) -> tuple
     amax = amax.to(x.dtype)
     zero = amax == 0
     safe = torch.where(zero, torch.ones_like(amax), amax)
-    inv = torch.where(zero, torch.zeros_like(amax), qmax / safe)
+    # Tensor / tensor divisions: IEEE-rounded quotients, as the CUDA kernels compute them
+    # (a Python scalar divisor or dividend may be turned into a reciprocal multiply by torch).
+    q = torch.full_like(safe, qmax)
+    inv = torch.where(zero, torch.zeros_like(amax), q / safe)
     x_hat = torch.round(x * inv).clamp_(-qmax, qmax)
-    scale = torch.where(zero, torch.zeros_like(amax), safe / qmax)
+    scale = torch.where(zero, torch.zeros_like(amax), safe / q)
     return x_hat.to(torch.int8), scale
 
 

@@ -183,3 +183,18 @@ def test_inf_input_does_not_raise():
     k[0, 0, 2, 0] = math.inf
     out = attention(q, k, v, recipe="int4", backend="reference")
     assert not torch.isfinite(out).all()
+
+
+def test_quantizer_divisions_are_ieee_like_the_kernels():
+    """inv = 7 / amax and scale = amax / 7 are single IEEE float32 divisions (numpy's)."""
+    import numpy as np
+
+    from rotvid.kernels.quantize import _symmetric_quantize
+
+    amax = torch.rand(4096, 1) * 10 + 1e-3
+    x = (torch.rand(4096, 8) * 2 - 1) * amax
+    x_hat, scale = _symmetric_quantize(x, amax, 7)
+    a = amax.numpy()
+    inv = np.float32(7) / a
+    assert np.array_equal(scale.numpy(), a / np.float32(7))
+    assert np.array_equal(x_hat.numpy(), np.clip(np.rint(x.numpy() * inv), -7, 7).astype(np.int8))
