@@ -21,6 +21,9 @@ The full Hadamard is not sparse and is applied after RoPE with ``rotation.apply`
 
 from __future__ import annotations
 
+import functools
+import logging
+
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +33,8 @@ from rotvid.rope.tables import as_token_table
 
 __all__ = ["GeneralizedRopeTable", "fuse_rope_and_rotation", "apply_generalized_rope"]
 
+
+logger = logging.getLogger(__name__)
 
 @dataclass
 class GeneralizedRopeTable:
@@ -126,12 +131,24 @@ def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotat
     return GeneralizedRopeTable(coef=coef, index=index)
 
 
+@functools.lru_cache(maxsize=1)
+def _triton_available() -> bool:
+    """Triton present (the one-pass CUDA kernel); without it CUDA tensors take the eager path (logged once)."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        logger.warning("triton is not installed: RoPE·R runs as eager PyTorch ops on CUDA (slower, same result)")
+        return False
+    return True
+
+
 def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torch.Tensor:
     """out[..., n, c] = sum_t coef[n, c, t] * x[..., n, index[c, t]] for x [..., N, D].
 
     Token axis second to last (BHND-style); coef broadcasts over x's leading dims (a per-head
     table [H, N, D, 4] needs x [..., H, N, D]). Computes in float64 for float64 x, else float32;
-    returns x.dtype.
+    returns x.dtype. On CUDA (B, H, N, D) inputs in fp16 / bf16 / fp32 it runs the one-pass Triton
+    kernel :func:`rotvid.kernels.rope_triton.apply_generalized_rope_triton` (float32 compute).
     """
     n, d = table.num_tokens, table.head_dim
     if x.dim() < 2 or x.shape[-2:] != (n, d):
@@ -139,6 +156,10 @@ def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torc
     lead = table.coef.shape[:-3]
     if lead and (x.dim() < len(lead) + 2 or tuple(x.shape[-2 - len(lead) : -2]) != tuple(lead)):
         raise ValueError(f"table has leading dims {tuple(lead)}: x must be [..., {', '.join(map(str, lead))}, {n}, {d}]")
+    if x.is_cuda and x.dim() == 4 and x.dtype != torch.float64 and len(lead) <= 1 and _triton_available():
+        from rotvid.kernels.rope_triton import apply_generalized_rope_triton
+
+        return apply_generalized_rope_triton(x, table.coef, table.index)
     cd = torch.float64 if x.dtype == torch.float64 else torch.float32
     xc = x.to(cd)
     gathered = xc[..., table.index.to(x.device)]  # [..., N, D, 4]

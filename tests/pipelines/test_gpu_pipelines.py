@@ -11,22 +11,36 @@ from rotvid.pipelines.tiny import build_tiny_pipeline, tiny_call_kwargs
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["wan", "hunyuan_video", "cogvideox"])
 def test_tiny_pipeline_on_cuda_kernel_matches_reference_backend(tmp_path, family):
+    """Every quantized call of a real (tiny, bf16) pipeline run: the CUDA kernel against the
+    reference on the same Q/K/V (rotated, with the model's padding mask as kv_lens).
+
+    The comparison is per call: a whole bf16 diffusion run amplifies any rounding difference
+    (two correct implementations end up as far apart as INT4 is from FP16 on these random tiny
+    models), so the end-to-end output is only checked for being finite."""
+    import rotvid.kernels as kernels
+    from rotvid.kernels import metrics
+
     pipe = build_tiny_pipeline(family, tmp_path / family, dtype=torch.bfloat16).to("cuda")
     pipe.set_progress_bar_config(disable=True)
     weights = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
-    outs, reports = {}, {}
-    for backend in ("cuda", "reference"):
-        handle = apply(pipe, RotvidConfig(recipe="int4", rotation="half", backend=backend, schedule=Schedule()))
-        try:
-            outs[backend] = pipe(**tiny_call_kwargs(family, size=64)).frames.float()
-        finally:
-            remove(pipe)
-        reports[backend] = handle.report
-    assert reports["cuda"].fallback_calls == 0 and reports["cuda"].quantized_calls == reports["cuda"].total_calls > 0
-    assert all(name.startswith("cuda") for name in reports["cuda"].backends), reports["cuda"].backends
-    a, b = outs["cuda"], outs["reference"]
-    assert torch.isfinite(a).all()
-    assert ((a - b).norm() / b.norm()).item() < 1e-2
+    per_call = []
+
+    def compare(site, step, num_steps, q, k, v, kv_lens, fp16_attention):
+        outs = [kernels.attention(q, k, v, recipe="int4", backend=b, kv_lens=kv_lens) for b in ("cuda", "reference")]
+        per_call.append(metrics.relative_l2(outs[1].float(), outs[0].float()))
+
+    handle = apply(pipe, RotvidConfig(recipe="int4", rotation="half", backend="cuda", schedule=Schedule()))
+    handle.runtime.observers.append(compare)
+    try:
+        out = pipe(**tiny_call_kwargs(family, size=64)).frames.float()
+    finally:
+        remove(pipe)
+    report = handle.report
+    assert report.fallback_calls == 0 and report.quantized_calls == report.total_calls == len(per_call) > 0
+    assert all(name.startswith("cuda") for name in report.backends), report.backends
+    assert torch.isfinite(out).all()
+    # kernel tests: rel. L2 <= 2e-3 on the same quantized inputs, plus bf16 output rounding (~2e-3)
+    assert max(per_call) < 6e-3, max(per_call)
     # apply/remove on GPU weights (V/O Hadamard fused through the CPU) gives them back bit for bit.
     after = pipe.transformer.state_dict()
     assert all(torch.equal(after[k], weights[k]) for k in weights)
