@@ -146,14 +146,8 @@ def calibrate(
     # Pass 1: capture Q/K/V exactly as the untouched model computes them.
     capture = QKVCapture(steps=opts.capture_steps, max_tokens=opts.max_tokens, seed=opts.seed,
                          dump=_dump_spec(pipe, family, transformers, opts))
-    handle = apply(pipe, RotvidConfig(recipe="fp16", rotation="none", vo_hadamard=False, backend="reference"))
-    handle.runtime.observers.append(capture)
-    try:
-        for i, prompt in enumerate(prompts):
-            say(f"capture {i + 1}/{len(prompts)}: {prompt[:60]}")
-            call(pipe, prompt)
-    finally:
-        remove(pipe)
+    config = RotvidConfig(recipe="fp16", rotation="none", vo_hadamard=False, backend="reference")
+    _run_observed(pipe, config, capture, prompts, call, say, "capture")
 
     # Learn per block.
     result_blocks: list[BlockResult] = []
@@ -198,14 +192,8 @@ def calibrate(
 
     # Pass 2: probe the quantized recipe with the learned rotation at every (step, block).
     probe = AccuracyProbe(recipe=opts.recipe, backend=opts.backend)
-    handle = apply(pipe, RotvidConfig(recipe="fp16", rotation=f"learned:{rot_path}", vo_hadamard=True, backend=opts.backend))
-    handle.runtime.observers.append(probe)
-    try:
-        for i, prompt in enumerate(prompts):
-            say(f"probe {i + 1}/{len(prompts)}: {prompt[:60]}")
-            call(pipe, prompt)
-    finally:
-        remove(pipe)
+    config = RotvidConfig(recipe="fp16", rotation=f"learned:{rot_path}", vo_hadamard=True, backend=opts.backend)
+    _run_observed(pipe, config, probe, prompts, call, say, "probe")
 
     cells: dict[str, list[tuple[int, int]]] = {}
     merged_cells: list[tuple[int, int]] = []
@@ -224,6 +212,18 @@ def calibrate(
     )
     _write_summary(out, result, opts)
     return result
+
+
+def _run_observed(pipe, config: RotvidConfig, observer, prompts, call, say, label: str) -> None:
+    """Run every prompt with rotvid applied under ``config`` and ``observer`` on its runtime."""
+    handle = apply(pipe, config)
+    handle.runtime.observers.append(observer)
+    try:
+        for i, prompt in enumerate(prompts):
+            say(f"{label} {i + 1}/{len(prompts)}: {prompt[:60]}")
+            call(pipe, prompt)
+    finally:
+        remove(pipe)
 
 
 def _dump_spec(pipe, family, transformers, opts: CalibrationOptions) -> DumpSpec | None:
