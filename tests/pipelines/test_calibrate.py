@@ -67,3 +67,30 @@ def test_capture_records_smoothed_keys_per_block(tiny, max_tokens, per_call):
     if per_call == 8:  # whole calls kept: each call's keys have zero mean (K smoothing)
         means = k.view(2, 2, 8, 64).mean(dim=2)
         assert means.abs().max() < 1e-5 * k.abs().max()
+
+
+def test_calibrate_per_head_interleaved_output_objective_installs(tiny, tmp_path):
+    pipe = tiny("wan", num_layers=3)
+    opts = CalibrationOptions(pairing="interleaved", per_head=True, objective="output", iters=5, lr=0.03,
+                              max_tokens=64, cosine_floor=0.5, target_int4_fraction=None, backend="reference")
+    res = calibrate(pipe, ["a red cat"], tmp_path, call=run, options=opts)
+    heads = pipe.transformer.config.num_attention_heads
+    with safe_open(str(res.rotations_path), framework="pt") as f:
+        assert f.get_tensor("angles").shape == (3, heads, 32) and f.metadata()["pairing"] == "interleaved"
+    handle = apply(pipe, RotvidConfig(recipe="fp16", rotation=f"learned:{res.rotations_path}", backend="reference"))
+    try:
+        rotated = run(pipe, "a green tree")
+    finally:
+        remove(pipe)
+    plain = run(pipe, "a green tree")
+    torch.testing.assert_close(rotated, plain, rtol=1e-4, atol=1e-4)  # orthogonal: exact up to fp32 rounding
+    assert handle.report.total_calls > 0
+
+
+def test_calibrate_unconstrained_writes_the_ablation_file(tiny, tmp_path):
+    pipe = tiny("wan", num_layers=3)
+    opts = CalibrationOptions(unconstrained=True, iters=5, lr=0.03, max_tokens=64, backend="reference")
+    res = calibrate(pipe, ["a red cat"], tmp_path, call=run, options=opts)
+    assert res.rotations_path.name == "rotations_unconstrained.safetensors" and res.schedule is None
+    with safe_open(str(res.rotations_path), framework="pt") as f:
+        assert f.get_tensor("blocks").shape == (3, 32, 2, 2)
