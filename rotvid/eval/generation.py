@@ -9,12 +9,18 @@ sidecar (:mod:`rotvid.eval.sidecar`).
 The initial noise comes from a CPU ``torch.Generator`` seeded with ``seed``, so the reference and
 every variant of one prompt start from the same latents (on any device); the sidecar records a
 hash of those latents to make that checkable.
+
+Frame rates come from the one model table (:func:`rotvid.pipelines.model_table.frame_rate`: the
+checkpoint's where it has its own, else the family's). A pipeline loaded from a local folder that
+holds a ``rotvid_tiny.json`` (the tiny test pipelines of :mod:`rotvid.pipelines.tiny`) gets that
+file's ``call_defaults`` under the request's own arguments; real checkpoints never have it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import inspect
 import logging
 import os
@@ -32,11 +38,6 @@ from rotvid.eval.video_io import check_can_write, to_uint8_frames, write_video
 
 logger = logging.getLogger(__name__)
 
-# Frame rate of the videos each family was trained on (Wan 2.1/2.2: 16 fps; HunyuanVideo: 24 fps;
-# CogVideoX 1.0: 8 fps, 49 frames = 6 s).
-FPS_BY_FAMILY = {"wan": 16, "hunyuan_video": 24, "cogvideox": 8}
-# Checkpoints whose frame rate differs from their family's (Wan2.2-TI2V-5B: 121 frames at 24 fps).
-FPS_BY_REPO = {"Wan-AI/Wan2.2-TI2V-5B-Diffusers": 24}
 # Default FP16-fallback schedule preset by (family, task) when the model is not a named
 # checkpoint of rotvid.pipelines.model_table.MODELS (e.g. a local folder).
 PRESET_BY_FAMILY_TASK = {
@@ -54,7 +55,8 @@ StepCallback = Callable[[int, int], None]  # (steps done, total steps)
 @dataclass(frozen=True)
 class GenerationRequest:
     """What to generate. ``None`` fields take the pipeline's own defaults (Wan: 480×832, 81 frames,
-    50 steps, guidance 5.0), except ``fps`` which defaults to :data:`FPS_BY_FAMILY`."""
+    50 steps, guidance 5.0), except ``fps`` which defaults to the model's frame rate in
+    :mod:`rotvid.pipelines.model_table` (Wan 16, HunyuanVideo 24, CogVideoX 8, Wan2.2-TI2V-5B 24)."""
 
     prompt: str
     seed: int = 0
@@ -214,8 +216,44 @@ def _load_image(path: str):
         raise ValueError(f"--image {p} cannot be read as an image: {exc}") from None
 
 
+def folder_call_defaults(pipe) -> dict:
+    """Call defaults of the local folder ``pipe`` was loaded from (its ``rotvid_tiny.json``), else ``{}``.
+
+    Only a folder written by :func:`rotvid.pipelines.tiny.build_tiny_pipeline` has that file; a hub
+    checkpoint (``name_or_path`` a repo id, not a folder) never does.
+    """
+    from rotvid.pipelines.tiny import read_tiny_call_defaults
+
+    source = getattr(getattr(pipe, "config", None), "_name_or_path", None)
+    if not isinstance(source, (str, os.PathLike)) or not Path(source).is_dir():
+        return {}
+    return dict(read_tiny_call_defaults(source) or {})
+
+
+def check_requirements(pipe) -> None:
+    """Raise ValueError naming the package when the pipeline class needs one that is not installed
+    (:data:`rotvid.pipelines.model_table.PIPELINE_REQUIREMENTS`)."""
+    from rotvid.pipelines.model_table import PIPELINE_REQUIREMENTS
+
+    cls = type(pipe).__name__
+    missing = [m for m in PIPELINE_REQUIREMENTS.get(cls, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"{cls} needs the Python package(s) {', '.join(missing)}, not installed here "
+                         f"(pip install {' '.join(missing)})")
+
+
 def call_kwargs(pipe, request: GenerationRequest) -> dict:
-    """The keyword arguments of ``pipe(...)`` for ``request`` (seeded CPU generator, numpy output)."""
+    """The keyword arguments of ``pipe(...)`` for ``request`` (seeded CPU generator, numpy output).
+
+    Order of precedence: the request's fields (``None`` ones are left out), then the call defaults
+    of a tiny pipeline's folder (:func:`folder_call_defaults`), then the pipeline's own defaults.
+
+    Raises:
+        ValueError: ``--image`` given to a text-to-video pipeline or missing for an image-to-video
+            one, an unreadable image, an argument the pipeline does not take, or a package the
+            pipeline class needs is not installed.
+    """
+    check_requirements(pipe)
     kw: dict = {"prompt": request.prompt, "output_type": "np",
                 "generator": torch.Generator("cpu").manual_seed(int(request.seed))}
     takes_image = accepts_image(pipe)
@@ -237,11 +275,21 @@ def call_kwargs(pipe, request: GenerationRequest) -> dict:
     for arg in kw:
         if arg not in params:
             raise ValueError(f"{arg}: {type(pipe).__name__} does not take this argument")
+    defaults = folder_call_defaults(pipe)
+    for arg, value in defaults.items():
+        if arg not in params:
+            raise ValueError(f"{arg} (in the folder's rotvid_tiny.json): {type(pipe).__name__} does not take "
+                             "this argument")
+        kw.setdefault(arg, value)
     return kw
 
 
 def fps_for(pipe, request: GenerationRequest, model: str | None = None) -> float:
-    """``request.fps``, else the checkpoint's (:data:`FPS_BY_REPO`), else the family's."""
+    """``request.fps``, else the frame rate of ``model`` in the model table when it is a named
+    checkpoint (no need to look at ``pipe``), else that of ``pipe``'s family
+    (:func:`rotvid.pipelines.model_table.frame_rate`)."""
+    from rotvid.pipelines.model_table import frame_rate, model_entry
+
     if request.fps is not None:
         if request.fps <= 0:
             raise ValueError(f"--fps: expected a positive frame rate, got {request.fps}")
@@ -250,10 +298,11 @@ def fps_for(pipe, request: GenerationRequest, model: str | None = None) -> float
         from rotvid.pipelines.loading import resolve_model
 
         source, _ = resolve_model(model)
-        if source in FPS_BY_REPO:
-            return float(FPS_BY_REPO[source])
+        entry = model_entry(source)
+        if entry is not None:
+            return float(frame_rate(entry.family, entry.repo_id))
     fam, _ = pipeline_family_and_task(pipe)
-    return float(FPS_BY_FAMILY[fam])
+    return float(frame_rate(fam))
 
 
 def request_record(model: str, request: GenerationRequest, config_dict: dict | None) -> dict:
@@ -303,6 +352,8 @@ def generate_video(
     out = Path(out)
     check_outputs(out, overwrite=overwrite)
     kwargs = call_kwargs(pipe, request)
+    # the conditioning image's bytes (its path is in the request): the same path may hold another image later
+    image_sha256 = hashlib.sha256(Path(request.image).read_bytes()).hexdigest() if request.image else None
     fps = fps_for(pipe, request, model)
     device = _pipeline_device(pipe)
     family, task = pipeline_family_and_task(pipe)
@@ -361,6 +412,8 @@ def generate_video(
         "steps": len(step_times),
         "initial_noise_sha256": noise.get("sha256"),
         "initial_noise_shape": noise.get("shape"),
+        "image_sha256": image_sha256,
+        "call_defaults": folder_call_defaults(pipe),  # a tiny pipeline folder's rotvid_tiny.json; {} otherwise
         "timing": {
             "per_step_seconds": step_times,
             "denoise_seconds": sum(step_times),

@@ -13,6 +13,10 @@ Everything rotvid needs to know about a diffusers video model lives here, not in
   output (columns get ``Hᵀ·W_o`` per head) — for the V/O Hadamard fusion;
 * the key of the family in :data:`rotvid.rope.model_facts.ROPE_FACTS`, the token order of the
   joint sequence, and how classifier-free guidance is run (for the step tracker's docs/report);
+* the frame rate each family (and, where it differs, each checkpoint) was trained at — the fps
+  ``rotvid generate`` writes its mp4s with;
+* the Python packages a diffusers pipeline class needs at call time beyond rotvid's own
+  dependencies (checked before a run so a missing one is one clear error, not a ``NameError``);
 * friendly short names of the released checkpoints and their diffusers repo ids.
 
 Facts were read from diffusers 0.42.1 (``transformer_wan.py``, ``transformer_hunyuan_video.py``,
@@ -30,8 +34,11 @@ __all__ = [
     "FAMILIES",
     "MODELS",
     "DEFAULT_MODEL",
+    "PIPELINE_REQUIREMENTS",
     "family_of_transformer",
     "family_by_name",
+    "model_entry",
+    "frame_rate",
 ]
 
 
@@ -80,6 +87,9 @@ class ModelFamily:
             tokens; text tokens get the rotation alone.
         cfg_mode: ``"separate"`` (cond and uncond are two forwards per step: Wan, HunyuanVideo
             with true CFG) or ``"batched"`` (one forward on a doubled batch: CogVideoX).
+        fps: frame rate (frames per second) of the videos the family was trained on: Wan 2.1/2.2
+            16, HunyuanVideo 24, CogVideoX 1.0 8 (49 frames = 6 s). A checkpoint that differs
+            says so in its :class:`ModelEntry`.
         float32_components: pipeline components kept in float32 by :func:`load_pipeline`
             (Wan's VAE, as the Wan model cards recommend).
     """
@@ -92,6 +102,7 @@ class ModelFamily:
     rope_config_attr: str | None
     token_order: str
     cfg_mode: str
+    fps: int
     float32_components: tuple[str, ...] = ()
 
 
@@ -114,6 +125,7 @@ FAMILIES: dict[str, ModelFamily] = {
         rope_config_attr=None,
         token_order="video",
         cfg_mode="separate",
+        fps=16,
         float32_components=("vae",),
     ),
     "hunyuan_video": ModelFamily(
@@ -145,6 +157,7 @@ FAMILIES: dict[str, ModelFamily] = {
         rope_config_attr="rope_axes_dim",
         token_order="video,text",
         cfg_mode="separate",
+        fps=24,
     ),
     "cogvideox": ModelFamily(
         name="cogvideox",
@@ -164,19 +177,25 @@ FAMILIES: dict[str, ModelFamily] = {
         rope_config_attr=None,
         token_order="text,video",
         cfg_mode="batched",
+        fps=8,
     ),
 }
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A released checkpoint: friendly short name -> diffusers repo id, family, schedule preset."""
+    """A released checkpoint: friendly short name -> diffusers repo id, family, schedule preset.
+
+    ``fps``: the checkpoint's frame rate where it differs from its family's
+    (:attr:`ModelFamily.fps`); ``None`` means the family's.
+    """
 
     name: str
     repo_id: str
     family: str
     task: str
     preset: str | None = None
+    fps: int | None = None
 
 
 MODELS: dict[str, ModelEntry] = {
@@ -188,7 +207,7 @@ MODELS: dict[str, ModelEntry] = {
         ModelEntry("wan2.1-i2v-14b-720p", "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", "wan", "i2v", "paper-wan2.2-i2v"),
         ModelEntry("wan2.2-t2v-a14b", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", "wan", "t2v", "paper-wan2.2-t2v"),
         ModelEntry("wan2.2-i2v-a14b", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", "wan", "i2v", "paper-wan2.2-i2v"),
-        ModelEntry("wan2.2-ti2v-5b", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", "wan", "ti2v", "paper-wan2.2-t2v"),
+        ModelEntry("wan2.2-ti2v-5b", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", "wan", "ti2v", "paper-wan2.2-t2v", fps=24),
         ModelEntry("hunyuanvideo-t2v", "hunyuanvideo-community/HunyuanVideo", "hunyuan_video", "t2v", "paper-hunyuan-t2v"),
         ModelEntry("hunyuanvideo-i2v", "hunyuanvideo-community/HunyuanVideo-I2V", "hunyuan_video", "i2v", "paper-hunyuan-t2v"),
         ModelEntry("cogvideox-2b", "THUDM/CogVideoX-2b", "cogvideox", "t2v"),
@@ -198,6 +217,13 @@ MODELS: dict[str, ModelEntry] = {
 }
 
 DEFAULT_MODEL = "wan2.1-t2v-1.3b"
+
+# Packages a pipeline class imports only when available but then calls unconditionally
+# (diffusers 0.42.1: WanImageToVideoPipeline's prompt cleaning calls ``ftfy.fix_text`` without the
+# ``is_ftfy_available()`` guard WanPipeline has). Keyed by pipeline class name.
+PIPELINE_REQUIREMENTS: dict[str, tuple[str, ...]] = {
+    "WanImageToVideoPipeline": ("ftfy",),
+}
 
 
 def family_of_transformer(transformer) -> ModelFamily:
@@ -218,3 +244,30 @@ def family_by_name(name: str) -> ModelFamily:
     if name not in FAMILIES:
         raise ValueError(f"family: expected one of {', '.join(FAMILIES)}, got {name!r}")
     return FAMILIES[name]
+
+
+def model_entry(repo_id: str) -> ModelEntry | None:
+    """The :data:`MODELS` entry whose ``repo_id`` is ``repo_id`` (exact), or ``None``."""
+    for entry in MODELS.values():
+        if entry.repo_id == repo_id:
+            return entry
+    return None
+
+
+def frame_rate(family: str, repo_id: str | None = None) -> int:
+    """Frames per second of ``family``'s videos, or of the checkpoint ``repo_id`` where it has its own.
+
+    Args:
+        family: a key of :data:`FAMILIES`.
+        repo_id: a diffusers repo id (``None`` or an unknown one: the family's rate).
+
+    Raises:
+        ValueError: unknown family, or ``repo_id`` is a known checkpoint of another family.
+    """
+    fam = family_by_name(family)
+    entry = model_entry(repo_id) if repo_id is not None else None
+    if entry is None:
+        return fam.fps
+    if entry.family != fam.name:
+        raise ValueError(f"repo_id: {repo_id!r} is a {entry.family} checkpoint, not {fam.name}")
+    return entry.fps if entry.fps is not None else fam.fps

@@ -8,24 +8,65 @@ pipeline with ``save_pretrained`` and loads it back through
 :func:`rotvid.pipelines.loading.load_pipeline`, so tests exercise the real loading path.
 
 Families (``TINY_FAMILIES``): ``wan`` (Wan2.1-style T2V), ``wan2.2`` (two experts,
-``transformer`` + ``transformer_2`` with a ``boundary_ratio``), ``hunyuan_video``,
-``cogvideox`` (5B-style, with RoPE) and ``cogvideox-2b`` (no RoPE).
+``transformer`` + ``transformer_2`` with a ``boundary_ratio``), ``wan-i2v`` (Wan2.2-style
+image-to-video: ``WanImageToVideoPipeline`` without a CLIP image encoder, one expert; its
+transformer reads the noise latents concatenated with the condition — the frame mask and the VAE
+latents of the first frame), ``hunyuan_video``, ``cogvideox`` (5B-style, with RoPE) and
+``cogvideox-2b`` (no RoPE).
 
 Sizes are chosen so a full denoise of a few steps at 5 frames, 32x32 takes about a second on a
 CPU. Suggested call arguments per family are in :func:`tiny_call_kwargs`.
+
+Call defaults file
+------------------
+A tiny pipeline cannot be called with its pipeline class's own defaults: HunyuanVideo's default
+``prompt_template`` (and its ``crop_start`` of 95 tokens) is written for the real Llama tokenizer,
+CogVideoX's default ``max_sequence_length`` (226) exceeds the tiny transformer's text length, and
+the default sizes (480x832, 81 frames and more) are far too slow on a CPU. So
+:func:`build_tiny_pipeline` also writes :data:`TINY_DEFAULTS_FILE` (``rotvid_tiny.json``) into
+the folder::
+
+    {"version": 1, "family": "hunyuan_video", "num_layers": 4, "seed": 0,
+     "call_defaults": {"prompt_template": {"template": "{}", "crop_start": 0},
+                       "max_sequence_length": 16, "height": 32, "width": 32, "num_frames": 5}}
+
+``rotvid generate`` / ``rotvid eval`` (:func:`rotvid.eval.generation.call_kwargs`) merge
+``call_defaults`` under the run's own arguments (``--height`` etc. win) when the pipeline was
+loaded from a local folder holding that file. Real checkpoints never have it, so their runs are
+unchanged. :func:`read_tiny_call_defaults` reads and checks it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
 
 import torch
 
-__all__ = ["TINY_FAMILIES", "build_tiny_components", "build_tiny_pipeline", "tiny_call_kwargs", "tiny_tokenizer"]
+__all__ = [
+    "TINY_FAMILIES",
+    "TINY_DEFAULTS_FILE",
+    "build_tiny_components",
+    "build_tiny_pipeline",
+    "read_tiny_call_defaults",
+    "tiny_call_defaults",
+    "tiny_call_kwargs",
+    "tiny_image",
+    "tiny_tokenizer",
+]
 
-TINY_FAMILIES = ("wan", "wan2.2", "hunyuan_video", "cogvideox", "cogvideox-2b")
+TINY_FAMILIES = ("wan", "wan2.2", "wan-i2v", "hunyuan_video", "cogvideox", "cogvideox-2b")
+IMAGE_TO_VIDEO_FAMILIES = ("wan-i2v",)
+
+TINY_DEFAULTS_FILE = "rotvid_tiny.json"
+TINY_DEFAULTS_VERSION = 1
+# arguments a defaults file may not set: they belong to the run (or to rotvid) alone
+_RUN_ONLY_ARGS = frozenset(
+    {"prompt", "image", "last_image", "generator", "latents", "output_type", "return_dict", "callback_on_step_end",
+     "callback_on_step_end_tensor_inputs", "prompt_embeds", "negative_prompt_embeds", "image_embeds"}
+)
 
 _WORDS = (
     "a the of and in on with to is at by from for over under near "
@@ -73,7 +114,7 @@ def _vocab_size() -> int:
     return len(_WORDS) + 8
 
 
-def _wan_components(num_layers: int, two_experts: bool, seed: int) -> dict:
+def _wan_components(num_layers: int, two_experts: bool, seed: int, image_to_video: bool = False) -> dict:
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -93,15 +134,22 @@ def _wan_components(num_layers: int, two_experts: bool, seed: int) -> dict:
         latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
     ).eval()
 
+    # Image-to-video (Wan2.2 I2V, no CLIP image encoder): the transformer reads
+    # cat([noise latents (z_dim), frame mask (one channel per frame of a temporal VAE group),
+    # VAE latents of [image, zeros...] (z_dim)]) along channels — WanImageToVideoPipeline.prepare_latents.
+    in_channels = z_dim + vae.config.scale_factor_temporal + z_dim if image_to_video else z_dim
+
     def transformer():
         return WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=HEAD_DIM, in_channels=z_dim,
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=HEAD_DIM, in_channels=in_channels,
             out_channels=z_dim, text_dim=text_dim, freq_dim=32, ffn_dim=64, num_layers=num_layers,
             cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
         ).eval()
 
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
     comps = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer())
+    if image_to_video:
+        comps.update(image_encoder=None, image_processor=None)  # Wan2.2-style: no CLIP image embedding
     if two_experts:
         comps["transformer_2"] = transformer()
         comps["boundary_ratio"] = 0.875
@@ -193,10 +241,12 @@ def build_tiny_components(family: str, *, num_layers: int = 4, seed: int = 0) ->
         raise ValueError(f"family: expected one of {', '.join(TINY_FAMILIES)}, got {family!r}")
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 2 <= num_layers <= 8:
         raise ValueError(f"num_layers: expected an int in [2, 8], got {num_layers!r}")
-    from diffusers import CogVideoXPipeline, HunyuanVideoPipeline, WanPipeline
+    from diffusers import CogVideoXPipeline, HunyuanVideoPipeline, WanImageToVideoPipeline, WanPipeline
 
     if family in ("wan", "wan2.2"):
         return WanPipeline, _wan_components(num_layers, family == "wan2.2", seed)
+    if family == "wan-i2v":
+        return WanImageToVideoPipeline, _wan_components(num_layers, False, seed, image_to_video=True)
     if family == "hunyuan_video":
         return HunyuanVideoPipeline, _hunyuan_components(num_layers, seed)
     return CogVideoXPipeline, _cogvideox_components(num_layers, family == "cogvideox", seed)
@@ -221,7 +271,8 @@ def build_tiny_pipeline(
         dtype: dtype to load with.
 
     Returns:
-        The loaded pipeline (its ``save_path`` attribute is not set; the folder is ``directory``).
+        The loaded pipeline (its ``save_path`` attribute is not set; the folder is ``directory``,
+        which also holds :data:`TINY_DEFAULTS_FILE`, the call defaults of a tiny pipeline).
     """
     from rotvid.pipelines.loading import load_pipeline
 
@@ -233,28 +284,87 @@ def build_tiny_pipeline(
     if directory.exists() and any(directory.iterdir()):
         raise ValueError(f"directory: expected an empty or new folder, got {str(directory)!r} (not empty)")
     pipe.save_pretrained(directory)
+    record = {
+        "version": TINY_DEFAULTS_VERSION, "family": family, "num_layers": num_layers, "seed": seed,
+        "call_defaults": tiny_call_defaults(family),
+    }
+    (directory / TINY_DEFAULTS_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return load_pipeline(directory, dtype=dtype)
 
 
-def tiny_call_kwargs(family: str, *, steps: int = 3, frames: int = 5, size: int = 32, seed: int = 0) -> dict:
-    """Keyword arguments for calling a tiny pipeline of ``family`` (fixed-seed, latent output)."""
+def tiny_call_defaults(family: str, *, frames: int = 5, size: int = 32) -> dict:
+    """The JSON-serializable call defaults a tiny pipeline of ``family`` needs (see the module doc).
+
+    Text length :data:`TEXT_LEN` for every family (the tiny CogVideoX transformer takes exactly
+    that many text tokens); HunyuanVideo's ``prompt_template`` without a system prompt
+    (``crop_start`` 0); ``frames`` frames of ``size`` x ``size`` pixels.
+    """
     if family not in TINY_FAMILIES:
         raise ValueError(f"family: expected one of {', '.join(TINY_FAMILIES)}, got {family!r}")
+    kw: dict = {"max_sequence_length": TEXT_LEN, "height": size, "width": size, "num_frames": frames}
+    if family == "hunyuan_video":
+        kw["prompt_template"] = {"template": "{}", "crop_start": 0}
+    return kw
+
+
+def read_tiny_call_defaults(folder: str | os.PathLike) -> dict | None:
+    """``call_defaults`` of ``folder``'s :data:`TINY_DEFAULTS_FILE`, or ``None`` when it has none.
+
+    Raises:
+        ValueError: the file is not valid JSON, has another ``version``, its ``call_defaults`` is
+            not an object, or it sets an argument that belongs to the run (``prompt``, ``image``,
+            ``generator``, ``output_type``, ...).
+    """
+    path = Path(folder) / TINY_DEFAULTS_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("version") != TINY_DEFAULTS_VERSION:
+        got = data.get("version") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: expected a rotvid tiny-pipeline record of version {TINY_DEFAULTS_VERSION}, got {got!r}")
+    defaults = data.get("call_defaults")
+    if not isinstance(defaults, dict):
+        raise ValueError(f"{path}: call_defaults: expected an object of pipeline call arguments, got {defaults!r}")
+    reserved = sorted(set(defaults) & _RUN_ONLY_ARGS)
+    if reserved:
+        raise ValueError(f"{path}: call_defaults may not set {', '.join(reserved)} (they belong to the run)")
+    return defaults
+
+
+def tiny_image(*, size: int = 32, seed: int = 0):
+    """A random RGB ``PIL.Image`` of ``size`` x ``size`` (uint8 noise from a seeded CPU generator).
+
+    The conditioning first frame of the image-to-video families in :func:`tiny_call_kwargs`.
+    """
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (size, size, 3), generator=g, dtype=torch.uint8)
+    return Image.fromarray(pixels.numpy())
+
+
+def tiny_call_kwargs(family: str, *, steps: int = 3, frames: int = 5, size: int = 32, seed: int = 0) -> dict:
+    """Keyword arguments for calling a tiny pipeline of ``family`` (fixed-seed, latent output).
+
+    :func:`tiny_call_defaults` plus a prompt, the step count, a seeded CPU generator, guidance
+    settings and, for the image-to-video families, :func:`tiny_image` (seeded with ``seed + 1``).
+    """
     kw = dict(
+        tiny_call_defaults(family, frames=frames, size=size),
         prompt="a red cat runs in the forest",
         num_inference_steps=steps,
-        num_frames=frames,
-        height=size,
-        width=size,
         generator=torch.Generator().manual_seed(seed),
         output_type="latent",
     )
-    if family in ("wan", "wan2.2"):
-        kw.update(negative_prompt="dark", guidance_scale=5.0, max_sequence_length=TEXT_LEN)
+    if family in ("wan", "wan2.2", "wan-i2v"):
+        kw.update(negative_prompt="dark", guidance_scale=5.0)
+        if family in IMAGE_TO_VIDEO_FAMILIES:
+            kw["image"] = tiny_image(size=size, seed=seed + 1)
     elif family == "hunyuan_video":
-        kw.update(
-            prompt_template={"template": "{}", "crop_start": 0}, max_sequence_length=TEXT_LEN, guidance_scale=6.0
-        )
+        kw.update(guidance_scale=6.0)
     else:
-        kw.update(negative_prompt="dark", guidance_scale=6.0, max_sequence_length=TEXT_LEN, use_dynamic_cfg=False)
+        kw.update(negative_prompt="dark", guidance_scale=6.0, use_dynamic_cfg=False)
     return kw
