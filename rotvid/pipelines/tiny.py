@@ -19,10 +19,12 @@ CPU. Suggested call arguments per family are in :func:`tiny_call_kwargs`.
 
 Call defaults file
 ------------------
-A tiny pipeline cannot be called with its pipeline class's own defaults: HunyuanVideo's default
-``prompt_template`` (and its ``crop_start`` of 95 tokens) is written for the real Llama tokenizer,
-CogVideoX's default ``max_sequence_length`` (226) exceeds the tiny transformer's text length, and
-the default sizes (480x832, 81 frames and more) are far too slow on a CPU. So
+A tiny pipeline should not be called with its pipeline class's own defaults: HunyuanVideo's
+default ``prompt_template`` has a ``crop_start`` (95) counted in the real Llama tokenizer's tokens,
+so with the tiny word-level tokenizer the crop is misaligned and template words leak into the
+text embedding around the prompt; CogVideoX's default ``max_sequence_length`` (226) exceeds the
+16 text tokens the tiny 2B-style transformer's positional embedding covers; and the default sizes (480x832 with 81 frames for Wan,
+720x1280 with 129 for HunyuanVideo) take far too long on a CPU. So
 :func:`build_tiny_pipeline` also writes :data:`TINY_DEFAULTS_FILE` (``rotvid_tiny.json``) into
 the folder::
 
