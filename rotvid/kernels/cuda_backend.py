@@ -3,7 +3,9 @@
 The CUDA sources live in ``rotvid/kernels/csrc`` and are compiled at first use with
 ``torch.utils.cpp_extension.load`` (ninja) into a cache directory (``$ROTVID_EXT_CACHE`` or
 ``~/.cache/rotvid/ext``), keyed by the sources, torch/CUDA versions and compute capability, and
-reused afterwards.
+reused afterwards. ``$ROTVID_EXT_CUDA_FLAGS`` adds nvcc flags (part of the cache key), a tuning aid:
+``-DROTVID_ATTN_VARIANTS`` builds the kernel variants that ``$ROTVID_ATTN_VARIANT`` picks at run time
+(see ``csrc/int4_attention.cuh``).
 
 Instruction paths, chosen by compute capability from :data:`ARCH_TABLE`:
 
@@ -128,6 +130,11 @@ def _nvcc() -> str:
     return nvcc
 
 
+def _extra_cuda_flags() -> list[str]:
+    """Extra nvcc flags from ``$ROTVID_EXT_CUDA_FLAGS`` (a tuning aid, e.g. ``-DROTVID_ATTN_VARIANTS``)."""
+    return os.environ.get("ROTVID_EXT_CUDA_FLAGS", "").split()
+
+
 def _source_hash() -> str:
     h = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
@@ -135,6 +142,7 @@ def _source_hash() -> str:
         h.update((CSRC / name).read_bytes())
     h.update(torch.__version__.encode())
     h.update(str(torch.version.cuda).encode())
+    h.update(" ".join(_extra_cuda_flags()).encode())
     return h.hexdigest()[:12]
 
 
@@ -157,7 +165,7 @@ def _load_for(cap: tuple[int, int]):
         name=name,
         sources=[str(CSRC / s) for s in SOURCES],
         extra_cflags=["-O3", "-std=c++17"],
-        extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo", entry.gencode],
+        extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo", entry.gencode, *_extra_cuda_flags()],
         build_directory=str(build),
         verbose=os.environ.get("ROTVID_EXT_VERBOSE") == "1",
     )

@@ -1,12 +1,13 @@
 // INT4 flash attention on mma.sync (numerics: /work/notes/numerics_int4.md, DESIGN.md §The numerics).
 //
 // One CTA = 16*NW query rows of one (batch, head); NW warps x 16 rows (NW = 4 by default). Key blocks of BN keys are
-// double-buffered in shared memory with cp.async. Per key block:
+// double- or triple-buffered in shared memory with cp.async (launch_one picks the configuration). Per key block:
 //   S = Q^ K^T        int32, mma.sync s8 m16n8k32 (S4=false) or s4 m16n8k64 (S4=true),
 //                     accumulator initialised with MAGIC_I so that float(acc) is one FADD
 //   x = float(S) * k_scale;  m_blk = q_scale*qk_scale * max(x);  p = ex2(x*sq - m_blk)
 //   P~ = rint(15 p) - 8 (range) | rint(7 p) (sym), packed straight from the accumulator
-//   PV = P~ V^ + 8 colsum       int32 (colsum folded in the accumulator init), then
+//   PV = P~ V^ + 8 colsum       int32 (colsum folded in the accumulator init, or with LEAN in the exact
+//                               bias of the float conversion), then
 //   O = O*a + c*float(PV)*v_scale/15,  l = l*a + c*sum(p)
 #pragma once
 #include <cuda_bf16.h>
@@ -113,8 +114,15 @@ __device__ __forceinline__ void load_b_frags(uint32_t (&frag)[NTILE * CH], uint3
   }
 }
 
-template <int D, int BN, bool S4, int PMODE, int NW, int MINB>
+// Kernel variants (template parameters, all with the same per-row arithmetic, so the same output bits):
+//   STAGES 2: cp.async double buffer, two barriers per key block; 3: triple buffer, one barrier.
+//   LEAN: per-thread load addresses computed once (the loop only adds the block offset), and the
+//         P.V accumulator starts at the constant MAGIC_I (no register copies of the colsum term);
+//         the colsum term enters as bias = 2*MAGIC_F - float_bits(MAGIC_I + 8 colsum) = MAGIC_F - 8 colsum,
+//         so float(acc) - bias == float(pv_int) exactly (all integers below 2^24).
+template <int D, int BN, bool S4, int PMODE, int NW, int MINB, int STAGES = 2, bool LEAN = false>
 __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int4AttnParams p) {
+  static_assert(STAGES == 2 || STAGES == 3, "2 or 3 pipeline stages");
   using C = Cfg<D, BN, S4>;
   constexpr int NTH = NW * 32;  // threads; BM = 16 * NW query rows
   extern __shared__ __align__(128) unsigned char smem[];
@@ -134,7 +142,43 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
   const float* vpg = p.vparams + (size_t)bh * (p.Nkv_pad / BN) * D * 2;
   const uint32_t sbase = smem_u32(smem);
 
+  // LEAN addressing: chunk c = tid + i*NTH of the K tile sits at global byte c*16 of the block and at
+  // smem row c / KCH; of the V^T tile at row c / VCH (global stride vrow), column c % VCH.
+  static_assert(NTH % C::KCH == 0 && NTH % C::VCH == 0, "whole rows per thread group");
+  const int8_t* k_thr = kg + tid * 16;
+  const int8_t* v_thr = vg + (size_t)(tid / C::VCH) * vrow + (tid % C::VCH) * 16;
+  const uint32_t kdst_thr = (tid / C::KCH) * C::KSTR + (tid % C::KCH) * 16;
+  const uint32_t vdst_thr = C::K_BYTES + (tid / C::VCH) * C::VSTR + (tid % C::VCH) * 16;
+  const size_t vstep = (size_t)(NTH / C::VCH) * vrow;
+
+  auto load_stage_lean = [&](int stage, int kb) {
+    const uint32_t so = sbase + stage * C::STAGE;
+    const int8_t* ksrc = k_thr + (size_t)kb * (BN * C::DB);
+#pragma unroll
+    for (int i = 0; i < (BN * C::KCH + NTH - 1) / NTH; ++i) {
+      if ((BN * C::KCH) % NTH == 0 || tid + i * NTH < BN * C::KCH)
+        cp_async16(so + kdst_thr + i * (NTH / C::KCH) * C::KSTR, ksrc + i * NTH * 16);
+    }
+    const int8_t* vsrc = v_thr + (size_t)kb * C::VB;
+#pragma unroll
+    for (int i = 0; i < (D * C::VCH + NTH - 1) / NTH; ++i) {
+      if ((D * C::VCH) % NTH == 0 || tid + i * NTH < D * C::VCH)
+        cp_async16(so + vdst_thr + i * (NTH / C::VCH) * C::VSTR, vsrc + i * vstep);
+    }
+    const uint32_t sks = so + C::K_BYTES + C::V_BYTES;
+    const uint32_t svp = sks + C::KS_BYTES;
+    if (tid < BN / 4) cp_async16(sks + tid * 16, ksg + (size_t)kb * BN + tid * 4);
+    if (tid >= NTH - D / 2) {
+      const int c = tid - (NTH - D / 2);
+      cp_async16(svp + c * 16, vpg + ((size_t)kb * D + c * 2) * 2);
+    }
+  };
+
   auto load_stage = [&](int stage, int kb) {
+    if constexpr (LEAN) {
+      load_stage_lean(stage, kb);
+      return;
+    }
     const uint32_t sk = sbase + stage * C::STAGE;
     const uint32_t sv = sk + C::K_BYTES;
     const uint32_t sks = sv + C::V_BYTES;
@@ -167,6 +211,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
 
   load_stage(0, 0);
   cp_async_commit();
+  if constexpr (STAGES == 3) {
+    if (nblk > 1) load_stage(1, 1);
+    cp_async_commit();
+  }
 
   // Q fragments (registers for the whole loop) and per-row score scales.
   const int row_base = mb * (16 * NW) + warp * 16;
@@ -191,16 +239,25 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
 
+  int stage = 0;  // kb % STAGES
   for (int kb = 0; kb < nblk; ++kb) {
-    const int stage = kb & 1;
-    if (kb + 1 < nblk) {
-      load_stage(stage ^ 1, kb + 1);
-      cp_async_commit();
-      cp_async_wait<1>();
+    if constexpr (STAGES == 2) {
+      if (kb + 1 < nblk) {
+        load_stage(stage ^ 1, kb + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
     } else {
-      cp_async_wait<0>();
+      // groups in flight: blocks kb and kb+1 (possibly empty); wait for kb. After the barrier every
+      // warp is done with block kb-1, whose buffer ((kb+2) % 3) takes block kb+2.
+      cp_async_wait<1>();
+      __syncthreads();
+      if (kb + 2 < nblk) load_stage(stage == 0 ? 2 : stage - 1, kb + 2);
+      cp_async_commit();
     }
-    __syncthreads();
 
     const uint32_t sk = sbase + stage * C::STAGE;
     const uint32_t sv = sk + C::K_BYTES;
@@ -329,18 +386,26 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
         const int j = j0 + jj;
         const float4 vp = *reinterpret_cast<const float4*>(svp + 2 * (8 * j + 2 * t));
         uint32_t acc[4];
-        acc[0] = acc[2] = __float_as_uint(vp.y);
-        acc[1] = acc[3] = __float_as_uint(vp.w);
+        float bias0 = kMagicF, bias1 = kMagicF;
+        if constexpr (LEAN) {
+          acc[0] = acc[1] = acc[2] = acc[3] = kMagicI;
+          bias0 = 2.f * kMagicF - vp.y;  // = MAGIC_F - 8 colsum (exact)
+          bias1 = 2.f * kMagicF - vp.w;
+        } else {
+          acc[0] = acc[2] = __float_as_uint(vp.y);
+          acc[1] = acc[3] = __float_as_uint(vp.w);
+        }
 #pragma unroll
         for (int s = 0; s < C::PKS; ++s)
           mma_int<S4>(acc, pf[s], bf[jj * C::VCH + 2 * s], bf[jj * C::VCH + 2 * s + 1]);
-        o[j][0] = fmaf(c_fac[0] * (__uint_as_float(acc[0]) - kMagicF), vp.x, o[j][0]);
-        o[j][1] = fmaf(c_fac[0] * (__uint_as_float(acc[1]) - kMagicF), vp.z, o[j][1]);
-        o[j][2] = fmaf(c_fac[1] * (__uint_as_float(acc[2]) - kMagicF), vp.x, o[j][2]);
-        o[j][3] = fmaf(c_fac[1] * (__uint_as_float(acc[3]) - kMagicF), vp.z, o[j][3]);
+        o[j][0] = fmaf(c_fac[0] * (__uint_as_float(acc[0]) - bias0), vp.x, o[j][0]);
+        o[j][1] = fmaf(c_fac[0] * (__uint_as_float(acc[1]) - bias1), vp.z, o[j][1]);
+        o[j][2] = fmaf(c_fac[1] * (__uint_as_float(acc[2]) - bias0), vp.x, o[j][2]);
+        o[j][3] = fmaf(c_fac[1] * (__uint_as_float(acc[3]) - bias1), vp.z, o[j][3]);
       }
     }
-    __syncthreads();
+    if constexpr (STAGES == 2) __syncthreads();
+    stage = stage + 1 == STAGES ? 0 : stage + 1;
   }
 
   // ---- epilogue: O / l (+ v_mean) ----
@@ -373,27 +438,51 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
   }
 }
 
-template <int D, int BN, bool S4, int PMODE, int NW, int MINB>
+template <int D, int BN, bool S4, int PMODE, int NW, int MINB, int STAGES, bool LEAN>
 cudaError_t launch_nw(const Int4AttnParams& p, cudaStream_t stream) {
   using C = Cfg<D, BN, S4>;
-  auto kernel = int4_attention_kernel<D, BN, S4, PMODE, NW, MINB>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+  constexpr int smem = STAGES * C::STAGE;
+  auto kernel = int4_attention_kernel<D, BN, S4, PMODE, NW, MINB, STAGES, LEAN>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   dim3 grid(p.Nq_pad / (16 * NW), p.H, p.B);
-  kernel<<<grid, NW * 32, C::SMEM, stream>>>(p);
+  kernel<<<grid, NW * 32, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
-// Warps per CTA: 4 (64 query rows, 3 CTAs per SM). Measured on H100 (Wan2.1-1.3B shape, BN=64):
-// 4 warps 344 TOP/s, 8 warps (1 CTA per SM, 255 registers) 279 TOP/s. Building the 8-warp
-// variant too (-DROTVID_ATTN_NW8, then ROTVID_ATTN_NWARPS=8 at run time) is a tuning aid only.
+// Launch configuration. Profiled on H100 (Nsight Compute, Wan2.1-1.3B shape; RESULTS.md): the kernel is
+// latency-bound (3 warps per scheduler, issue slots 55% busy, stalls mostly on fixed-latency dependencies
+// and on shared-memory loads), not bound by tensor pipe (26%), shared memory (60%) or L2 (47%).
+// Defaults on the s8 path at block_n 64 (attention only, same H100 session, identical output bits):
+//   head_dim 128: LEAN + 3 stages (one barrier per key block), 3 CTAs/SM: +5-6% over the first kernel;
+//   head_dim 64:  LEAN + 2 stages, 4 CTAs/SM (128 registers):                +11-12%.
+// Other paths (block_n 128, the s4 path) keep the first kernel's configuration. 8 warps per CTA (BM 128):
+// 1 CTA/SM at 255 registers was slower (279 TOP/s), 2 CTAs/SM at 128 registers +2-4% (below LEAN+3 stages).
+// Tuning aid: building with -DROTVID_ATTN_VARIANTS (ROTVID_EXT_CUDA_FLAGS at build time) adds the
+// variants below for the s8 path at block_n 64, picked at run time by ROTVID_ATTN_VARIANT=<n>.
 template <int D, int BN, bool S4, int PMODE>
 cudaError_t launch_one(const Int4AttnParams& p, cudaStream_t stream) {
-#ifdef ROTVID_ATTN_NW8
-  const char* env = std::getenv("ROTVID_ATTN_NWARPS");
-  if (env != nullptr && std::atoi(env) == 8) return launch_nw<D, BN, S4, PMODE, 8, 1>(p, stream);
+  constexpr bool kTuned = !S4 && BN == 64;
+  constexpr int kMinBlocks = kTuned && D == 64 ? 4 : ROTVID_NW4_MINB;
+  constexpr int kStages = kTuned && D == 128 ? 3 : 2;
+#ifdef ROTVID_ATTN_VARIANTS
+  if constexpr (kTuned) {
+    const char* env = std::getenv("ROTVID_ATTN_VARIANT");  // read per call: a tuning build only
+    const int variant = env != nullptr ? std::atoi(env) : 0;
+    switch (variant) {
+      case 1: return launch_nw<D, BN, S4, PMODE, 4, 3, 2, false>(p, stream);  // the first kernel
+      case 2: return launch_nw<D, BN, S4, PMODE, 4, 3, 2, true>(p, stream);   // lean, 2 stages
+      case 3: return launch_nw<D, BN, S4, PMODE, 4, 3, 3, true>(p, stream);   // lean, 3 stages
+      case 4: return launch_nw<D, BN, S4, PMODE, 8, 2, 3, true>(p, stream);   // BM 128, 2 CTAs/SM
+      case 5: return launch_nw<D, BN, S4, PMODE, 4, 4, 2, true>(p, stream);   // 4 CTAs/SM
+      case 6:
+        if constexpr (D == 64) return launch_nw<D, BN, S4, PMODE, 4, 5, 2, true>(p, stream);  // 5 CTAs/SM
+        break;
+      default: break;
+    }
+  }
 #endif
-  return launch_nw<D, BN, S4, PMODE, 4, ROTVID_NW4_MINB>(p, stream);
+  return launch_nw<D, BN, S4, PMODE, 4, kMinBlocks, kStages, kTuned>(p, stream);
 }
 
 template <int D, bool S4>
