@@ -190,6 +190,15 @@ def _load(model: str, dtype: str, device: str):
     return pipe
 
 
+def _note_if_cpu(bar, pipe) -> None:
+    """Say once, before the long work, that a CPU run uses the slow PyTorch reference."""
+    from rotvid.eval.generation import _pipeline_device
+
+    if _pipeline_device(pipe).type == "cpu":
+        bar.log("note: running on the CPU: quantized attention uses the PyTorch reference backend "
+                "(exact, slow); a full-size model takes hours here. Use a CUDA GPU for real runs.")
+
+
 def _quiet_library_bars() -> None:
     """diffusers/transformers loading bars would interleave with rotvid's progress bar."""
     import diffusers.utils.logging as dlog
@@ -328,6 +337,7 @@ def generate(
         with _Progress(quiet) as bar:
             bar.log(f"loading {model} ...")
             pipe = _load(model, dtype, device)
+            _note_if_cpu(bar, pipe)
             call_kwargs(pipe, replace(template, prompt=prompts[0]))  # --image vs the pipeline, before any work
             if cfg is not None:
                 cfg = factory.build(pipe=pipe)
@@ -629,6 +639,7 @@ def calibrate(
         with _Progress(quiet) as bar:
             bar.log(f"loading {model} ...")
             pipe = _load(model, dtype, device)
+            _note_if_cpu(bar, pipe)
             first = call_kwargs(pipe, replace(template, prompt=prompts[0]))  # --image vs the pipeline, before work
             if dump_dir is not None:
                 options.video_size = _video_size(pipe, first)

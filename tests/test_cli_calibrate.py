@@ -54,3 +54,9 @@ def test_calibrate_dumps_are_readable_by_the_accuracy_study(tiny_wan, tmp_path):
     assert d.grid == (2, 2, 2) and d.step == 1 and d.block == 0 and d.q.shape == (1, 2, 8, 64)
     assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "d",
                      "--capture-steps", "1,x"), "--capture-steps")
+
+
+def test_generate_on_cpu_says_it_uses_the_reference(tiny_wan, tmp_path):  # noqa: F811
+    r = run("generate", "-p", "a dog", "--model", tiny_wan, *TINY, "--out", tmp_path / "a.mp4", "--schedule", "none")
+    assert r.exit_code == 0, r.output
+    assert "running on the CPU" in r.stderr and "PyTorch reference" in r.stderr
