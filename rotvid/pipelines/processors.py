@@ -64,6 +64,21 @@ class RotvidProcessorBase:
         )
         return out.transpose(1, 2)
 
+    def _sdpa_fp16(self, q, k, v, mask):
+        """Plain SDPA on BHND q/k/v (CogVideoX's own processor calls it directly)."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
+
+    def _rotate_and_attend(self, q, k, v, rope, span, mask, fp16=None):
+        """RoPE·R on Q and K (R alone outside ``span``), then the runtime's decision and attention.
+
+        ``fp16`` runs the model's own attention on (q, k, v, mask); default: diffusers' dispatcher.
+        Returns BHND.
+        """
+        q = self.rotator.rotate(q, rope, span)
+        k = self.rotator.rotate(k, rope, span)
+        fp16 = self._dispatch_fp16 if fp16 is None else fp16
+        return self.runtime.attend(self.site, q, k, v, mask=mask, fp16_attention=lambda: fp16(q, k, v, mask))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(site={self.site.key}, rotation={self.rotator.kind})"
 
@@ -95,14 +110,7 @@ class WanRotvidAttnProcessor(RotvidProcessorBase):
         k = key.unflatten(2, (attn.heads, -1)).transpose(1, 2)
         v = value.unflatten(2, (attn.heads, -1)).transpose(1, 2)
 
-        n = q.shape[2]
-        q = self.rotator.rotate(q, rotary_emb, (0, n))
-        k = self.rotator.rotate(k, rotary_emb, (0, n))
-
-        out = self.runtime.attend(
-            self.site, q, k, v, mask=attention_mask,
-            fp16_attention=lambda: self._dispatch_fp16(q, k, v, attention_mask),
-        )
+        out = self._rotate_and_attend(q, k, v, rotary_emb, (0, q.shape[2]), attention_mask)
         hidden_states = out.transpose(1, 2).flatten(2, 3)
         hidden_states = hidden_states.type_as(query)
         hidden_states = attn.to_out[0](hidden_states)
@@ -159,15 +167,8 @@ class HunyuanVideoRotvidAttnProcessor(RotvidProcessorBase):
         q = query.transpose(1, 2)
         k = key.transpose(1, 2)
         v = value.transpose(1, 2)
-        # 3. RoPE on the video tokens (R alone on the text tokens).
-        q = self.rotator.rotate(q, image_rotary_emb, (0, n_video))
-        k = self.rotator.rotate(k, image_rotary_emb, (0, n_video))
-
-        # 5. Attention.
-        out = self.runtime.attend(
-            self.site, q, k, v, mask=attention_mask,
-            fp16_attention=lambda: self._dispatch_fp16(q, k, v, attention_mask),
-        )
+        # 3. RoPE on the video tokens (R alone on the text tokens), 5. attention.
+        out = self._rotate_and_attend(q, k, v, image_rotary_emb, (0, n_video), attention_mask)
         hidden_states = out.transpose(1, 2).flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
 
@@ -220,13 +221,7 @@ class CogVideoXRotvidAttnProcessor(RotvidProcessorBase):
             k = attn.norm_k(k)
 
         span = (text_seq_length, sequence_length)
-        q = self.rotator.rotate(q, image_rotary_emb, span)
-        k = self.rotator.rotate(k, image_rotary_emb, span)
-
-        def fp16_attention():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=0.0, is_causal=False)
-
-        out = self.runtime.attend(self.site, q, k, v, mask=attention_mask, fp16_attention=fp16_attention)
+        out = self._rotate_and_attend(q, k, v, image_rotary_emb, span, attention_mask, fp16=self._sdpa_fp16)
         hidden_states = out.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
