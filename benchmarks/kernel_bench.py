@@ -78,7 +78,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a @ b) / (a.norm() * b.norm()))
 
 
-def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool = False) -> list[dict]:
+def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool = False, also_s8: bool = False) -> list[dict]:
     torch.manual_seed(0)
     b, h, n, d = shape.b, shape.h, shape.n, shape.d
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -115,7 +115,13 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
 
     pre = lambda: cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n)  # noqa: E731
     pre_ms = time_ms(pre)
-    for p_mode, label in (("range", "rotvid-int4"), ("sym", "rotvid-int4-sym-p")):
+    kernel = cuda_backend._resolve_path("auto", q.device, block_n)
+    if also_s8 and kernel == "wgmma":
+        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=64)
+        att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
+            qkv, n_q=n, n_kv=n, head_dim=d, block_n=64, kv_lens=kv_lens, out_dtype=q.dtype)
+        add("rotvid-int4 [s8 mma.sync, bn64] (attn only)", time_ms(att))
+    for p_mode, label in ((("range", f"rotvid-int4 [{kernel}]"), ("sym", f"rotvid-int4-sym-p [{kernel}]"))):
         qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode)
         att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
             qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode, out_dtype=q.dtype)
@@ -165,7 +171,10 @@ def _git_commit() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--block-n", type=int, default=cuda_backend.DEFAULT_BLOCK_N, choices=cuda_backend.SUPPORTED_BLOCK_N)
+    ap.add_argument("--block-n", type=int, default=None, choices=cuda_backend.SUPPORTED_BLOCK_N,
+                    help="rotvid key block (default: the backend's, 128 with the wgmma kernel on sm90, else 64)")
+    ap.add_argument("--also-s8", action="store_true",
+                    help="on sm90 also time the mma.sync s8 kernel at block_n 64 (attention only), for comparison")
     ap.add_argument("--no-sage", action="store_true", help="skip sageattention even if importable")
     ap.add_argument("--rotvid-only", action="store_true", help="time only rotvid (cuDNN once, for the ratio)")
     ap.add_argument("--markdown-out", type=Path, help="write the markdown section to this file")
@@ -174,8 +183,10 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("kernel_bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
     rows = []
+    if args.block_n is None:
+        args.block_n = cuda_backend.default_block_n()
     for name in args.shapes:
-        rows += bench_shape(SHAPES[name], args.block_n, not args.no_sage, args.rotvid_only)
+        rows += bench_shape(SHAPES[name], args.block_n, not args.no_sage, args.rotvid_only, args.also_s8)
         print(markdown([r for r in rows if r["shape"] == name], args.block_n).split("\n", 6)[-1], flush=True)
     md = markdown(rows, args.block_n)
     print(md)

@@ -11,8 +11,14 @@ Instruction paths, chosen by compute capability from :data:`ARCH_TABLE`:
 
 * ``"s4"`` (sm80/86/89): native INT4 ``mma.sync.m16n8k64.s4`` for QKᵀ and P̃V̂; Q/K/V̂ packed
   two values per byte.
-* ``"s8"`` (sm90): the same INT4-valued numbers on INT8 ``mma.sync.m16n8k32.s8`` (identical
-  integer products, so identical outputs).
+* ``"s8"`` (any supported GPU): the same INT4-valued numbers on INT8 ``mma.sync.m16n8k32.s8``
+  (identical integer products, so identical outputs).
+* ``"wgmma"`` (sm90, block_n 128): the same numbers on Hopper's warpgroup tensor cores
+  (``wgmma.mma_async ... s8``, operands brought in by TMA; ``csrc/int4_attention_wgmma.cuh``); the
+  s8 kernel layout, and output bits identical to the s8 path at block_n 128.
+
+On sm90 the default is ``"wgmma"`` with block_n 128 (:func:`default_block_n`); elsewhere the arch
+path with block_n 64.
 
 Both paths are compiled for every supported architecture, so the s4 path can be tested on an
 H100 (where it runs emulated, slowly) by passing ``path="s4"``.
@@ -57,8 +63,9 @@ SOURCES = (
     "attn_s8_d128.cu",
     "attn_s4_d64.cu",
     "attn_s4_d128.cu",
+    "attn_wgmma.cu",
 )
-HEADERS = ("int4_common.cuh", "int4_attention.cuh")
+HEADERS = ("int4_common.cuh", "int4_attention.cuh", "int4_attention_wgmma.cuh")
 
 BLOCK_M = 128
 SUPPORTED_BLOCK_N = (64, 128)
@@ -76,6 +83,7 @@ class ArchEntry:
 
     path: str  # "s4" (native INT4 mma) or "s8" (INT4-valued numbers on INT8 mma)
     gencode: str
+    wgmma: bool = False  # the Hopper kernel (wgmma + TMA) is built and is the default at block_n 128
 
 
 # One cached table: compute capability -> instruction path and nvcc target.
@@ -84,7 +92,7 @@ ARCH_TABLE: dict[tuple[int, int], ArchEntry] = {
     (8, 6): ArchEntry("s4", "-gencode=arch=compute_86,code=sm_86"),
     (8, 7): ArchEntry("s4", "-gencode=arch=compute_87,code=sm_87"),
     (8, 9): ArchEntry("s4", "-gencode=arch=compute_89,code=sm_89"),
-    (9, 0): ArchEntry("s8", "-gencode=arch=compute_90a,code=sm_90a"),
+    (9, 0): ArchEntry("s8", "-gencode=arch=compute_90a,code=sm_90a", wgmma=True),
 }
 
 
@@ -200,13 +208,13 @@ def _int4_preprocess_op(
     p_mode: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     ext = load_extension(q.device)
-    s4 = _resolve_path(path, q.device) == "s4"
+    s4 = _resolve_path(path, q.device, block_n) == "s4"
     return tuple(ext.preprocess_int4(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, s4, p_mode))
 
 
 @_int4_preprocess_op.register_fake
 def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode):
-    s4 = _resolve_path(path, q.device) == "s4"
+    s4 = _resolve_path(path, q.device, block_n) == "s4"
     if bnhd:
         b, n_q, h, d = q.shape
         n_kv = k.shape[1]
@@ -248,10 +256,10 @@ def _int4_attention_op(
     bnhd: bool,
 ) -> torch.Tensor:
     ext = load_extension(q_hat.device)
-    s4 = _resolve_path(path, q_hat.device) == "s4"
+    kernel = _resolve_path(path, q_hat.device, block_n)
     return ext.attention_int4(
-        q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, s4, p_mode,
-        qk_scale, out_bf16, bnhd, None,
+        q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, kernel == "s4",
+        kernel == "wgmma", p_mode, qk_scale, out_bf16, bnhd, None,
     )
 
 
@@ -267,16 +275,38 @@ def _(q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, h
 # Public functions
 
 
-def _resolve_path(path: str, device: torch.device) -> str:
-    """'auto' -> the arch table's path for ``device``; 's4' / 's8' as given."""
-    return arch_entry(device).path if path == "auto" else path
+PATHS = ("s4", "s8", "wgmma")
 
 
-def _check_path(path: str | None) -> str:
+def default_block_n(device: torch.device | None = None) -> int:
+    """The key-block size the CUDA backend uses when none is given: 128 where the Hopper kernel
+    runs (its tile), else 64. The block size is part of the numerics (block-local softmax max and
+    V̂ column sums), so the reference must be run with the same value to reproduce a kernel."""
+    try:
+        return 128 if arch_entry(device).wgmma else DEFAULT_BLOCK_N
+    except RuntimeError:
+        return DEFAULT_BLOCK_N
+
+
+def _resolve_path(path: str, device: torch.device, block_n: int) -> str:
+    """'auto' -> the arch table's kernel for ``device`` and ``block_n``; 's4' / 's8' / 'wgmma' as given."""
+    if path != "auto":
+        return path
+    entry = arch_entry(device)
+    return "wgmma" if entry.wgmma and block_n == 128 else entry.path
+
+
+def _check_path(path: str | None, block_n: int, device: torch.device) -> str:
     if path is None:
         return "auto"
-    if path not in ("s4", "s8"):
-        raise ValueError(f"path: expected 's4', 's8' or None (arch default), got {path!r}")
+    if path not in PATHS:
+        raise ValueError(f"path: expected one of {PATHS} or None (arch default), got {path!r}")
+    if path == "wgmma":
+        if block_n != 128:
+            raise ValueError(f"path: 'wgmma' (the Hopper kernel) needs block_n=128, got block_n={block_n}")
+        if device.type == "cuda" and not arch_entry(device).wgmma:
+            cap = _capability(device)
+            raise ValueError(f"path: 'wgmma' needs an sm90 GPU (Hopper), this is sm{cap[0]}{cap[1]}")
     return path
 
 
@@ -327,7 +357,7 @@ def preprocess_int4_cuda(
     *,
     layout: str = "BHND",
     kv_lens: torch.Tensor | None = None,
-    block_n: int = DEFAULT_BLOCK_N,
+    block_n: int | None = None,
     smooth_k: bool = True,
     smooth_v: bool = False,
     p_mode: str = "range",
@@ -338,14 +368,15 @@ def preprocess_int4_cuda(
     Args: q [B, H, Nq, D] (``"BHND"``) or [B, Nq, H, D] (``"BNHD"``), k, v likewise with Nkv
     keys; fp16 or bf16, last dim contiguous; D in (64, 128). ``kv_lens`` int [B] (keys
     ``j >= kv_lens[b]`` masked). ``p_mode`` decides the ``vparams`` encoding; ``path`` the
-    packing (``None``: the arch default). Returns a :class:`KernelQKV` (module docstring).
+    packing (``None``: the arch default); ``block_n`` None: :func:`default_block_n`. Returns a :class:`KernelQKV` (module docstring).
     Bit-identical to :func:`rotvid.kernels.reference.preprocess_int4` packed by
     :func:`pack_reference_quantized`.
     """
+    block_n = default_block_n(q.device) if block_n is None else block_n
     _check_inputs(q, k, v, layout, kv_lens, block_n)
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
-    path = _check_path(path)
+    path = _check_path(path, block_n, q.device)
     out = _int4_preprocess_op(
         q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", block_n, smooth_k, smooth_v, path,
         P_MODES[p_mode],
@@ -359,7 +390,7 @@ def attention_int4_quantized(
     n_q: int,
     n_kv: int,
     head_dim: int,
-    block_n: int = DEFAULT_BLOCK_N,
+    block_n: int | None = None,
     kv_lens: torch.Tensor | None = None,
     sm_scale: float | None = None,
     p_mode: str = "range",
@@ -381,11 +412,12 @@ def attention_int4_quantized(
         raise ValueError(f"out_dtype: expected float16 or bfloat16, got {out_dtype}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    block_n = default_block_n(qkv.q_hat.device) if block_n is None else block_n
     if block_n not in SUPPORTED_BLOCK_N:
         raise ValueError(f"block_n: expected one of {SUPPORTED_BLOCK_N}, got {block_n!r}")
     if layout not in ("BHND", "BNHD"):
         raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
-    path = _check_path(path)
+    path = _check_path(path, block_n, qkv.q_hat.device)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
     args = (
         qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
@@ -397,8 +429,8 @@ def attention_int4_quantized(
     # Writing into a caller's tensor (tests poison it first): the raw extension, outside the custom op.
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
-    s4 = _resolve_path(path, qkv.q_hat.device) == "s4"
-    load_extension(qkv.q_hat.device).attention_int4(*args[:12], s4, *args[13:], out)
+    kernel = _resolve_path(path, qkv.q_hat.device, block_n)
+    load_extension(qkv.q_hat.device).attention_int4(*args[:12], kernel == "s4", kernel == "wgmma", *args[13:], out)
     return out
 
 
@@ -413,10 +445,11 @@ def int4_attention_cuda(
     p_mode: str = "range",
     smooth_k: bool = True,
     smooth_v: bool = False,
-    block_n: int = DEFAULT_BLOCK_N,
+    block_n: int | None = None,
     path: str | None = None,
 ) -> torch.Tensor:
     """Pre-processing + INT4 attention on the GPU; output has q's shape, layout and dtype."""
+    block_n = default_block_n(q.device) if block_n is None else block_n
     qb, qh, qn, qd, kn = _check_inputs(q, k, v, layout, kv_lens, block_n)
     qkv = preprocess_int4_cuda(
         q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k, smooth_v=smooth_v,
@@ -507,7 +540,8 @@ class CudaBackend:
             _nvcc()
         except RuntimeError as err:
             return str(err)
-        return f"available ({entry.path} path)"
+        kernels = f"{entry.path} path" + (", wgmma kernel at block_n 128 (default)" if entry.wgmma else "")
+        return f"available ({kernels})"
 
     def unsupported_reason(self, q, k, v, *, recipe="int4", layout="BHND", kv_lens=None, **opts) -> str | None:
         if recipe not in RECIPE_P_MODE:
@@ -549,7 +583,7 @@ class CudaBackend:
             raise ValueError(f"backend: 'cuda' cannot run this call: {why}")
         return int4_attention_cuda(
             q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=RECIPE_P_MODE[recipe],
-            smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n or DEFAULT_BLOCK_N,
+            smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n or default_block_n(q.device),
         )
 
 

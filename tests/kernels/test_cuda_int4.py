@@ -108,6 +108,72 @@ def test_s4_path_equals_s8_path_bitwise(b, h, n_q, n_kv, d, lens, dtype, layout,
     assert metrics.relative_l2(ref, outs["s4"].float()) < 1e-2
 
 
+
+def needs_wgmma():
+    if not cb().arch_entry().wgmma:
+        pytest.skip("the wgmma kernel needs an sm90 (Hopper) GPU; this GPU has none")
+
+
+# (b, h, n_q, n_kv, d, kv_lens, dtype, layout, smooth_v): the odd lengths of the issue, both head dims,
+# batch 2 with different valid key lengths; block_n is 128 (the wgmma kernel's tile)
+WGMMA_CASES = [
+    (1, 2, 1, 1, 64, None, torch.float16, "BHND", False),
+    (1, 2, 97, 97, 128, None, torch.bfloat16, "BNHD", True),
+    (2, 2, 1025, 1025, 128, [1025, 333], torch.float16, "BHND", False),
+    (2, 3, 97, 300, 64, [1, 257], torch.bfloat16, "BNHD", True),
+    (1, 1, 32761, 32761, 128, None, torch.bfloat16, "BHND", False),
+    (1, 1, 32761, 32761, 64, None, torch.float16, "BNHD", False),
+]
+
+
+@pytest.mark.parametrize("p_mode", ["range", "sym"])
+@pytest.mark.parametrize("case", WGMMA_CASES, ids=lambda c: f"b{c[0]}h{c[1]}q{c[2]}k{c[3]}d{c[4]}")
+def test_wgmma_kernel_matches_reference_and_s8_path_bitwise(case, p_mode):
+    """The Hopper kernel (wgmma + TMA) against the reference on the same quantized inputs, and bit
+    for bit against the mma.sync s8 path (same per-row arithmetic, exact integer products)."""
+    needs_wgmma()
+    b, h, n_q, n_kv, d, lens, dtype, layout, smooth_v = case
+    q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=3 * n_q + n_kv + d + len(p_mode), kv_lens=lens)
+    ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=128, smooth_v=smooth_v)
+    ref = attention_from_quantized(ref_q, p_mode=p_mode, out_dtype=torch.float32, layout=layout)
+    kq = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="s8")
+    outs = {
+        path: run_kernel_on(kq, n_q=n_q, n_kv=n_kv, d=d, block_n=128, kv_lens=kv_lens, p_mode=p_mode, path=path,
+                            dtype=dtype, layout=layout, b=b, h=h)
+        for path in ("wgmma", "s8")
+    }
+    mism = (outs["wgmma"] != outs["s8"]).sum().item()
+    assert mism == 0, f"{mism} of {outs['s8'].numel()} outputs differ between the wgmma and s8 kernels"
+    o, r = cb_to_bhnd(outs["wgmma"].float(), layout), cb_to_bhnd(ref, layout)
+    rounding = 2.0 ** (-8 if dtype == torch.bfloat16 else -11)
+    for bi in range(b):
+        for hi in range(h):
+            assert metrics.relative_l2(r[bi, hi], o[bi, hi]) <= REL_L2_MAX + rounding, (bi, hi)
+
+
+def test_wgmma_is_the_hopper_default_and_matches_float64():
+    """On sm90 the CUDA backend's default (block_n None) runs the wgmma kernel at block_n 128; its SQNR
+    against float64 attention clears the recipe floor and equals the reference's at block_n 128."""
+    needs_wgmma()
+    assert cb().default_block_n() == 128
+    q, k, v, _ = make_inputs(1, 4, 1000, 1000, 128, torch.bfloat16, "BHND", seed=17, bias=2.0)
+    q = q * 2.0
+    ref64 = attention_fp64(q.cpu(), k.cpu(), v.cpu())
+    out = attention(q, k, v, recipe="int4", backend="cuda")
+    explicit = cb().int4_attention_cuda(q, k, v, block_n=128, path="wgmma")
+    assert torch.equal(out, explicit)
+    refq = attention_reference(q, k, v, recipe="int4", block_n=128)
+    s_kernel, s_ref = metrics.sqnr_db(ref64, out.cpu()), metrics.sqnr_db(ref64, refq.cpu())
+    assert s_kernel > FLOORS_DB["int4"] and abs(s_kernel - s_ref) < 0.2, (s_kernel, s_ref)
+
+
+def test_wgmma_path_errors_name_the_argument():
+    q, k, v, _ = make_inputs(1, 1, 64, 64, 128, torch.float16, "BHND", seed=2)
+    with pytest.raises(ValueError, match="block_n=128"):
+        cb().int4_attention_cuda(q, k, v, block_n=64, path="wgmma")
+    with pytest.raises(ValueError, match="path: expected one of"):
+        cb().int4_attention_cuda(q, k, v, path="s16")
+
 @pytest.mark.parametrize("path", ["s8", "s4"])
 @pytest.mark.parametrize(
     "b, h, n_q, n_kv, d, lens, dtype, layout, block_n, smooth_k, smooth_v, p_mode",

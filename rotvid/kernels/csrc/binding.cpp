@@ -128,7 +128,8 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
 at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, const at::Tensor& k_hat,
                           const at::Tensor& k_scale, const at::Tensor& vt, const at::Tensor& vparams,
                           const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
-                          int64_t n_kv, int64_t head_dim, int64_t block_n, bool s4, int64_t p_mode, double qk_scale,
+                          int64_t n_kv, int64_t head_dim, int64_t block_n, bool s4, bool wgmma, int64_t p_mode,
+                          double qk_scale,
                           bool out_bf16, bool bnhd, const c10::optional<at::Tensor>& out_opt) {
   TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,DB]");
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
@@ -186,7 +187,13 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   p.Nkv_pad = (int)nkv_pad;
   p.qk_scale = (float)qk_scale;  // float32(sm_scale * log2(e)), computed by the caller in double
   p.out_bf16 = out_bf16 ? 1 : 0;
-  if (n_q > 0) {
+  if (n_q > 0 && wgmma) {
+    TORCH_CHECK(!s4 && block_n == 128, "the wgmma kernel takes the s8 layout at block_n 128");
+    TORCH_CHECK(rotvid::wgmma_kernel_available(),
+                "the wgmma kernel needs an sm90 GPU and the driver's cuTensorMapEncodeTiled");
+    check_cuda(rotvid::launch_int4_attention_wgmma(p, (int)D, (int)p_mode, c10::cuda::getCurrentCUDAStream()),
+               "int4_attention_wgmma");
+  } else if (n_q > 0) {
     check_cuda(rotvid::launch_int4_attention(p, (int)D, (int)block_n, s4, (int)p_mode,
                                              c10::cuda::getCurrentCUDAStream()),
                "int4_attention");

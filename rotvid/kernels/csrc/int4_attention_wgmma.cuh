@@ -1,0 +1,398 @@
+// INT4-valued flash attention on Hopper's warpgroup tensor cores (sm90a: wgmma s8, TMA, mbarriers).
+//
+// Same numerics as int4_attention.cuh at block_n = 128 (DESIGN.md §The numerics; the per-row
+// arithmetic below is that kernel's, so the output bits are identical): per key block of 128 keys
+//   S = Q^ K^T (int32 + MAGIC_I), x = float(S) * k_scale, m_blk = sq * max(x), p = ex2(x sq - m_blk),
+//   P~ = rint(15 p) - 8 (range) | rint(7 p) (sym), PV = P~ V^ (int32), O = O a + c (PV + 8 colsum) v_scale/15.
+//
+// CTA = 3 warpgroups' worth of roles in 9 warps: warps 0-7 are two consumer warpgroups of 64 query rows
+// each (BM = 128), warp 8 is the producer: one thread issues TMA copies of the Q tile (once) and of each
+// key block (K^ tile, V^T tile, K scales, V parameters) into a ring of STAGES buffers, each guarded by a
+// "full" mbarrier (transaction bytes) and an "empty" mbarrier (one arrival per consumer warp).
+// Consumers: S = wgmma m64n128k32 (A = Q^ and B = K^ from shared memory, 128-byte or 64-byte swizzle),
+// softmax and P~ in registers, PV = wgmma m64nDk32 with A = P~ from registers (the accumulator layout of
+// S is the A-fragment layout once V^T keys are permuted per 32, as the kernel layout already does) and
+// B = V^T (K-major) from shared memory.
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "int4_common.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ROTVID_WGMMA_ENABLED 1
+#endif
+
+namespace rotvid {
+namespace wg {
+
+constexpr int kBM = 128;        // query rows per CTA (two consumer warpgroups x 64)
+constexpr int kBN = 128;        // keys per block
+constexpr int kConsumerWarps = 8;
+constexpr int kThreads = (kConsumerWarps + 1) * 32;
+
+template <int D>
+struct Cfg {
+  static constexpr int Q_BYTES = kBM * D;          // Q^ tile, rows of D bytes (s8)
+  static constexpr int K_BYTES = kBN * D;          // K^ tile
+  static constexpr int V_BYTES = D * kBN;          // V^T tile: D rows of 128 key bytes
+  static constexpr int KS_BYTES = kBN * 4;         // k_scale of the block
+  static constexpr int VP_BYTES = D * 8;           // vparams of the block
+  static constexpr int STAGES = 2;
+  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
+  // layout: [Q][K0 V0][K1 V1]...[KS0 VP0][KS1 VP1]...[barriers]
+  static constexpr int TILES = Q_BYTES + STAGES * STAGE_BYTES;
+  static constexpr int SMALL = STAGES * (KS_BYTES + VP_BYTES);
+  static constexpr int BARS = (2 * STAGES + 1) * 8;
+  static constexpr int SMEM = 1024 + TILES + SMALL + BARS;  // +1024: the base is rounded up to 1024
+  static constexpr int QK_SWIZZLE = D == 128 ? 128 : 64;    // bytes per Q/K row = swizzle span
+  static constexpr uint32_t TX = K_BYTES + V_BYTES + KS_BYTES + VP_BYTES;
+};
+
+
+// ---- PTX wrappers (mbarrier, TMA, wgmma) ----
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile with rows of `swizzle` bytes (128 or 64), 8-row
+// groups `8 * swizzle` bytes apart; the tile starts on a multiple of 8 * swizzle bytes.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, int swizzle) {
+  const uint64_t sbo = (uint64_t)(8 * swizzle) >> 4;
+  const uint64_t mode = swizzle == 128 ? 1 : 2;
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (sbo << 32) | (mode << 62);
+}
+
+// wgmma.mma_async wrappers (s32 += s8 x s8; operand lists written out).
+__device__ __forceinline__ void wgmma_ss_m64n128k32(uint32_t (&d)[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, 1;\n"
+      "}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "l"(da), "l"(db)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n128k32(uint32_t (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, 1;\n"
+      "}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n64k32(uint32_t (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, 1;\n"
+      "}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+      : "memory");
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  uint32_t lo = __byte_perm(w0, w1, 0x0040);
+  uint32_t hi = __byte_perm(w2, w3, 0x0040);
+  return __byte_perm(lo, hi, 0x5410);
+}
+
+template <int D>
+__device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (D == 128) {
+    wgmma_rs_m64n128k32(acc, a, db);
+  } else {
+    wgmma_rs_m64n64k32(acc, a, db);
+  }
+}
+
+template <int D, int PMODE>
+__global__ void __launch_bounds__(kThreads, 1)
+    int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
+                                const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#ifdef ROTVID_WGMMA_ENABLED
+  using C = Cfg<D>;
+  constexpr int ST = C::STAGES;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  const uint32_t s_q = base;
+  auto s_k = [&](int s) { return base + C::Q_BYTES + s * C::STAGE_BYTES; };
+  auto s_v = [&](int s) { return base + C::Q_BYTES + s * C::STAGE_BYTES + C::K_BYTES; };
+  const int small_off = C::TILES;
+  auto ks_ptr = [&](int s) { return reinterpret_cast<const float*>(smem + small_off + s * (C::KS_BYTES + C::VP_BYTES)); };
+  auto vp_ptr = [&](int s) {
+    return reinterpret_cast<const float*>(smem + small_off + s * (C::KS_BYTES + C::VP_BYTES) + C::KS_BYTES);
+  };
+  const uint32_t bars = base + C::TILES + C::SMALL;
+  auto full_bar = [&](int s) { return bars + 8 * s; };
+  auto empty_bar = [&](int s) { return bars + 8 * (ST + s); };
+  const uint32_t q_bar = bars + 8 * 2 * ST;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int mb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int bh = b * p.H + h;
+  int kv_len = p.Nkv;
+  if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
+  const int nblk = (kv_len + kBN - 1) / kBN;
+
+  if (tid == 0) {
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(full_bar(s), 1);
+      mbar_init(empty_bar(s), kConsumerWarps);
+    }
+    mbar_init(q_bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == kConsumerWarps) {  // ---- producer ----
+    if (lane == 0) {
+      mbar_expect_tx(q_bar, C::Q_BYTES);
+      tma_load_2d(s_q, &tm_q, 0, bh * p.Nq_pad + mb * kBM, q_bar);
+      const float* ksg = p.k_scale + (size_t)bh * p.Nkv_pad;
+      const float* vpg = p.vparams + (size_t)bh * (p.Nkv_pad / kBN) * D * 2;
+      const uint32_t small = base + C::TILES;
+      for (int kb = 0; kb < nblk; ++kb) {
+        const int s = kb % ST;
+        mbar_wait(empty_bar(s), ((kb / ST) & 1) ^ 1);
+        mbar_expect_tx(full_bar(s), C::TX);
+        tma_load_2d(s_k(s), &tm_k, 0, bh * p.Nkv_pad + kb * kBN, full_bar(s));
+        tma_load_2d(s_v(s), &tm_v, kb * kBN, bh * D, full_bar(s));
+        const uint32_t sm = small + s * (C::KS_BYTES + C::VP_BYTES);
+        bulk_load(sm, ksg + (size_t)kb * kBN, C::KS_BYTES, full_bar(s));
+        bulk_load(sm + C::KS_BYTES, vpg + (size_t)kb * D * 2, C::VP_BYTES, full_bar(s));
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  const int wg = warp >> 2, wi = warp & 3;
+  const int g = lane >> 2, t = lane & 3;
+  const int row_base = mb * kBM + wg * 64 + wi * 16;
+  float sq[2];
+  sq[0] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale;
+  sq[1] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g + 8] * p.qk_scale;
+  const uint64_t desc_q = smem_desc(s_q + wg * 64 * D, C::QK_SWIZZLE);
+
+  constexpr int NT = kBN / 8;   // score n-tiles
+  constexpr int DT = D / 8;     // output n-tiles
+  constexpr int QKS = D / 32;   // k-steps of QK^T
+  constexpr int PKS = kBN / 32; // k-steps of P.V
+  float o[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+  constexpr float kPMul = PMODE == kPRange ? 15.f : 7.f;
+  constexpr float kPAdd = PMODE == kPRange ? kMagicF - 8.f : kMagicF;
+
+  mbar_wait(q_bar, 0);
+  for (int kb = 0; kb < nblk; ++kb) {
+    const int s = kb % ST;
+    mbar_wait(full_bar(s), (kb / ST) & 1);
+
+    // ---- S = Q^ K^T (+ MAGIC_I) ----
+    uint32_t sacc[NT * 4];
+#pragma unroll
+    for (int i = 0; i < NT * 4; ++i) sacc[i] = kMagicI;
+    const uint64_t desc_k = smem_desc(s_k(s), C::QK_SWIZZLE);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < QKS; ++ks) wgmma_ss_m64n128k32(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    // ---- scores, block max, exponentials (the mma.sync kernel's arithmetic) ----
+    const float* sks = ks_ptr(s);
+    const bool partial = (kb + 1) * kBN > kv_len;
+    float x[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float2 ksc = *reinterpret_cast<const float2*>(sks + 8 * j + 2 * t);
+      x[j][0] = (__uint_as_float(sacc[4 * j + 0]) - kMagicF) * ksc.x;
+      x[j][1] = (__uint_as_float(sacc[4 * j + 1]) - kMagicF) * ksc.y;
+      x[j][2] = (__uint_as_float(sacc[4 * j + 2]) - kMagicF) * ksc.x;
+      x[j][3] = (__uint_as_float(sacc[4 * j + 3]) - kMagicF) * ksc.y;
+    }
+    if (partial) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int key = kb * kBN + 8 * j + 2 * t;
+        if (key >= kv_len) x[j][0] = x[j][2] = -INFINITY;
+        if (key + 1 >= kv_len) x[j][1] = x[j][3] = -INFINITY;
+      }
+    }
+    float xmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      xmax[0] = fmaxf(xmax[0], fmaxf(x[j][0], x[j][1]));
+      xmax[1] = fmaxf(xmax[1], fmaxf(x[j][2], x[j][3]));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 1));
+      xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 2));
+    }
+    float mblk[2], c_fac[2];
+    mblk[0] = sq[0] * xmax[0];
+    mblk[1] = sq[1] * xmax[1];
+    if (__any_sync(0xffffffffu, (mblk[0] > m_run[0] + 8.f) || (mblk[1] > m_run[1] + 8.f))) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m_run[r], mblk[r]);
+        const float a = ex2(m_run[r] - m_new);
+        m_run[r] = m_new;
+        l_run[r] *= a;
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+          o[j][2 * r] *= a;
+          o[j][2 * r + 1] *= a;
+        }
+      }
+    }
+    c_fac[0] = ex2(mblk[0] - m_run[0]);
+    c_fac[1] = ex2(mblk[1] - m_run[1]);
+    float lblk[2] = {0.f, 0.f};
+    uint32_t pw[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        float pe = ex2(fmaf(x[j][e], sq[r], -mblk[r]));
+        if (partial) {
+          const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
+          if (key >= kv_len) pe = 0.f;
+        }
+        lblk[r] += pe;
+        pw[j][e] = __float_as_uint(fmaf(pe, kPMul, kPAdd));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l_run[r] = fmaf(c_fac[r], lblk[r], l_run[r]);
+
+    uint32_t pf[PKS][4];
+#pragma unroll
+    for (int k = 0; k < PKS; ++k) {
+      pf[k][0] = pack_low_bytes(pw[4 * k][0], pw[4 * k][1], pw[4 * k + 1][0], pw[4 * k + 1][1]);
+      pf[k][1] = pack_low_bytes(pw[4 * k][2], pw[4 * k][3], pw[4 * k + 1][2], pw[4 * k + 1][3]);
+      pf[k][2] = pack_low_bytes(pw[4 * k + 2][0], pw[4 * k + 2][1], pw[4 * k + 3][0], pw[4 * k + 3][1]);
+      pf[k][3] = pack_low_bytes(pw[4 * k + 2][2], pw[4 * k + 2][3], pw[4 * k + 3][2], pw[4 * k + 3][3]);
+    }
+
+    // ---- PV = P~ V^ (int32 + MAGIC_I); the colsum term enters through the exact bias ----
+    uint32_t pacc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) pacc[i] = kMagicI;
+    const uint64_t desc_v = smem_desc(s_v(s), 128);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < PKS; ++k) wgmma_pv<D>(pacc, pf[k], desc_v + 2 * k);
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    const float* svp = vp_ptr(s);
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+      const float4 vp = *reinterpret_cast<const float4*>(svp + 2 * (8 * j + 2 * t));
+      const float bias0 = 2.f * kMagicF - vp.y;  // = MAGIC_F - 8 colsum (exact)
+      const float bias1 = 2.f * kMagicF - vp.w;
+      o[j][0] = fmaf(c_fac[0] * (__uint_as_float(pacc[4 * j + 0]) - bias0), vp.x, o[j][0]);
+      o[j][1] = fmaf(c_fac[0] * (__uint_as_float(pacc[4 * j + 1]) - bias1), vp.z, o[j][1]);
+      o[j][2] = fmaf(c_fac[1] * (__uint_as_float(pacc[4 * j + 2]) - bias0), vp.x, o[j][2]);
+      o[j][3] = fmaf(c_fac[1] * (__uint_as_float(pacc[4 * j + 3]) - bias1), vp.z, o[j][3]);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar(s));
+  }
+
+  // ---- epilogue: O / l (+ v_mean) ----
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  const float* vm = p.v_mean != nullptr ? p.v_mean + (size_t)bh * D : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + g + 8 * r;
+    if (row >= p.Nq) continue;
+    const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+      const int d = 8 * j + 2 * t;
+      float y0 = o[j][2 * r] / l_run[r];
+      float y1 = o[j][2 * r + 1] / l_run[r];
+      if (vm != nullptr) {
+        y0 += vm[d];
+        y1 += vm[d + 1];
+      }
+      if (p.out_bf16) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + off + d) = __floats2bfloat162_rn(y0, y1);
+      } else {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + off + d) = __floats2half2_rn(y0, y1);
+      }
+    }
+  }
+#endif  // ROTVID_WGMMA_ENABLED
+}
+
+}  // namespace wg
+}  // namespace rotvid
