@@ -18,6 +18,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "int4_common.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -30,16 +32,20 @@ namespace wg {
 constexpr int kBM = 128;        // query rows per CTA (two consumer warpgroups x 64)
 constexpr int kBN = 128;        // keys per block
 constexpr int kConsumerWarps = 8;
-constexpr int kThreads = (kConsumerWarps + 1) * 32;
+constexpr int kThreads = (kConsumerWarps + 4) * 32;  // + a producer warpgroup (one thread issues the copies)
+// Registers are allocated per warpgroup on sm90 (cap 168 per thread for 3 warpgroups): the producer gives
+// its share to the consumers with setmaxnreg (24 x 128 + 240 x 256 <= 65536).
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
 
-template <int D>
+template <int D, int ST = 2>
 struct Cfg {
   static constexpr int Q_BYTES = kBM * D;          // Q^ tile, rows of D bytes (s8)
   static constexpr int K_BYTES = kBN * D;          // K^ tile
   static constexpr int V_BYTES = D * kBN;          // V^T tile: D rows of 128 key bytes
   static constexpr int KS_BYTES = kBN * 4;         // k_scale of the block
   static constexpr int VP_BYTES = D * 8;           // vparams of the block
-  static constexpr int STAGES = 2;
+  static constexpr int STAGES = ST;
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
   // layout: [Q][K0 V0][K1 V1]...[KS0 VP0][KS1 VP1]...[barriers]
   static constexpr int TILES = Q_BYTES + STAGES * STAGE_BYTES;
@@ -64,15 +70,17 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// The suspend-time hint lets the hardware park the waiting warp until the phase completes (without it the
+// producer's wait spun and took ~13% of the issue slots of its scheduler: Nsight Compute, Wan shape).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n"
       ".reg .pred done;\n"
       "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
       "@!done bra WAIT_%=;\n"
       "}\n" ::"r"(bar),
-      "r"(parity)
+      "r"(parity), "r"(0x989680)
       : "memory");
 }
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
@@ -102,41 +110,63 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, int swizzle) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (sbo << 32) | (mode << 62);
 }
 
-// wgmma.mma_async wrappers (s32 += s8 x s8; operand lists written out).
+// wgmma.mma_async wrappers, operand lists written out: S = Q^ K^T is s32 += s8 x s8 (A and B from shared
+// memory); P.V is s32 += u8 x s8 with A = P^ from registers (see the kernel's comment on P^).
+template <int SCALE_D>
 __device__ __forceinline__ void wgmma_ss_m64n128k32(uint32_t (&d)[64], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, 1;\n"
-      "}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-      : "l"(da), "l"(db)
-      : "memory");
+  if constexpr (SCALE_D == 0) {  // D = A B: write-only accumulators (no false dependence on old values)
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 0;\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31]), "=r"(d[32]), "=r"(d[33]), "=r"(d[34]), "=r"(d[35]), "=r"(d[36]), "=r"(d[37]), "=r"(d[38]), "=r"(d[39]), "=r"(d[40]), "=r"(d[41]), "=r"(d[42]), "=r"(d[43]), "=r"(d[44]), "=r"(d[45]), "=r"(d[46]), "=r"(d[47]), "=r"(d[48]), "=r"(d[49]), "=r"(d[50]), "=r"(d[51]), "=r"(d[52]), "=r"(d[53]), "=r"(d[54]), "=r"(d[55]), "=r"(d[56]), "=r"(d[57]), "=r"(d[58]), "=r"(d[59]), "=r"(d[60]), "=r"(d[61]), "=r"(d[62]), "=r"(d[63])
+        : "l"(da), "l"(db)
+        : "memory");
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1;\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(da), "l"(db)
+        : "memory");
+  }
 }
 
+template <int SCALE_D>
 __device__ __forceinline__ void wgmma_rs_m64n128k32(uint32_t (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, 1;\n"
-      "}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
-      : "memory");
+  if constexpr (SCALE_D == 0) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 0;\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31]), "=r"(d[32]), "=r"(d[33]), "=r"(d[34]), "=r"(d[35]), "=r"(d[36]), "=r"(d[37]), "=r"(d[38]), "=r"(d[39]), "=r"(d[40]), "=r"(d[41]), "=r"(d[42]), "=r"(d[43]), "=r"(d[44]), "=r"(d[45]), "=r"(d[46]), "=r"(d[47]), "=r"(d[48]), "=r"(d[49]), "=r"(d[50]), "=r"(d[51]), "=r"(d[52]), "=r"(d[53]), "=r"(d[54]), "=r"(d[55]), "=r"(d[56]), "=r"(d[57]), "=r"(d[58]), "=r"(d[59]), "=r"(d[60]), "=r"(d[61]), "=r"(d[62]), "=r"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1;\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  }
 }
 
+template <int SCALE_D>
 __device__ __forceinline__ void wgmma_rs_m64n64k32(uint32_t (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, 1;\n"
-      "}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
-      : "memory");
+  if constexpr (SCALE_D == 0) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 0;\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1;\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  }
 }
 
 __device__ __forceinline__ float ex2(float x) {
@@ -151,21 +181,21 @@ __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t w0, uint32_t w1, uin
   return __byte_perm(lo, hi, 0x5410);
 }
 
-template <int D>
+template <int D, int SCALE_D>
 __device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t (&a)[4], uint64_t db) {
   if constexpr (D == 128) {
-    wgmma_rs_m64n128k32(acc, a, db);
+    wgmma_rs_m64n128k32<SCALE_D>(acc, a, db);
   } else {
-    wgmma_rs_m64n64k32(acc, a, db);
+    wgmma_rs_m64n64k32<SCALE_D>(acc, a, db);
   }
 }
 
-template <int D, int PMODE>
+template <int D, int PMODE, int STAGES, bool PINGPONG, bool PIPE>
 __global__ void __launch_bounds__(kThreads, 1)
     int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef ROTVID_WGMMA_ENABLED
-  using C = Cfg<D>;
+  using C = Cfg<D, STAGES>;
   constexpr int ST = C::STAGES;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -201,8 +231,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (warp == kConsumerWarps) {  // ---- producer ----
-    if (lane == 0) {
+  if (warp >= kConsumerWarps) {  // ---- producer warpgroup ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp == kConsumerWarps && lane == 0) {
       mbar_expect_tx(q_bar, C::Q_BYTES);
       tma_load_2d(s_q, &tm_q, 0, bh * p.Nq_pad + mb * kBM, q_bar);
       const float* ksg = p.k_scale + (size_t)bh * p.Nkv_pad;
@@ -219,10 +250,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         bulk_load(sm + C::KS_BYTES, vpg + (size_t)kb * D * 2, C::VP_BYTES, full_bar(s));
       }
     }
-    return;
-  }
+  } else {  // ---- consumers (one branch of the if/else, so setmaxnreg applies) ----
 
-  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
   const int wg = warp >> 2, wi = warp & 3;
   const int g = lane >> 2, t = lane & 3;
   const int row_base = mb * kBM + wg * 64 + wi * 16;
@@ -240,38 +270,40 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
+  // P^ = rint(15 p) in [0, 15] (range) or rint(7 p) (sym), an unsigned byte: the u8 x s8 product P^ V^ equals
+  // the INT4 kernels' P~ V^ + 8 colsum(V^) with P~ = P^ - 8 in [-8, 7], so no column-sum term is needed here.
   constexpr float kPMul = PMODE == kPRange ? 15.f : 7.f;
-  constexpr float kPAdd = PMODE == kPRange ? kMagicF - 8.f : kMagicF;
+  constexpr float kPAdd = kMagicF;
 
-  mbar_wait(q_bar, 0);
-  for (int kb = 0; kb < nblk; ++kb) {
-    const int s = kb % ST;
-    mbar_wait(full_bar(s), (kb / ST) & 1);
+  uint32_t sacc[NT * 4];  // S of the current key block (in flight while PIPE overlaps it)
+  uint32_t pacc[D / 2];   // P~ V^ of the current key block
+  float mblk[2], c_fac[2];
 
-    // ---- S = Q^ K^T (+ MAGIC_I) ----
-    uint32_t sacc[NT * 4];
-#pragma unroll
-    for (int i = 0; i < NT * 4; ++i) sacc[i] = kMagicI;
+  // S = Q^ K^T of the block in stage s (committed as one wgmma group, not waited for)
+  auto issue_qk = [&](const int s) {
     const uint64_t desc_k = smem_desc(s_k(s), C::QK_SWIZZLE);
     wgmma_fence();
+    wgmma_ss_m64n128k32<0>(sacc, desc_q, desc_k);  // scale-d 0: the accumulator starts at zero
 #pragma unroll
-    for (int ks = 0; ks < QKS; ++ks) wgmma_ss_m64n128k32(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
+    for (int ks = 1; ks < QKS; ++ks) wgmma_ss_m64n128k32<1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
     wgmma_commit();
-    wgmma_wait<0>();
+  };
 
-    // ---- scores, block max, exponentials (the mma.sync kernel's arithmetic) ----
+  // Scores, block max, exponentials (the mma.sync kernel's arithmetic), P~ fragments, and the P.V wgmma
+  // group (committed, not waited for). PARTIAL: the last block of a row with masked keys.
+  auto softmax_issue_pv = [&](const int kb, const int s, auto partial_tag) {
+    constexpr bool PARTIAL = decltype(partial_tag)::value;
     const float* sks = ks_ptr(s);
-    const bool partial = (kb + 1) * kBN > kv_len;
     float x[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const float2 ksc = *reinterpret_cast<const float2*>(sks + 8 * j + 2 * t);
-      x[j][0] = (__uint_as_float(sacc[4 * j + 0]) - kMagicF) * ksc.x;
-      x[j][1] = (__uint_as_float(sacc[4 * j + 1]) - kMagicF) * ksc.y;
-      x[j][2] = (__uint_as_float(sacc[4 * j + 2]) - kMagicF) * ksc.x;
-      x[j][3] = (__uint_as_float(sacc[4 * j + 3]) - kMagicF) * ksc.y;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        x[j][e] = __int2float_rn((int)sacc[4 * j + e]) * ((e & 1) ? ksc.y : ksc.x);  // exact int -> float
+      }
     }
-    if (partial) {
+    if constexpr (PARTIAL) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int key = kb * kBN + 8 * j + 2 * t;
@@ -290,7 +322,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 1));
       xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 2));
     }
-    float mblk[2], c_fac[2];
     mblk[0] = sq[0] * xmax[0];
     mblk[1] = sq[1] * xmax[1];
     if (__any_sync(0xffffffffu, (mblk[0] > m_run[0] + 8.f) || (mblk[1] > m_run[1] + 8.f))) {
@@ -310,57 +341,105 @@ __global__ void __launch_bounds__(kThreads, 1)
     c_fac[0] = ex2(mblk[0] - m_run[0]);
     c_fac[1] = ex2(mblk[1] - m_run[1]);
     float lblk[2] = {0.f, 0.f};
-    uint32_t pw[NT][4];
+
+    const uint64_t desc_v = smem_desc(s_v(s), 128);
+    uint32_t pf[PKS][4];
+    auto make_pf = [&](const int k) {
+      uint32_t pw[4][4];  // float bits; low byte = P^ of n-tiles 4k..4k+3
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = 4 * k + jj;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        float pe = ex2(fmaf(x[j][e], sq[r], -mblk[r]));
-        if (partial) {
-          const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
-          if (key >= kv_len) pe = 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          float pe = ex2(fmaf(x[j][e], sq[r], -mblk[r]));
+          if constexpr (PARTIAL) {
+            const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
+            if (key >= kv_len) pe = 0.f;
+          }
+          lblk[r] += pe;
+          pw[jj][e] = __float_as_uint(fmaf(pe, kPMul, kPAdd));
         }
-        lblk[r] += pe;
-        pw[j][e] = __float_as_uint(fmaf(pe, kPMul, kPAdd));
       }
-    }
+      pf[k][0] = pack_low_bytes(pw[0][0], pw[0][1], pw[1][0], pw[1][1]);
+      pf[k][1] = pack_low_bytes(pw[0][2], pw[0][3], pw[1][2], pw[1][3]);
+      pf[k][2] = pack_low_bytes(pw[2][0], pw[2][1], pw[3][0], pw[3][1]);
+      pf[k][3] = pack_low_bytes(pw[2][2], pw[2][3], pw[3][2], pw[3][3]);
+    };
+#pragma unroll
+    for (int k = 0; k < PKS; ++k) make_pf(k);
+    wgmma_fence();
+    wgmma_pv<D, 0>(pacc, pf[0], desc_v);  // scale-d 0: starts at zero
+#pragma unroll
+    for (int k = 1; k < PKS; ++k) wgmma_pv<D, 1>(pacc, pf[k], desc_v + 2 * k);
+    wgmma_commit();
 #pragma unroll
     for (int r = 0; r < 2; ++r) l_run[r] = fmaf(c_fac[r], lblk[r], l_run[r]);
+  };
 
-    uint32_t pf[PKS][4];
-#pragma unroll
-    for (int k = 0; k < PKS; ++k) {
-      pf[k][0] = pack_low_bytes(pw[4 * k][0], pw[4 * k][1], pw[4 * k + 1][0], pw[4 * k + 1][1]);
-      pf[k][1] = pack_low_bytes(pw[4 * k][2], pw[4 * k][3], pw[4 * k + 1][2], pw[4 * k + 1][3]);
-      pf[k][2] = pack_low_bytes(pw[4 * k + 2][0], pw[4 * k + 2][1], pw[4 * k + 3][0], pw[4 * k + 3][1]);
-      pf[k][3] = pack_low_bytes(pw[4 * k + 2][2], pw[4 * k + 2][3], pw[4 * k + 3][2], pw[4 * k + 3][3]);
-    }
-
-    // ---- PV = P~ V^ (int32 + MAGIC_I); the colsum term enters through the exact bias ----
-    uint32_t pacc[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) pacc[i] = kMagicI;
-    const uint64_t desc_v = smem_desc(s_v(s), 128);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < PKS; ++k) wgmma_pv<D>(pacc, pf[k], desc_v + 2 * k);
-    wgmma_commit();
-    wgmma_wait<0>();
-
+  // O = O a + c (P^ V^) v_scale/15 (P^ V^ == P~ V^ + 8 colsum exactly), then the stage goes back to the producer
+  auto update_o = [&](const int s) {
     const float* svp = vp_ptr(s);
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
-      const float4 vp = *reinterpret_cast<const float4*>(svp + 2 * (8 * j + 2 * t));
-      const float bias0 = 2.f * kMagicF - vp.y;  // = MAGIC_F - 8 colsum (exact)
-      const float bias1 = 2.f * kMagicF - vp.w;
-      o[j][0] = fmaf(c_fac[0] * (__uint_as_float(pacc[4 * j + 0]) - bias0), vp.x, o[j][0]);
-      o[j][1] = fmaf(c_fac[0] * (__uint_as_float(pacc[4 * j + 1]) - bias1), vp.z, o[j][1]);
-      o[j][2] = fmaf(c_fac[1] * (__uint_as_float(pacc[4 * j + 2]) - bias0), vp.x, o[j][2]);
-      o[j][3] = fmaf(c_fac[1] * (__uint_as_float(pacc[4 * j + 3]) - bias1), vp.z, o[j][3]);
+      const float4 vp = *reinterpret_cast<const float4*>(svp + 2 * (8 * j + 2 * t));  // (v_scale, -, v_scale, -)
+      float u[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) u[e] = __int2float_rn((int)pacc[4 * j + e]);  // exact (|P^ V^| < 2^24)
+      o[j][0] = fmaf(c_fac[0] * u[0], vp.x, o[j][0]);
+      o[j][1] = fmaf(c_fac[0] * u[1], vp.z, o[j][1]);
+      o[j][2] = fmaf(c_fac[1] * u[2], vp.x, o[j][2]);
+      o[j][3] = fmaf(c_fac[1] * u[3], vp.z, o[j][3]);
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty_bar(s));
+  };
+
+  // PINGPONG: the two warpgroups take turns issuing their QK^T (named barriers 1 + wg), so one warpgroup's
+  // softmax runs while the other's matrix products occupy the tensor cores.
+  auto turn_wait = [&]() {
+    if constexpr (PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+  };
+  auto turn_pass = [&](bool last) {
+    if constexpr (PINGPONG) {
+      if (!(last && wg == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
+    }
+  };
+  if (PINGPONG && wg == 1 && nblk > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
+
+  mbar_wait(q_bar, 0);
+  if (nblk > 0) {
+    mbar_wait(full_bar(0), 0);
+    turn_wait();
+    issue_qk(0);
+    turn_pass(nblk == 1);
+  }
+  for (int kb = 0; kb < nblk; ++kb) {
+    const int s = kb % ST;
+    const int s1 = (kb + 1) % ST;
+    const bool has_next = kb + 1 < nblk;
+    wgmma_wait<0>();  // S of block kb
+    if ((kb + 1) * kBN > kv_len) {
+      softmax_issue_pv(kb, s, std::true_type{});
+    } else {
+      softmax_issue_pv(kb, s, std::false_type{});
+    }
+    if (PIPE && has_next) {  // S of the next block computes during this block's O update
+      mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
+      turn_wait();
+      issue_qk(s1);
+      turn_pass(kb + 2 == nblk);
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+    }
+    update_o(s);
+    if (!PIPE && has_next) {
+      mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
+      turn_wait();
+      issue_qk(s1);
+      turn_pass(kb + 2 == nblk);
+    }
   }
 
   // ---- epilogue: O / l (+ v_mean) ----
@@ -391,6 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  }  // consumers
 #endif  // ROTVID_WGMMA_ENABLED
 }
 

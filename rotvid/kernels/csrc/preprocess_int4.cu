@@ -23,26 +23,35 @@ __device__ __forceinline__ int quant7(float x, float inv) {
   return max(-7, min(7, v));
 }
 
-// grid (splits, BH), 256 threads; sums[bh, d] += sum over this split's valid tokens.
-template <typename T>
-__global__ void colsum_f64_kernel(const PreprocessParams p, int tokens_per_split, double* sums) {
-  __shared__ double part[256];
+// grid (splits, BH), 256 threads; sums[bh, d] += sum over this split's valid tokens. Each thread loads 16 bytes
+// (8 channels) of a row; float64 sums of fp16/bf16 values are exact here, so the order does not matter.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) colsum_f64_kernel(const PreprocessParams p, int tokens_per_split, double* sums) {
+  constexpr int TPR = D / 8;          // threads per row
+  constexpr int RSTEP = 256 / TPR;    // rows per step
+  __shared__ double part[RSTEP][D + 1];
   const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
   int len = p.N;
   if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
   const int start = blockIdx.x * tokens_per_split;
   const int end = min(start + tokens_per_split, len);
-  const int d = threadIdx.x % p.D, r0 = threadIdx.x / p.D, rstep = blockDim.x / p.D;
-  const T* x = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + d;
-  double acc = 0.0;
-#pragma unroll 8
-  for (int n = start + r0; n < end; n += rstep) acc += (double)to_f32<T>(x[(size_t)n * p.sn]);
-  part[threadIdx.x] = acc;
+  const int c8 = threadIdx.x % TPR, r0 = threadIdx.x / TPR;
+  const T* x = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + c8 * 8;
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll 4
+  for (int n = start + r0; n < end; n += RSTEP) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(x + (size_t)n * p.sn);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += (double)to_f32<T>(e[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) part[r0][c8 * 8 + i] = acc[i];
   __syncthreads();
-  if (threadIdx.x < p.D) {
+  if (threadIdx.x < D && start < end) {
     double tot = 0.0;
-    for (int r = 0; r < rstep; ++r) tot += part[r * p.D + threadIdx.x];
-    if (start < end) atomicAdd(sums + (size_t)bh * p.D + threadIdx.x, tot);
+    for (int r = 0; r < RSTEP; ++r) tot += part[r][threadIdx.x];
+    atomicAdd(sums + (size_t)bh * D + threadIdx.x, tot);
   }
 }
 
@@ -66,35 +75,31 @@ __device__ __forceinline__ void load_row(const T* x, float (&v)[D / 32]) {
   }
 }
 
+// grid (ceil(N_pad / (warps * kRowsPerWarp)), B * H): rows n0.. of one (batch, head).
 template <typename T, int D, bool S4>
-__global__ void quant_rows_kernel(const PreprocessParams p) {
+__global__ void __launch_bounds__(256) quant_rows_kernel(const PreprocessParams p) {
   constexpr int EPT = D / 32;
   constexpr int DB = S4 ? D / 2 : D;
   const int lane = threadIdx.x & 31;
-  const long long row0 = ((long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5)) * kRowsPerWarp;
-  const long long total = (long long)p.B * p.H * p.N_pad;
+  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int n0 = (blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5)) * kRowsPerWarp;
+  const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + lane * EPT;
   float v[kRowsPerWarp][EPT];
-  bool live[kRowsPerWarp];
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    const long long row = row0 + rr;
-    const int bh = (int)(row / p.N_pad), n = (int)(row % p.N_pad);
-    live[rr] = row < total && n < p.N;
-    if (live[rr]) {
-      const int b = bh / p.H, h = bh % p.H;
-      load_row<T, D>(static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + (size_t)n * p.sn + lane * EPT, v[rr]);
-    }
+    if (n0 + rr < p.N) load_row<T, D>(xb + (size_t)(n0 + rr) * p.sn, v[rr]);
   }
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    const long long row = row0 + rr;
-    if (row >= total) break;
-    const int bh = (int)(row / p.N_pad);
+    const int n = n0 + rr;
+    if (n >= p.N_pad) break;
+    const size_t row = (size_t)bh * p.N_pad + n;
+    const bool live = n < p.N;
     int qv[EPT];
     float scale = 0.f;
 #pragma unroll
     for (int i = 0; i < EPT; ++i) qv[i] = 0;
-    if (live[rr]) {
+    if (live) {
       if (p.mean != nullptr) {
         const float* mu = p.mean + (size_t)bh * D + lane * EPT;
 #pragma unroll
@@ -112,7 +117,7 @@ __global__ void quant_rows_kernel(const PreprocessParams p) {
         scale = __fdiv_rn(amax, 7.0f);
       }
     }
-    int8_t* out = p.out + (size_t)row * DB;
+    int8_t* out = p.out + row * DB;
     if constexpr (!S4) {
       if constexpr (EPT == 4) {
         const uint32_t w = (qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8) | ((qv[2] & 0xFF) << 16) | ((uint32_t)(qv[3] & 0xFF) << 24);
@@ -156,35 +161,23 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
     *reinterpret_cast<uint4*>(tile + j * D + c8 * 8) = val;
   }
   __syncthreads();
+  // Two passes over the tile's column d (no per-key register arrays: BN = 128 spilled): the max, then
+  // quantize straight into the permuted V^T bytes while summing the column.
   const float mu = p.mean != nullptr ? p.mean[(size_t)bh * D + d] : 0.f;
-  float v[BN];
-#pragma unroll
-  for (int j = 0; j < BN; ++j) {
-    const int key = kb * BN + j;
-    v[j] = key < len ? to_f32<T>(tile[j * D + d]) - mu : 0.f;
-  }
+  auto value = [&](int j) { return kb * BN + j < len ? to_f32<T>(tile[j * D + d]) - mu : 0.f; };
   float amax = 0.f;
-#pragma unroll
-  for (int j = 0; j < BN; ++j) amax = fmaxf(amax, fabsf(v[j]));
-  int qv[BN];
-  float scale = 0.f;
+#pragma unroll 16
+  for (int j = 0; j < BN; ++j) amax = fmaxf(amax, fabsf(value(j)));
+  const float inv = amax == 0.f ? 0.f : __fdiv_rn(7.0f, amax);
+  const float scale = amax == 0.f ? 0.f : __fdiv_rn(amax, 7.0f);
+  auto q_at = [&](int pos) { return amax == 0.f ? 0 : quant7(value(vt_key_of_position(pos, CHK)), inv); };
   int colsum = 0;
-  if (amax == 0.f) {
+  // Row d of the V^T tile goes to shared memory first (16-byte chunk c at c ^ (d % CH): conflict-free), then
+  // the tile leaves with coalesced stores (CH threads per 16*CH-byte row).
+  constexpr int CH = VB / 16;
+  __shared__ __align__(16) uint4 vt_tile[D * CH];
 #pragma unroll
-    for (int j = 0; j < BN; ++j) qv[j] = 0;
-  } else {
-    const float inv = __fdiv_rn(7.0f, amax);
-#pragma unroll
-    for (int j = 0; j < BN; ++j) {
-      qv[j] = quant7(v[j], inv);
-      colsum += qv[j];
-    }
-    scale = __fdiv_rn(amax, 7.0f);
-  }
-  const size_t vrow = S4 ? (size_t)p.N_pad / 2 : (size_t)p.N_pad;
-  uint4* dst = reinterpret_cast<uint4*>(p.out + ((size_t)bh * D + d) * vrow + (size_t)kb * VB);
-#pragma unroll
-  for (int c = 0; c < VB / 16; ++c) {
+  for (int c = 0; c < CH; ++c) {
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -194,16 +187,27 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
         const int pos_byte = 16 * c + 4 * k + byte;
         uint32_t bv;
         if constexpr (!S4) {
-          bv = (uint32_t)(qv[vt_key_of_position(pos_byte, CHK)] & 0xFF);
+          const int qa = q_at(pos_byte);
+          colsum += qa;
+          bv = (uint32_t)(qa & 0xFF);
         } else {
-          bv = (uint32_t)(qv[vt_key_of_position(2 * pos_byte, CHK)] & 0xF) |
-               ((uint32_t)(qv[vt_key_of_position(2 * pos_byte + 1, CHK)] & 0xF) << 4);
+          const int qa = q_at(2 * pos_byte), qb = q_at(2 * pos_byte + 1);
+          colsum += qa + qb;
+          bv = (uint32_t)(qa & 0xF) | ((uint32_t)(qb & 0xF) << 4);
         }
         acc |= bv << (8 * byte);
       }
       w[k] = acc;
     }
-    dst[c] = make_uint4(w[0], w[1], w[2], w[3]);
+    vt_tile[d * CH + (c ^ (d % CH))] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  __syncthreads();
+  const size_t vrow = S4 ? (size_t)p.N_pad / 2 : (size_t)p.N_pad;
+  int8_t* vt_out = p.out + (size_t)bh * D * vrow + (size_t)kb * VB;
+#pragma unroll
+  for (int i = d; i < D * CH; i += D) {
+    const int r = i / CH, c = i % CH;
+    *reinterpret_cast<uint4*>(vt_out + (size_t)r * vrow + c * 16) = vt_tile[r * CH + (c ^ (r % CH))];
   }
   const int nblk = p.N_pad / BN;
   float* vp = p.scale + (((size_t)bh * nblk + kb) * D + d) * 2;
@@ -214,19 +218,21 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
 
 template <typename T>
 cudaError_t colsum_typed(const PreprocessParams& p, double* sums, cudaStream_t stream) {
-  const int tps = 512;
-  int len = p.N;
-  dim3 grid((len + tps - 1) / tps, p.B * p.H);
-  colsum_f64_kernel<T><<<grid, 256, 0, stream>>>(p, tps, sums);
+  const int tps = 1024;
+  dim3 grid((p.N + tps - 1) / tps, p.B * p.H);
+  if (p.D == 128) {
+    colsum_f64_kernel<T, 128><<<grid, 256, 0, stream>>>(p, tps, sums);
+  } else {
+    colsum_f64_kernel<T, 64><<<grid, 256, 0, stream>>>(p, tps, sums);
+  }
   return cudaGetLastError();
 }
 
 template <typename T, int D, bool S4>
 cudaError_t rows_typed(const PreprocessParams& p, cudaStream_t stream) {
-  const long long total = (long long)p.B * p.H * p.N_pad;
   const int warps = 8;
-  const long long rows_per_cta = (long long)warps * kRowsPerWarp;
-  dim3 grid((unsigned)((total + rows_per_cta - 1) / rows_per_cta));
+  const int rows_per_cta = warps * kRowsPerWarp;
+  dim3 grid((p.N_pad + rows_per_cta - 1) / rows_per_cta, p.B * p.H);
   quant_rows_kernel<T, D, S4><<<grid, warps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
