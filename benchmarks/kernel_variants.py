@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--var", required=True, help="NAME=v1,v2,... (environment variable read by the tuning build)")
     ap.add_argument("--shapes", nargs="*", default=["wan1.3b-480p"], choices=list(SHAPES))
     ap.add_argument("--block-n", type=int, default=None, choices=cuda_backend.SUPPORTED_BLOCK_N)
+    ap.add_argument("--compare-block-n", type=int, default=None, choices=cuda_backend.SUPPORTED_BLOCK_N,
+                    help="also time the default kernel at this block_n (variable unset)")
     args = ap.parse_args()
     name, _, values = args.var.partition("=")
     block_n = args.block_n or cuda_backend.default_block_n()
@@ -54,6 +56,13 @@ def main() -> None:
             ms = time_ms(att)
             diff = (out.float() - first.float()).abs().max().item()
             print(f"| {shape_name} | {val} | {ms:.2f} | {flops / ms / 1e9:.0f} | {base / ms:.2f}× | {diff:.3g} |", flush=True)
+        if args.compare_block_n:
+            os.environ.pop(name, None)
+            bn2 = args.compare_block_n
+            qkv2 = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=bn2)
+            ms = time_ms(lambda: cuda_backend.attention_int4_quantized(
+                qkv2, n_q=s.n, n_kv=s.n, head_dim=s.d, block_n=bn2, kv_lens=kv_lens, out_dtype=q.dtype))
+            print(f"| {shape_name} | default, block_n {bn2} | {ms:.2f} | {flops / ms / 1e9:.0f} | {base / ms:.2f}× | |")
         print(f"| {shape_name} | cuDNN | {base:.2f} | {flops / base / 1e9:.0f} | 1.00× | |", flush=True)
 
 

@@ -13,12 +13,11 @@ Instruction paths, chosen by compute capability from :data:`ARCH_TABLE`:
   two values per byte.
 * ``"s8"`` (any supported GPU): the same INT4-valued numbers on INT8 ``mma.sync.m16n8k32.s8``
   (identical integer products, so identical outputs).
-* ``"wgmma"`` (sm90, block_n 128): the same numbers on Hopper's warpgroup tensor cores
-  (``wgmma.mma_async ... s8``, operands brought in by TMA; ``csrc/int4_attention_wgmma.cuh``); the
-  s8 kernel layout, and output bits identical to the s8 path at block_n 128.
+* ``"wgmma"`` (sm90, block_n 64 or 128): the same numbers on Hopper's warpgroup tensor cores
+  (``wgmma.mma_async ... s8`` for QKᵀ, ``u8 x s8`` for P̂V̂, operands brought in by TMA;
+  ``csrc/int4_attention_wgmma.cuh``); the s8 kernel layout, and output bits identical to the s8 path.
 
-On sm90 the default is ``"wgmma"`` with block_n 128 (:func:`default_block_n`); elsewhere the arch
-path with block_n 64.
+On sm90 the default is ``"wgmma"`` (block size :func:`default_block_n`); elsewhere the arch path.
 
 Both paths are compiled for every supported architecture, so the s4 path can be tested on an
 H100 (where it runs emulated, slowly) by passing ``path="s4"``.
@@ -293,7 +292,7 @@ def _resolve_path(path: str, device: torch.device, block_n: int) -> str:
     if path != "auto":
         return path
     entry = arch_entry(device)
-    return "wgmma" if entry.wgmma and block_n == 128 else entry.path
+    return "wgmma" if entry.wgmma else entry.path
 
 
 def _check_path(path: str | None, block_n: int, device: torch.device) -> str:
@@ -302,8 +301,6 @@ def _check_path(path: str | None, block_n: int, device: torch.device) -> str:
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS} or None (arch default), got {path!r}")
     if path == "wgmma":
-        if block_n != 128:
-            raise ValueError(f"path: 'wgmma' (the Hopper kernel) needs block_n=128, got block_n={block_n}")
         if device.type == "cuda" and not arch_entry(device).wgmma:
             cap = _capability(device)
             raise ValueError(f"path: 'wgmma' needs an sm90 GPU (Hopper), this is sm{cap[0]}{cap[1]}")
@@ -540,7 +537,7 @@ class CudaBackend:
             _nvcc()
         except RuntimeError as err:
             return str(err)
-        kernels = f"{entry.path} path" + (", wgmma kernel at block_n 128 (default)" if entry.wgmma else "")
+        kernels = f"{entry.path} path" + (", wgmma kernel (default)" if entry.wgmma else "")
         return f"available ({kernels})"
 
     def unsupported_reason(self, q, k, v, *, recipe="int4", layout="BHND", kv_lens=None, **opts) -> str | None:

@@ -115,7 +115,7 @@ def needs_wgmma():
 
 
 # (b, h, n_q, n_kv, d, kv_lens, dtype, layout, smooth_v): the odd lengths of the issue, both head dims,
-# batch 2 with different valid key lengths; block_n is 128 (the wgmma kernel's tile)
+# batch 2 with different valid key lengths; both key-block sizes of the wgmma kernel
 WGMMA_CASES = [
     (1, 2, 1, 1, 64, None, torch.float16, "BHND", False),
     (1, 2, 97, 97, 128, None, torch.bfloat16, "BNHD", True),
@@ -126,19 +126,20 @@ WGMMA_CASES = [
 ]
 
 
+@pytest.mark.parametrize("block_n", [64, 128])
 @pytest.mark.parametrize("p_mode", ["range", "sym"])
 @pytest.mark.parametrize("case", WGMMA_CASES, ids=lambda c: f"b{c[0]}h{c[1]}q{c[2]}k{c[3]}d{c[4]}")
-def test_wgmma_kernel_matches_reference_and_s8_path_bitwise(case, p_mode):
+def test_wgmma_kernel_matches_reference_and_s8_path_bitwise(case, p_mode, block_n):
     """The Hopper kernel (wgmma + TMA) against the reference on the same quantized inputs, and bit
     for bit against the mma.sync s8 path (same per-row arithmetic, exact integer products)."""
     needs_wgmma()
     b, h, n_q, n_kv, d, lens, dtype, layout, smooth_v = case
     q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=3 * n_q + n_kv + d + len(p_mode), kv_lens=lens)
-    ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=128, smooth_v=smooth_v)
+    ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=smooth_v)
     ref = attention_from_quantized(ref_q, p_mode=p_mode, out_dtype=torch.float32, layout=layout)
     kq = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="s8")
     outs = {
-        path: run_kernel_on(kq, n_q=n_q, n_kv=n_kv, d=d, block_n=128, kv_lens=kv_lens, p_mode=p_mode, path=path,
+        path: run_kernel_on(kq, n_q=n_q, n_kv=n_kv, d=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode, path=path,
                             dtype=dtype, layout=layout, b=b, h=h)
         for path in ("wgmma", "s8")
     }
@@ -152,25 +153,25 @@ def test_wgmma_kernel_matches_reference_and_s8_path_bitwise(case, p_mode):
 
 
 def test_wgmma_is_the_hopper_default_and_matches_float64():
-    """On sm90 the CUDA backend's default (block_n None) runs the wgmma kernel at block_n 128; its SQNR
-    against float64 attention clears the recipe floor and equals the reference's at block_n 128."""
+    """On sm90 the CUDA backend's default (block_n None) runs the wgmma kernel; its SQNR against float64
+    attention clears the recipe floor and equals the reference's at the same block size."""
     needs_wgmma()
-    assert cb().default_block_n() == 128
+    bn = cb().default_block_n()
     q, k, v, _ = make_inputs(1, 4, 1000, 1000, 128, torch.bfloat16, "BHND", seed=17, bias=2.0)
     q = q * 2.0
     ref64 = attention_fp64(q.cpu(), k.cpu(), v.cpu())
     out = attention(q, k, v, recipe="int4", backend="cuda")
-    explicit = cb().int4_attention_cuda(q, k, v, block_n=128, path="wgmma")
+    explicit = cb().int4_attention_cuda(q, k, v, block_n=bn, path="wgmma")
     assert torch.equal(out, explicit)
-    refq = attention_reference(q, k, v, recipe="int4", block_n=128)
+    refq = attention_reference(q, k, v, recipe="int4", block_n=bn)
     s_kernel, s_ref = metrics.sqnr_db(ref64, out.cpu()), metrics.sqnr_db(ref64, refq.cpu())
     assert s_kernel > FLOORS_DB["int4"] and abs(s_kernel - s_ref) < 0.2, (s_kernel, s_ref)
 
 
 def test_wgmma_path_errors_name_the_argument():
     q, k, v, _ = make_inputs(1, 1, 64, 64, 128, torch.float16, "BHND", seed=2)
-    with pytest.raises(ValueError, match="block_n=128"):
-        cb().int4_attention_cuda(q, k, v, block_n=64, path="wgmma")
+    with pytest.raises(ValueError, match="block_n: expected one of"):
+        cb().int4_attention_cuda(q, k, v, block_n=96, path="wgmma")
     with pytest.raises(ValueError, match="path: expected one of"):
         cb().int4_attention_cuda(q, k, v, path="s16")
 

@@ -39,16 +39,16 @@ bool make_map(CUtensorMap* map, const void* data, uint64_t rows, uint64_t cols, 
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int PMODE, int STAGES, bool PINGPONG = false, bool PIPE = false>
+template <int D, int PMODE, int STAGES, bool PINGPONG = false, int PIPE = 0, int BN = 128>
 cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
-  using C = wg::Cfg<D, STAGES>;
+  using C = wg::Cfg<D, STAGES, BN>;
   const uint64_t bh = (uint64_t)p.B * p.H;
   CUtensorMap tm_q, tm_k, tm_v;
   if (!make_map(&tm_q, p.q, bh * p.Nq_pad, D, wg::kBM, D, C::QK_SWIZZLE) ||
-      !make_map(&tm_k, p.k, bh * p.Nkv_pad, D, wg::kBN, D, C::QK_SWIZZLE) ||
-      !make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, wg::kBN, 128))
+      !make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
+      !make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg::int4_attention_wgmma_kernel<D, PMODE, STAGES, PINGPONG, PIPE>;
+  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   dim3 grid(p.Nq_pad / wg::kBM, p.H, p.B);
@@ -57,28 +57,27 @@ cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
 }
 
 template <int D, int PMODE>
-cudaError_t launch_dp(const Int4AttnParams& p, cudaStream_t stream) {
+cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream) {
+  if (block_n == 64) {
 #ifdef ROTVID_WGMMA_VARIANTS
-  // tuning build only: ROTVID_WGMMA_VARIANT=<n> picks a variant, read per call: 1 ping-pong of the two
-  // warpgroups; 2 S of the next block issued before this block's O update (PIPE); 3 both; 4 3-stage ring;
-  // 5 ping-pong + 3 stages; 6 plain order, 2 stages; 7 PIPE + 3 stages; 0 or unset: the default below
-  const char* env = std::getenv("ROTVID_WGMMA_VARIANT");
-  const int variant = env != nullptr ? std::atoi(env) : 0;
-  if (variant == 1) return launch_d<D, PMODE, 2, true, false>(p, stream);
-  if (variant == 2) return launch_d<D, PMODE, 2, false, true>(p, stream);
-  if (variant == 3) return launch_d<D, PMODE, 2, true, true>(p, stream);
-  if (variant == 4) return launch_d<D, PMODE, 3, false, false>(p, stream);
-  if (variant == 5) return launch_d<D, PMODE, 3, true, false>(p, stream);
-  if (variant == 6) return launch_d<D, PMODE, 2, false, false>(p, stream);
-  if (variant == 7) return launch_d<D, PMODE, 3, false, true>(p, stream);
+    // tuning build only: ROTVID_WGMMA_VARIANT=<n> picks a block_n 64 variant, read per call: 1 two S buffers
+    // with a 3-stage ring; 4 two S buffers, 2 stages; 3 plain order, 3 stages; 0: the default (PIPE 1)
+    const char* env = std::getenv("ROTVID_WGMMA_VARIANT");
+    const int variant = env != nullptr ? std::atoi(env) : 0;
+    if (variant == 1) return launch_d<D, PMODE, 3, false, 3, 64>(p, stream);
+    if (variant == 4) return launch_d<D, PMODE, 2, false, 3, 64>(p, stream);
+    if (variant == 3) return launch_d<D, PMODE, 3, false, 0, 64>(p, stream);
 #endif
-  // Defaults (H100, kernel_variants.py, same run; identical output bits): head_dim 128 overlaps the next
+    return launch_d<D, PMODE, 2, false, 1, 64>(p, stream);
+  }
+  // block_n 128 (H100, kernel_variants.py, same run; identical output bits): head_dim 128 overlaps the next
   // block's QK^T with this block's O update (605 -> 630 TOP/s at Wan2.1-1.3B 480p); head_dim 64 keeps the
-  // plain order with a 3-stage ring (377 -> 385 at CogVideoX-5B). The ping-pong turn order lost 3-5% on both.
+  // plain order with a 3-stage ring (377 -> 385 at CogVideoX-5B). A ping-pong turn order of the two
+  // warpgroups (named barriers around the QK^T issue) lost 3-5% on both.
   if constexpr (D == 128) {
-    return launch_d<D, PMODE, 2, false, true>(p, stream);
+    return launch_d<D, PMODE, 2, false, 1, 128>(p, stream);
   } else {
-    return launch_d<D, PMODE, 3, false, false>(p, stream);
+    return launch_d<D, PMODE, 3, false, 0, 128>(p, stream);
   }
 }
 
@@ -91,11 +90,15 @@ bool wgmma_kernel_available() {
   return major == 9 && encode_fn() != nullptr;
 }
 
-cudaError_t launch_int4_attention_wgmma(const Int4AttnParams& p, int head_dim, int p_mode, cudaStream_t stream) {
+cudaError_t launch_int4_attention_wgmma(const Int4AttnParams& p, int head_dim, int block_n, int p_mode,
+                                        cudaStream_t stream) {
   if (!wgmma_kernel_available()) return cudaErrorNotSupported;
-  if (p.Nq_pad % wg::kBM != 0 || p.Nkv_pad % wg::kBN != 0) return cudaErrorInvalidValue;
-  if (head_dim == 128) return p_mode == kPRange ? launch_dp<128, kPRange>(p, stream) : launch_dp<128, kPSym>(p, stream);
-  if (head_dim == 64) return p_mode == kPRange ? launch_dp<64, kPRange>(p, stream) : launch_dp<64, kPSym>(p, stream);
+  if ((block_n != 64 && block_n != 128) || p.Nq_pad % wg::kBM != 0 || p.Nkv_pad % block_n != 0)
+    return cudaErrorInvalidValue;
+  if (head_dim == 128)
+    return p_mode == kPRange ? launch_dp<128, kPRange>(p, block_n, stream) : launch_dp<128, kPSym>(p, block_n, stream);
+  if (head_dim == 64)
+    return p_mode == kPRange ? launch_dp<64, kPRange>(p, block_n, stream) : launch_dp<64, kPSym>(p, block_n, stream);
   return cudaErrorInvalidValue;
 }
 

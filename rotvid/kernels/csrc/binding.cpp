@@ -188,10 +188,11 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   p.qk_scale = (float)qk_scale;  // float32(sm_scale * log2(e)), computed by the caller in double
   p.out_bf16 = out_bf16 ? 1 : 0;
   if (n_q > 0 && wgmma) {
-    TORCH_CHECK(!s4 && block_n == 128, "the wgmma kernel takes the s8 layout at block_n 128");
+    TORCH_CHECK(!s4, "the wgmma kernel takes the s8 layout");
     TORCH_CHECK(rotvid::wgmma_kernel_available(),
                 "the wgmma kernel needs an sm90 GPU and the driver's cuTensorMapEncodeTiled");
-    check_cuda(rotvid::launch_int4_attention_wgmma(p, (int)D, (int)p_mode, c10::cuda::getCurrentCUDAStream()),
+    check_cuda(rotvid::launch_int4_attention_wgmma(p, (int)D, (int)block_n, (int)p_mode,
+                                                   c10::cuda::getCurrentCUDAStream()),
                "int4_attention_wgmma");
   } else if (n_q > 0) {
     check_cuda(rotvid::launch_int4_attention(p, (int)D, (int)block_n, s4, (int)p_mode,

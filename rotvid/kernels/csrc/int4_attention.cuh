@@ -299,12 +299,18 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
         if (key + 1 >= kv_len) x[j][1] = x[j][3] = -INFINITY;
       }
     }
-    float xmax[2] = {-INFINITY, -INFINITY};
+    // block max in four independent chains (max is exact in any order)
+    float xm[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xm[i][0] = xm[i][1] = -INFINITY;
 #pragma unroll
     for (int j = 0; j < C::NT; ++j) {
-      xmax[0] = fmaxf(xmax[0], fmaxf(x[j][0], x[j][1]));
-      xmax[1] = fmaxf(xmax[1], fmaxf(x[j][2], x[j][3]));
+      xm[j & 3][0] = fmaxf(xm[j & 3][0], fmaxf(x[j][0], x[j][1]));
+      xm[j & 3][1] = fmaxf(xm[j & 3][1], fmaxf(x[j][2], x[j][3]));
     }
+    float xmax[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) xmax[r] = fmaxf(fmaxf(xm[0][r], xm[1][r]), fmaxf(xm[2][r], xm[3][r]));
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 1));
@@ -332,7 +338,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
     }
     c_fac[0] = ex2(mblk[0] - m_run[0]);
     c_fac[1] = ex2(mblk[1] - m_run[1]);
-    float lblk[2] = {0.f, 0.f};
+    // row sums of p in four partial sums (n-tile j adds to j % 4), combined as (l0 + l1) + (l2 + l3): the same
+    // order in the mma.sync and wgmma kernels, so their outputs stay bit-identical
+    float lblk[4][2] = {{0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}};
     constexpr float kPMul = PMODE == kPRange ? 15.f : 7.f;
     constexpr float kPAdd = PMODE == kPRange ? kMagicF - 8.f : kMagicF;
     uint32_t pw[C::NT][4];  // float bits; low byte / nibble = P~
@@ -346,12 +354,15 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
           const int key = kb * BN + 8 * j + 2 * t + (e & 1);
           if (key >= kv_len) pe = 0.f;
         }
-        lblk[r] += pe;
+        lblk[j & 3][r] += pe;
         pw[j][e] = __float_as_uint(fmaf(pe, kPMul, kPAdd));
       }
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) l_run[r] = fmaf(c_fac[r], lblk[r], l_run[r]);
+    for (int r = 0; r < 2; ++r) {
+      const float lsum = (lblk[0][r] + lblk[1][r]) + (lblk[2][r] + lblk[3][r]);
+      l_run[r] = fmaf(c_fac[r], lsum, l_run[r]);
+    }
 
     // ---- P~ A fragments ----
     uint32_t pf[C::PKS][4];

@@ -30,20 +30,20 @@ namespace rotvid {
 namespace wg {
 
 constexpr int kBM = 128;        // query rows per CTA (two consumer warpgroups x 64)
-constexpr int kBN = 128;        // keys per block
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = (kConsumerWarps + 4) * 32;  // + a producer warpgroup (one thread issues the copies)
 // Registers are allocated per warpgroup on sm90 (cap 168 per thread for 3 warpgroups): the producer gives
-// its share to the consumers with setmaxnreg (24 x 128 + 240 x 256 <= 65536).
+// its share to the consumers with setmaxnreg (24 x 128 + 240 x 256 <= 65536). (Three consumer warpgroups,
+// BM 192 at 160 registers, spilled ~1 KB per thread even with P.V split in halves: not pursued.)
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
 
-template <int D, int ST = 2>
+template <int D, int ST, int BN>
 struct Cfg {
   static constexpr int Q_BYTES = kBM * D;          // Q^ tile, rows of D bytes (s8)
-  static constexpr int K_BYTES = kBN * D;          // K^ tile
-  static constexpr int V_BYTES = D * kBN;          // V^T tile: D rows of 128 key bytes
-  static constexpr int KS_BYTES = kBN * 4;         // k_scale of the block
+  static constexpr int K_BYTES = BN * D;           // K^ tile
+  static constexpr int V_BYTES = D * BN;           // V^T tile: D rows of BN key bytes
+  static constexpr int KS_BYTES = BN * 4;          // k_scale of the block
   static constexpr int VP_BYTES = D * 8;           // vparams of the block
   static constexpr int STAGES = ST;
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
@@ -53,6 +53,7 @@ struct Cfg {
   static constexpr int BARS = (2 * STAGES + 1) * 8;
   static constexpr int SMEM = 1024 + TILES + SMALL + BARS;  // +1024: the base is rounded up to 1024
   static constexpr int QK_SWIZZLE = D == 128 ? 128 : 64;    // bytes per Q/K row = swizzle span
+  static constexpr int V_SWIZZLE = BN;                      // bytes per V^T row of a block
   static constexpr uint32_t TX = K_BYTES + V_BYTES + KS_BYTES + VP_BYTES;
 };
 
@@ -132,6 +133,25 @@ __device__ __forceinline__ void wgmma_ss_m64n128k32(uint32_t (&d)[64], uint64_t 
 }
 
 template <int SCALE_D>
+__device__ __forceinline__ void wgmma_ss_m64n64k32(uint32_t (&d)[32], uint64_t da, uint64_t db) {
+  if constexpr (SCALE_D == 0) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0;\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31])
+        : "l"(da), "l"(db)
+        : "memory");
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1;\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "l"(da), "l"(db)
+        : "memory");
+  }
+}
+
+template <int SCALE_D>
 __device__ __forceinline__ void wgmma_rs_m64n128k32(uint32_t (&d)[64], const uint32_t (&a)[4], uint64_t db) {
   if constexpr (SCALE_D == 0) {
     asm volatile(
@@ -181,6 +201,15 @@ __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t w0, uint32_t w1, uin
   return __byte_perm(lo, hi, 0x5410);
 }
 
+template <int BN, int SCALE_D>
+__device__ __forceinline__ void wgmma_qk(uint32_t (&acc)[BN / 2], uint64_t da, uint64_t db) {
+  if constexpr (BN == 128) {
+    wgmma_ss_m64n128k32<SCALE_D>(acc, da, db);
+  } else {
+    wgmma_ss_m64n64k32<SCALE_D>(acc, da, db);
+  }
+}
+
 template <int D, int SCALE_D>
 __device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t (&a)[4], uint64_t db) {
   if constexpr (D == 128) {
@@ -190,12 +219,15 @@ __device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t 
   }
 }
 
-template <int D, int PMODE, int STAGES, bool PINGPONG, bool PIPE>
+template <int D, int BN, int PMODE, int STAGES, bool PINGPONG, int PIPE>
 __global__ void __launch_bounds__(kThreads, 1)
     int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef ROTVID_WGMMA_ENABLED
-  using C = Cfg<D, STAGES>;
+  static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
+  static_assert(PIPE != 3 || BN == 64, "two S buffers fit in registers only at BN = 64");
+  using C = Cfg<D, STAGES, BN>;
+  constexpr int kBN = BN;
   constexpr int ST = C::STAGES;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -275,24 +307,41 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr float kPMul = PMODE == kPRange ? 15.f : 7.f;
   constexpr float kPAdd = kMagicF;
 
-  uint32_t sacc[NT * 4];  // S of the current key block (in flight while PIPE overlaps it)
-  uint32_t pacc[D / 2];   // P~ V^ of the current key block
+  // S of the current key block, and with PIPE 3 of the next one (indexed by compile-time constants only)
+  uint32_t sbuf[PIPE == 3 ? 2 : 1][NT * 4];
+  uint32_t pacc[D / 2];       // P^ V^ of the current key block
+  uint32_t pf[kBN / 32][4];  // P^ A fragments of the current key block
   float mblk[2], c_fac[2];
 
   // S = Q^ K^T of the block in stage s (committed as one wgmma group, not waited for)
-  auto issue_qk = [&](const int s) {
+  using B0 = std::integral_constant<int, 0>;
+  using B1 = std::integral_constant<int, 1>;
+  auto issue_qk_into = [&](auto buf_tag, const int s) {
+    auto& sacc = sbuf[decltype(buf_tag)::value];
     const uint64_t desc_k = smem_desc(s_k(s), C::QK_SWIZZLE);
     wgmma_fence();
-    wgmma_ss_m64n128k32<0>(sacc, desc_q, desc_k);  // scale-d 0: the accumulator starts at zero
+    wgmma_qk<BN, 0>(sacc, desc_q, desc_k);  // scale-d 0: the accumulator starts at zero
 #pragma unroll
-    for (int ks = 1; ks < QKS; ++ks) wgmma_ss_m64n128k32<1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
+    for (int ks = 1; ks < QKS; ++ks) wgmma_qk<BN, 1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
+    wgmma_commit();
+  };
+  auto issue_qk = [&](const int s) { issue_qk_into(B0{}, s); };
+
+  // P.V of the block in stage s (one wgmma group)
+  auto issue_pv = [&](const int s) {
+    const uint64_t desc_v = smem_desc(s_v(s), C::V_SWIZZLE);
+    wgmma_fence();
+    wgmma_pv<D, 0>(pacc, pf[0], desc_v);  // scale-d 0: starts at zero
+#pragma unroll
+    for (int k = 1; k < PKS; ++k) wgmma_pv<D, 1>(pacc, pf[k], desc_v + 2 * k);
     wgmma_commit();
   };
 
   // Scores, block max, exponentials (the mma.sync kernel's arithmetic), P~ fragments, and the P.V wgmma
   // group (committed, not waited for). PARTIAL: the last block of a row with masked keys.
-  auto softmax_issue_pv = [&](const int kb, const int s, auto partial_tag) {
+  auto softmax_issue_pv_from = [&](auto buf_tag, const int kb, const int s, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
+    const auto& sacc = sbuf[decltype(buf_tag)::value];
     const float* sks = ks_ptr(s);
     float x[NT][4];
 #pragma unroll
@@ -311,12 +360,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (key + 1 >= kv_len) x[j][1] = x[j][3] = -INFINITY;
       }
     }
-    float xmax[2] = {-INFINITY, -INFINITY};
+    // block max in four independent chains (max is exact in any order)
+    float xm[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xm[i][0] = xm[i][1] = -INFINITY;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      xmax[0] = fmaxf(xmax[0], fmaxf(x[j][0], x[j][1]));
-      xmax[1] = fmaxf(xmax[1], fmaxf(x[j][2], x[j][3]));
+      xm[j & 3][0] = fmaxf(xm[j & 3][0], fmaxf(x[j][0], x[j][1]));
+      xm[j & 3][1] = fmaxf(xm[j & 3][1], fmaxf(x[j][2], x[j][3]));
     }
+    float xmax[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) xmax[r] = fmaxf(fmaxf(xm[0][r], xm[1][r]), fmaxf(xm[2][r], xm[3][r]));
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 1));
@@ -340,10 +395,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     c_fac[0] = ex2(mblk[0] - m_run[0]);
     c_fac[1] = ex2(mblk[1] - m_run[1]);
-    float lblk[2] = {0.f, 0.f};
+    // row sums of p in four partial sums (n-tile j adds to j % 4), combined as (l0 + l1) + (l2 + l3): the same
+    // order in the mma.sync and wgmma kernels, so their outputs stay bit-identical
+    float lblk[4][2] = {{0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}};
 
-    const uint64_t desc_v = smem_desc(s_v(s), 128);
-    uint32_t pf[PKS][4];
     auto make_pf = [&](const int k) {
       uint32_t pw[4][4];  // float bits; low byte = P^ of n-tiles 4k..4k+3
 #pragma unroll
@@ -357,39 +412,43 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
             if (key >= kv_len) pe = 0.f;
           }
-          lblk[r] += pe;
+          lblk[jj][r] += pe;
           pw[jj][e] = __float_as_uint(fmaf(pe, kPMul, kPAdd));
         }
       }
-      pf[k][0] = pack_low_bytes(pw[0][0], pw[0][1], pw[1][0], pw[1][1]);
+      pf[k][0] = pack_low_bytes(pw[0][0], pw[0][1], pw[1][0], pw[1][1]);  // A fragment: rows g / g+8, 32 keys
       pf[k][1] = pack_low_bytes(pw[0][2], pw[0][3], pw[1][2], pw[1][3]);
       pf[k][2] = pack_low_bytes(pw[2][0], pw[2][1], pw[3][0], pw[3][1]);
       pf[k][3] = pack_low_bytes(pw[2][2], pw[2][3], pw[3][2], pw[3][3]);
     };
 #pragma unroll
     for (int k = 0; k < PKS; ++k) make_pf(k);
-    wgmma_fence();
-    wgmma_pv<D, 0>(pacc, pf[0], desc_v);  // scale-d 0: starts at zero
+    issue_pv(s);
 #pragma unroll
-    for (int k = 1; k < PKS; ++k) wgmma_pv<D, 1>(pacc, pf[k], desc_v + 2 * k);
-    wgmma_commit();
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l_run[r] = fmaf(c_fac[r], lblk[r], l_run[r]);
+    for (int r = 0; r < 2; ++r) {
+      const float lsum = (lblk[0][r] + lblk[1][r]) + (lblk[2][r] + lblk[3][r]);
+      l_run[r] = fmaf(c_fac[r], lsum, l_run[r]);
+    }
   };
+
+  auto softmax_issue_pv = [&](const int kb, const int s, auto partial_tag) { softmax_issue_pv_from(B0{}, kb, s, partial_tag); };
 
   // O = O a + c (P^ V^) v_scale/15 (P^ V^ == P~ V^ + 8 colsum exactly), then the stage goes back to the producer
   auto update_o = [&](const int s) {
     const float* svp = vp_ptr(s);
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
-      const float4 vp = *reinterpret_cast<const float4*>(svp + 2 * (8 * j + 2 * t));  // (v_scale, -, v_scale, -)
+      // v_scale of columns 8j+2t and 8j+2t+1 (vparams interleaves them with column-sum bits this kernel does not need)
+      float2 vp;
+      vp.x = svp[2 * (8 * j + 2 * t)];
+      vp.y = svp[2 * (8 * j + 2 * t) + 2];
       float u[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) u[e] = __int2float_rn((int)pacc[4 * j + e]);  // exact (|P^ V^| < 2^24)
       o[j][0] = fmaf(c_fac[0] * u[0], vp.x, o[j][0]);
-      o[j][1] = fmaf(c_fac[0] * u[1], vp.z, o[j][1]);
+      o[j][1] = fmaf(c_fac[0] * u[1], vp.y, o[j][1]);
       o[j][2] = fmaf(c_fac[1] * u[2], vp.x, o[j][2]);
-      o[j][3] = fmaf(c_fac[1] * u[3], vp.z, o[j][3]);
+      o[j][3] = fmaf(c_fac[1] * u[3], vp.y, o[j][3]);
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty_bar(s));
@@ -408,6 +467,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (PINGPONG && wg == 1 && nblk > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
 
   mbar_wait(q_bar, 0);
+  if constexpr (PIPE == 3) {
+    // Two S buffers: QK^T of block kb+1 runs on the tensor cores during the softmax of block kb.
+    auto step = [&](const int kb, auto cur_tag) {
+      constexpr int CUR = decltype(cur_tag)::value;
+      const int s = kb % ST;
+      if (kb + 1 < nblk) {
+        const int s1 = (kb + 1) % ST;
+        mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
+        issue_qk_into(std::integral_constant<int, CUR ^ 1>{}, s1);
+        wgmma_wait<1>();  // S of block kb (the older group)
+      } else {
+        wgmma_wait<0>();
+      }
+      if ((kb + 1) * kBN > kv_len) {
+        softmax_issue_pv_from(cur_tag, kb, s, std::true_type{});
+      } else {
+        softmax_issue_pv_from(cur_tag, kb, s, std::false_type{});
+      }
+      wgmma_wait<0>();
+      update_o(s);
+    };
+    if (nblk > 0) {
+      mbar_wait(full_bar(0), 0);
+      issue_qk_into(B0{}, 0);
+    }
+    for (int kb = 0; kb < nblk; kb += 2) {
+      step(kb, B0{});
+      if (kb + 1 < nblk) step(kb + 1, B1{});
+    }
+  } else {
   if (nblk > 0) {
     mbar_wait(full_bar(0), 0);
     turn_wait();
@@ -424,7 +513,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       softmax_issue_pv(kb, s, std::false_type{});
     }
-    if (PIPE && has_next) {  // S of the next block computes during this block's O update
+    // PIPE 1: S of the next block is issued while P.V is in flight; PIPE 2: right after P.V completes (its P~
+    // registers are free then); both overlap the next QK^T with this block's O update.
+    if (PIPE == 1 && has_next) {
       mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
       turn_wait();
       issue_qk(s1);
@@ -432,9 +523,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<1>();
     } else {
       wgmma_wait<0>();
+      if (PIPE == 2 && has_next) {
+        mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
+        turn_wait();
+        issue_qk(s1);
+        turn_pass(kb + 2 == nblk);
+      }
     }
     update_o(s);
-    if (!PIPE && has_next) {
+    if (PIPE == 0 && has_next) {
       mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
       turn_wait();
       issue_qk(s1);
@@ -442,6 +539,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
+  }
   // ---- epilogue: O / l (+ v_mean) ----
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

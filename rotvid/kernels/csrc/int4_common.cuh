@@ -55,9 +55,10 @@ __host__ __device__ constexpr int vt_key_of_position(int p, int chk) {
 // Launchers (return cudaError_t of the launch).
 cudaError_t launch_int4_attention(const Int4AttnParams& p, int head_dim, int block_n, bool s4, int p_mode,
                                   cudaStream_t stream);
-// Hopper kernel (wgmma, TMA; block_n 128, s8 layout); cudaErrorNotSupported off sm90 or without the driver's
-// tensor-map entry point.
-cudaError_t launch_int4_attention_wgmma(const Int4AttnParams& p, int head_dim, int p_mode, cudaStream_t stream);
+// Hopper kernel (wgmma, TMA; block_n 64 or 128, s8 layout); cudaErrorNotSupported off sm90 or without the
+// driver's tensor-map entry point.
+cudaError_t launch_int4_attention_wgmma(const Int4AttnParams& p, int head_dim, int block_n, int p_mode,
+                                        cudaStream_t stream);
 bool wgmma_kernel_available();
 
 struct PreprocessParams {
