@@ -117,9 +117,9 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
     pre_ms = time_ms(pre)
     kernel = cuda_backend._resolve_path("auto", q.device, block_n)
     if also_s8 and kernel == "wgmma":
-        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=64)
+        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=64, path="s8")
         att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
-            qkv, n_q=n, n_kv=n, head_dim=d, block_n=64, kv_lens=kv_lens, out_dtype=q.dtype)
+            qkv, n_q=n, n_kv=n, head_dim=d, block_n=64, kv_lens=kv_lens, out_dtype=q.dtype, path="s8")
         add("rotvid-int4 [s8 mma.sync, bn64] (attn only)", time_ms(att))
     for p_mode, label in ((("range", f"rotvid-int4 [{kernel}]"), ("sym", f"rotvid-int4-sym-p [{kernel}]"))):
         qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode)

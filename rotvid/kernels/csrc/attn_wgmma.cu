@@ -39,7 +39,7 @@ bool make_map(CUtensorMap* map, const void* data, uint64_t rows, uint64_t cols, 
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int PMODE, int STAGES, bool PINGPONG = false, int PIPE = 0, int BN = 128>
+template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128>
 cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg::Cfg<D, STAGES, BN>;
   const uint64_t bh = (uint64_t)p.B * p.H;
@@ -64,20 +64,36 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
     // with a 3-stage ring; 4 two S buffers, 2 stages; 3 plain order, 3 stages; 0: the default (PIPE 1)
     const char* env = std::getenv("ROTVID_WGMMA_VARIANT");
     const int variant = env != nullptr ? std::atoi(env) : 0;
-    if (variant == 1) return launch_d<D, PMODE, 3, false, 3, 64>(p, stream);
-    if (variant == 4) return launch_d<D, PMODE, 2, false, 3, 64>(p, stream);
-    if (variant == 3) return launch_d<D, PMODE, 3, false, 0, 64>(p, stream);
+    if (variant == 1) return launch_d<D, PMODE, 3, 0, 3, 64>(p, stream);
+    if (variant == 4) return launch_d<D, PMODE, 2, 0, 3, 64>(p, stream);
+    if (variant == 3) return launch_d<D, PMODE, 3, 0, 0, 64>(p, stream);
 #endif
-    return launch_d<D, PMODE, 2, false, 1, 64>(p, stream);
+    return launch_d<D, PMODE, 2, 0, 1, 64>(p, stream);
   }
-  // block_n 128 (H100, kernel_variants.py, same run; identical output bits): head_dim 128 overlaps the next
-  // block's QK^T with this block's O update (605 -> 630 TOP/s at Wan2.1-1.3B 480p); head_dim 64 keeps the
-  // plain order with a 3-stage ring (377 -> 385 at CogVideoX-5B). A ping-pong turn order of the two
-  // warpgroups (named barriers around the QK^T issue) lost 3-5% on both.
+#ifdef ROTVID_WGMMA_VARIANTS
+  {  // block_n 128 tuning variants: 21 ping-pong 1 (turn around the QK^T issue); 22 ping-pong 2 (turn around
+     // P.V + next QK^T); 23 ping-pong 2 with 3 stages; 24 ping-pong 2, plain order; 25 ping-pong 2, 4 stages;
+     // 26 ping-pong 2, PIPE 2, 3 stages; 27 ping-pong 1, 3 stages
+    const char* env = std::getenv("ROTVID_WGMMA_VARIANT");
+    const int variant = env != nullptr ? std::atoi(env) : 0;
+    if (variant == 21) return launch_d<D, PMODE, 2, 1, 1, 128>(p, stream);
+    if (variant == 22) return launch_d<D, PMODE, 2, 2, 1, 128>(p, stream);
+    if (variant == 23) return launch_d<D, PMODE, 3, 2, 1, 128>(p, stream);
+    if (variant == 24) return launch_d<D, PMODE, 2, 2, 0, 128>(p, stream);
+    if (variant == 25) return launch_d<D, PMODE, 4, 2, 1, 128>(p, stream);
+    if (variant == 26) return launch_d<D, PMODE, 3, 2, 2, 128>(p, stream);
+    if (variant == 27) return launch_d<D, PMODE, 3, 1, 1, 128>(p, stream);
+  }
+#endif
+  // block_n 128 (H100, kernel_variants.py, same runs; identical output bits): head_dim 128 overlaps the next
+  // block's QK^T with this block's O update (605 -> 630 TOP/s at Wan2.1-1.3B 480p) and lets the two consumer
+  // warpgroups take turns issuing P.V + the next QK^T (ping-pong 2) with a 3-stage ring (632 -> 658 and
+  // 625 -> 641 in two runs); head_dim 64 keeps the plain order with a 3-stage ring (377 -> 385 at
+  // CogVideoX-5B; ping-pong lost 3-5% there).
   if constexpr (D == 128) {
-    return launch_d<D, PMODE, 2, false, 1, 128>(p, stream);
+    return launch_d<D, PMODE, 3, 2, 1, 128>(p, stream);
   } else {
-    return launch_d<D, PMODE, 3, false, 0, 128>(p, stream);
+    return launch_d<D, PMODE, 3, 0, 0, 128>(p, stream);
   }
 }
 

@@ -219,7 +219,7 @@ __device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t 
   }
 }
 
-template <int D, int BN, int PMODE, int STAGES, bool PINGPONG, int PIPE>
+template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE>
 __global__ void __launch_bounds__(kThreads, 1)
     int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -337,6 +337,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
   };
 
+  // PINGPONG: the two warpgroups take turns issuing matrix products (named barriers 1 + wg), so that one
+  // warpgroup's softmax runs while the other's products occupy the tensor cores. 1: the turn covers the
+  // QK^T issue; 2: it covers the P.V issue and the next block's QK^T (FlashAttention-3's order).
+  auto turn_wait = [&]() {
+    if constexpr (PINGPONG != 0) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+  };
+  auto turn_pass = [&](bool last) {
+    if constexpr (PINGPONG != 0) {
+      if (!(last && wg == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
+    }
+  };
+  if (PINGPONG != 0 && wg == 1 && nblk > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
+
   // Scores, block max, exponentials (the mma.sync kernel's arithmetic), P~ fragments, and the P.V wgmma
   // group (committed, not waited for). PARTIAL: the last block of a row with masked keys.
   auto softmax_issue_pv_from = [&](auto buf_tag, const int kb, const int s, auto partial_tag) {
@@ -423,6 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 #pragma unroll
     for (int k = 0; k < PKS; ++k) make_pf(k);
+    if constexpr (PINGPONG == 2) turn_wait();
     issue_pv(s);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -453,18 +467,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(empty_bar(s));
   };
-
-  // PINGPONG: the two warpgroups take turns issuing their QK^T (named barriers 1 + wg), so one warpgroup's
-  // softmax runs while the other's matrix products occupy the tensor cores.
-  auto turn_wait = [&]() {
-    if constexpr (PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
-  };
-  auto turn_pass = [&](bool last) {
-    if constexpr (PINGPONG) {
-      if (!(last && wg == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
-    }
-  };
-  if (PINGPONG && wg == 1 && nblk > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
 
   mbar_wait(q_bar, 0);
   if constexpr (PIPE == 3) {
@@ -499,9 +501,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
   if (nblk > 0) {
     mbar_wait(full_bar(0), 0);
-    turn_wait();
+    if constexpr (PINGPONG == 1) turn_wait();
     issue_qk(0);
-    turn_pass(nblk == 1);
+    if constexpr (PINGPONG == 1) turn_pass(nblk == 1);
   }
   for (int kb = 0; kb < nblk; ++kb) {
     const int s = kb % ST;
@@ -517,25 +519,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     // registers are free then); both overlap the next QK^T with this block's O update.
     if (PIPE == 1 && has_next) {
       mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
-      turn_wait();
+      if constexpr (PINGPONG == 1) turn_wait();
       issue_qk(s1);
-      turn_pass(kb + 2 == nblk);
+      if constexpr (PINGPONG == 1) turn_pass(kb + 2 == nblk);
+      if constexpr (PINGPONG == 2) turn_pass(false);
       wgmma_wait<1>();
     } else {
+      if constexpr (PINGPONG == 2) turn_pass(!has_next);
       wgmma_wait<0>();
       if (PIPE == 2 && has_next) {
         mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
-        turn_wait();
+        if constexpr (PINGPONG == 1) turn_wait();
         issue_qk(s1);
-        turn_pass(kb + 2 == nblk);
+        if constexpr (PINGPONG == 1) turn_pass(kb + 2 == nblk);
       }
     }
     update_o(s);
     if (PIPE == 0 && has_next) {
       mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
-      turn_wait();
+      if constexpr (PINGPONG == 1) turn_wait();
       issue_qk(s1);
-      turn_pass(kb + 2 == nblk);
+      if constexpr (PINGPONG == 1) turn_pass(kb + 2 == nblk);
     }
   }
 
