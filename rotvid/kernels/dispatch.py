@@ -171,7 +171,10 @@ def attention(
         kv_lens: optional int tensor [B]: keys ``j >= kv_lens[b]`` are masked (padded keys).
         sm_scale: score scale, default ``D ** -0.5``.
         smooth_k / smooth_q / smooth_v: smoothing switches (see :mod:`rotvid.kernels.reference`).
-        block_m / block_n: query / key tile sizes (backend default when None).
+        block_m / block_n: query / key tile sizes (backend default when None: the reference uses 64;
+            the CUDA backend 128 with the Hopper wgmma kernel, else 64). The key-block size is part
+            of the numerics (block-local softmax max, per-block V scales): to reproduce a kernel
+            with the reference, pass the same ``block_n``.
 
     Returns:
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in

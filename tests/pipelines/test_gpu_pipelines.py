@@ -25,8 +25,17 @@ def test_tiny_pipeline_on_cuda_kernel_matches_reference_backend(tmp_path, family
     weights = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
     per_call = []
 
+    # the key-block size is part of the numerics: the reference models the kernel at the kernel's block size
+    # (128 with the wgmma kernel on Hopper, 64 elsewhere; the reference's own default is 64)
+    from rotvid.kernels.cuda_backend import default_block_n
+
+    bn = default_block_n(torch.device("cuda"))
+
     def compare(site, step, num_steps, q, k, v, kv_lens, fp16_attention):
-        outs = [kernels.attention(q, k, v, recipe="int4", backend=b, kv_lens=kv_lens) for b in ("cuda", "reference")]
+        outs = [
+            kernels.attention(q, k, v, recipe="int4", backend=b, kv_lens=kv_lens, block_n=bn)
+            for b in ("cuda", "reference")
+        ]
         per_call.append(metrics.relative_l2(outs[1].float(), outs[0].float()))
 
     handle = apply(pipe, RotvidConfig(recipe="int4", rotation="half", backend="cuda", schedule=Schedule()))
