@@ -64,7 +64,7 @@ SOURCES = (
     "attn_s4_d128.cu",
     "attn_wgmma.cu",
 )
-HEADERS = ("int4_common.cuh", "int4_attention.cuh", "int4_attention_wgmma.cuh")
+HEADERS = ("int4_common.cuh", "int4_rowmath.cuh", "int4_attention.cuh", "int4_attention_wgmma.cuh")
 
 BLOCK_M = 128
 SUPPORTED_BLOCK_N = (64, 128)

@@ -16,6 +16,7 @@
 #include <cstdlib>
 
 #include "int4_common.cuh"
+#include "int4_rowmath.cuh"
 
 #ifndef ROTVID_NW4_MINB
 #define ROTVID_NW4_MINB 3
@@ -59,18 +60,8 @@ __device__ __forceinline__ void mma_int(uint32_t (&d)[4], const uint32_t (&a)[4]
   }
 }
 
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Low bytes of four words -> one word (byte i = low byte of wi).
-__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
-  uint32_t lo = __byte_perm(w0, w1, 0x0040);
-  uint32_t hi = __byte_perm(w2, w3, 0x0040);
-  return __byte_perm(lo, hi, 0x5410);
-}
+using rowmath::ex2;
+using rowmath::pack_low_bytes;
 
 template <int D, int BN, bool S4>
 struct Cfg {
@@ -299,45 +290,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
         if (key + 1 >= kv_len) x[j][1] = x[j][3] = -INFINITY;
       }
     }
-    // block max in four independent chains (max is exact in any order)
-    float xm[4][2];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) xm[i][0] = xm[i][1] = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < C::NT; ++j) {
-      xm[j & 3][0] = fmaxf(xm[j & 3][0], fmaxf(x[j][0], x[j][1]));
-      xm[j & 3][1] = fmaxf(xm[j & 3][1], fmaxf(x[j][2], x[j][3]));
-    }
     float xmax[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) xmax[r] = fmaxf(fmaxf(xm[0][r], xm[1][r]), fmaxf(xm[2][r], xm[3][r]));
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 1));
-      xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 2));
-    }
-    // Online combine with a lazily moved reference max m_run (FA4-style): O and l are rescaled
-    // only when a block max exceeds m_run by more than 2^8, so c = exp2(m_blk - m_run) <= 256.
-    // Exact in real arithmetic (the factor cancels in O / l); P~ depends on m_blk only.
+    rowmath::block_row_max(x, xmax);
+    // online combine with a lazily moved reference max (rowmath::online_combine)
     float mblk[2], c_fac[2];
     mblk[0] = sq[0] * xmax[0];
     mblk[1] = sq[1] * xmax[1];
-    if (__any_sync(0xffffffffu, (mblk[0] > m_run[0] + 8.f) || (mblk[1] > m_run[1] + 8.f))) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float m_new = fmaxf(m_run[r], mblk[r]);
-        const float a = ex2(m_run[r] - m_new);
-        m_run[r] = m_new;
-        l_run[r] *= a;
-#pragma unroll
-        for (int j = 0; j < C::DT; ++j) {
-          o[j][2 * r] *= a;
-          o[j][2 * r + 1] *= a;
-        }
-      }
-    }
-    c_fac[0] = ex2(mblk[0] - m_run[0]);
-    c_fac[1] = ex2(mblk[1] - m_run[1]);
+    rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
     // row sums of p in four partial sums (n-tile j adds to j % 4), combined as (l0 + l1) + (l2 + l3): the same
     // order in the mma.sync and wgmma kernels, so their outputs stay bit-identical
     float lblk[4][2] = {{0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}};
@@ -358,11 +317,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
         pw[j][e] = __float_as_uint(fmaf(pe, kPMul, kPAdd));
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float lsum = (lblk[0][r] + lblk[1][r]) + (lblk[2][r] + lblk[3][r]);
-      l_run[r] = fmaf(c_fac[r], lsum, l_run[r]);
-    }
+    rowmath::add_row_sums(lblk, c_fac, l_run);
 
     // ---- P~ A fragments ----
     uint32_t pf[C::PKS][4];
@@ -419,34 +374,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
     stage = stage + 1 == STAGES ? 0 : stage + 1;
   }
 
-  // ---- epilogue: O / l (+ v_mean) ----
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
-  const float* vm = p.v_mean != nullptr ? p.v_mean + (size_t)bh * D : nullptr;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + g + 8 * r;
-    if (row >= p.Nq) continue;
-    const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
-#pragma unroll
-    for (int j = 0; j < C::DT; ++j) {
-      const int d = 8 * j + 2 * t;
-      float y0 = o[j][2 * r] / l_run[r];
-      float y1 = o[j][2 * r + 1] / l_run[r];
-      if (vm != nullptr) {
-        y0 += vm[d];
-        y1 += vm[d + 1];
-      }
-      if (p.out_bf16) {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + off + d) = __floats2bfloat162_rn(y0, y1);
-      } else {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + off + d) = __floats2half2_rn(y0, y1);
-      }
-    }
-  }
+  rowmath::store_rows<D>(p, o, l_run, row_base, g, t, b, h);
 }
 
 template <int D, int BN, bool S4, int PMODE, int NW, int MINB, int STAGES, bool LEAN>

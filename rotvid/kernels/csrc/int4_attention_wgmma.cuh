@@ -1,18 +1,21 @@
-// INT4-valued flash attention on Hopper's warpgroup tensor cores (sm90a: wgmma s8, TMA, mbarriers).
+// INT4-valued flash attention on Hopper's warpgroup tensor cores (sm90a: wgmma, TMA, mbarriers).
 //
-// Same numerics as int4_attention.cuh at block_n = 128 (DESIGN.md §The numerics; the per-row
-// arithmetic below is that kernel's, so the output bits are identical): per key block of 128 keys
-//   S = Q^ K^T (int32 + MAGIC_I), x = float(S) * k_scale, m_blk = sq * max(x), p = ex2(x sq - m_blk),
-//   P~ = rint(15 p) - 8 (range) | rint(7 p) (sym), PV = P~ V^ (int32), O = O a + c (PV + 8 colsum) v_scale/15.
+// Same numerics as int4_attention.cuh at the same block_n (DESIGN.md §The numerics; the per-row arithmetic
+// below is that kernel's, so the output bits are identical): per key block of BN (64 or 128) keys
+//   S = Q^ K^T (int32), x = float(S) * k_scale, m_blk = sq * max(x), p = ex2(x sq - m_blk),
+//   P^ = rint(15 p) in [0, 15] (range; the INT4 kernels' P~ = P^ - 8) | rint(7 p) (sym),
+//   O = O a + c float(P^ V^) v_scale/15, where the u8 x s8 product P^ V^ = P~ V^ + 8 colsum(V^) exactly.
 //
-// CTA = 3 warpgroups' worth of roles in 9 warps: warps 0-7 are two consumer warpgroups of 64 query rows
-// each (BM = 128), warp 8 is the producer: one thread issues TMA copies of the Q tile (once) and of each
-// key block (K^ tile, V^T tile, K scales, V parameters) into a ring of STAGES buffers, each guarded by a
-// "full" mbarrier (transaction bytes) and an "empty" mbarrier (one arrival per consumer warp).
-// Consumers: S = wgmma m64n128k32 (A = Q^ and B = K^ from shared memory, 128-byte or 64-byte swizzle),
-// softmax and P~ in registers, PV = wgmma m64nDk32 with A = P~ from registers (the accumulator layout of
-// S is the A-fragment layout once V^T keys are permuted per 32, as the kernel layout already does) and
-// B = V^T (K-major) from shared memory.
+// CTA = 3 warpgroups: warpgroups 0 and 1 are consumers of 64 query rows each (BM = 128); warpgroup 2 is
+// the producer (setmaxnreg gives its registers to the consumers): one thread issues TMA copies of the Q
+// tile (once) and of each key block (K^ tile, V^T tile, K scales, V parameters) into a ring of STAGES
+// buffers, each guarded by a "full" mbarrier (transaction bytes) and an "empty" mbarrier (one arrival per
+// consumer warp). Consumers: S = wgmma m64nBNk32 s8 (A = Q^, B = K^ from 128/64-byte-swizzled shared
+// memory), softmax and P^ in registers, P^V^ = wgmma m64nDk32 u8.s8 with A = P^ from registers (the
+// accumulator layout of S is the A-fragment layout once V^T keys are permuted per 32, as the kernel layout
+// already does) and B = V^T (K-major) from shared memory. Overlap options (template parameters, chosen in
+// attn_wgmma.cu): PIPE 1 issues the next block's QK^T during this block's O update; PINGPONG 2 makes the
+// two consumer warpgroups take turns issuing P.V + the next QK^T (FlashAttention-3's schedule).
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -21,6 +24,7 @@
 #include <type_traits>
 
 #include "int4_common.cuh"
+#include "int4_rowmath.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ROTVID_WGMMA_ENABLED 1
@@ -189,17 +193,8 @@ __device__ __forceinline__ void wgmma_rs_m64n64k32(uint32_t (&d)[32], const uint
   }
 }
 
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
-  uint32_t lo = __byte_perm(w0, w1, 0x0040);
-  uint32_t hi = __byte_perm(w2, w3, 0x0040);
-  return __byte_perm(lo, hi, 0x5410);
-}
+using rowmath::ex2;
+using rowmath::pack_low_bytes;
 
 template <int BN, int SCALE_D>
 __device__ __forceinline__ void wgmma_qk(uint32_t (&acc)[BN / 2], uint64_t da, uint64_t db) {
@@ -373,41 +368,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (key + 1 >= kv_len) x[j][1] = x[j][3] = -INFINITY;
       }
     }
-    // block max in four independent chains (max is exact in any order)
-    float xm[4][2];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) xm[i][0] = xm[i][1] = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      xm[j & 3][0] = fmaxf(xm[j & 3][0], fmaxf(x[j][0], x[j][1]));
-      xm[j & 3][1] = fmaxf(xm[j & 3][1], fmaxf(x[j][2], x[j][3]));
-    }
     float xmax[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) xmax[r] = fmaxf(fmaxf(xm[0][r], xm[1][r]), fmaxf(xm[2][r], xm[3][r]));
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 1));
-      xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 2));
-    }
+    rowmath::block_row_max(x, xmax);
     mblk[0] = sq[0] * xmax[0];
     mblk[1] = sq[1] * xmax[1];
-    if (__any_sync(0xffffffffu, (mblk[0] > m_run[0] + 8.f) || (mblk[1] > m_run[1] + 8.f))) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float m_new = fmaxf(m_run[r], mblk[r]);
-        const float a = ex2(m_run[r] - m_new);
-        m_run[r] = m_new;
-        l_run[r] *= a;
-#pragma unroll
-        for (int j = 0; j < DT; ++j) {
-          o[j][2 * r] *= a;
-          o[j][2 * r + 1] *= a;
-        }
-      }
-    }
-    c_fac[0] = ex2(mblk[0] - m_run[0]);
-    c_fac[1] = ex2(mblk[1] - m_run[1]);
+    rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
     // row sums of p in four partial sums (n-tile j adds to j % 4), combined as (l0 + l1) + (l2 + l3): the same
     // order in the mma.sync and wgmma kernels, so their outputs stay bit-identical
     float lblk[4][2] = {{0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}};
@@ -438,11 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int k = 0; k < PKS; ++k) make_pf(k);
     if constexpr (PINGPONG == 2) turn_wait();
     issue_pv(s);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float lsum = (lblk[0][r] + lblk[1][r]) + (lblk[2][r] + lblk[3][r]);
-      l_run[r] = fmaf(c_fac[r], lsum, l_run[r]);
-    }
+    rowmath::add_row_sums(lblk, c_fac, l_run);
   };
 
   auto softmax_issue_pv = [&](const int kb, const int s, auto partial_tag) { softmax_issue_pv_from(B0{}, kb, s, partial_tag); };
@@ -544,34 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   }
-  // ---- epilogue: O / l (+ v_mean) ----
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
-  const float* vm = p.v_mean != nullptr ? p.v_mean + (size_t)bh * D : nullptr;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + g + 8 * r;
-    if (row >= p.Nq) continue;
-    const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
-#pragma unroll
-    for (int j = 0; j < DT; ++j) {
-      const int d = 8 * j + 2 * t;
-      float y0 = o[j][2 * r] / l_run[r];
-      float y1 = o[j][2 * r + 1] / l_run[r];
-      if (vm != nullptr) {
-        y0 += vm[d];
-        y1 += vm[d + 1];
-      }
-      if (p.out_bf16) {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + off + d) = __floats2bfloat162_rn(y0, y1);
-      } else {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + off + d) = __floats2half2_rn(y0, y1);
-      }
-    }
-  }
+  rowmath::store_rows<D>(p, o, l_run, row_base, g, t, b, h);
   }  // consumers
 #endif  // ROTVID_WGMMA_ENABLED
 }

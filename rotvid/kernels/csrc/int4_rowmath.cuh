@@ -1,0 +1,114 @@
+// The per-row arithmetic shared by the mma.sync and wgmma INT4 attention kernels (so that both compute
+// the same output bits). Register layout of one thread: rows g and g+8 of its warp's 16-row slice
+// (index r = 0, 1), columns 8j + 2t and 8j + 2t + 1 of n-tile j (the mma accumulator layout).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "int4_common.cuh"
+
+namespace rotvid {
+namespace rowmath {
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Low bytes of four words -> one word (byte i = low byte of wi).
+__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  uint32_t lo = __byte_perm(w0, w1, 0x0040);
+  uint32_t hi = __byte_perm(w2, w3, 0x0040);
+  return __byte_perm(lo, hi, 0x5410);
+}
+
+// Row maxima of the block's scores x (NT n-tiles) across the 4 threads of a row: four independent chains
+// (max is exact in any order), then the quad shuffles.
+template <int NT>
+__device__ __forceinline__ void block_row_max(const float (&x)[NT][4], float (&xmax)[2]) {
+  float xm[4][2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) xm[i][0] = xm[i][1] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    xm[j & 3][0] = fmaxf(xm[j & 3][0], fmaxf(x[j][0], x[j][1]));
+    xm[j & 3][1] = fmaxf(xm[j & 3][1], fmaxf(x[j][2], x[j][3]));
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    xmax[r] = fmaxf(fmaxf(xm[0][r], xm[1][r]), fmaxf(xm[2][r], xm[3][r]));
+    xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 1));
+    xmax[r] = fmaxf(xmax[r], __shfl_xor_sync(0xffffffffu, xmax[r], 2));
+  }
+}
+
+// Online combine with a lazily moved reference max m_run (FA4-style): O and l are rescaled only when a
+// block max exceeds m_run by more than 2^8, so c = exp2(m_blk - m_run) <= 256. Exact in real arithmetic
+// (the factor cancels in O / l); P depends on m_blk only. Returns the block factors c in c_fac.
+template <int DT>
+__device__ __forceinline__ void online_combine(const float (&mblk)[2], float (&m_run)[2], float (&l_run)[2],
+                                               float (&o)[DT][4], float (&c_fac)[2]) {
+  if (__any_sync(0xffffffffu, (mblk[0] > m_run[0] + 8.f) || (mblk[1] > m_run[1] + 8.f))) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m_run[r], mblk[r]);
+      const float a = ex2(m_run[r] - m_new);
+      m_run[r] = m_new;
+      l_run[r] *= a;
+#pragma unroll
+      for (int j = 0; j < DT; ++j) {
+        o[j][2 * r] *= a;
+        o[j][2 * r + 1] *= a;
+      }
+    }
+  }
+  c_fac[0] = ex2(mblk[0] - m_run[0]);
+  c_fac[1] = ex2(mblk[1] - m_run[1]);
+}
+
+// Block row sums of p kept in four partial sums (n-tile j adds to lblk[j % 4]), combined as
+// (l0 + l1) + (l2 + l3) and added to l with the block factor.
+__device__ __forceinline__ void add_row_sums(const float (&lblk)[4][2], const float (&c_fac)[2], float (&l_run)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float lsum = (lblk[0][r] + lblk[1][r]) + (lblk[2][r] + lblk[3][r]);
+    l_run[r] = fmaf(c_fac[r], lsum, l_run[r]);
+  }
+}
+
+// Epilogue: O / l (+ v_mean) for rows row0 + g (+ 8), written as fp16 / bf16 pairs (rows >= Nq skipped).
+template <int D>
+__device__ __forceinline__ void store_rows(const Int4AttnParams& p, float (&o)[D / 8][4], float (&l_run)[2], int row0,
+                                           int g, int t, int b, int h) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  const float* vm = p.v_mean != nullptr ? p.v_mean + ((size_t)b * p.H + h) * D : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + g + 8 * r;
+    if (row >= p.Nq) continue;
+    const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int d = 8 * j + 2 * t;
+      float y0 = o[j][2 * r] / l_run[r];
+      float y1 = o[j][2 * r + 1] / l_run[r];
+      if (vm != nullptr) {
+        y0 += vm[d];
+        y1 += vm[d + 1];
+      }
+      if (p.out_bf16) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + off + d) = __floats2bfloat162_rn(y0, y1);
+      } else {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + off + d) = __floats2half2_rn(y0, y1);
+      }
+    }
+  }
+}
+
+}  // namespace rowmath
+}  // namespace rotvid
