@@ -115,7 +115,7 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
 
     pre = lambda: cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n)  # noqa: E731
     pre_ms = time_ms(pre)
-    kernel = cuda_backend._resolve_path("auto", q.device, block_n)
+    kernel = cuda_backend._resolve_path("auto", q.device)
     if also_s8 and kernel == "wgmma":
         qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=64, path="s8")
         att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731

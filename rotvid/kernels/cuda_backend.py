@@ -82,7 +82,7 @@ class ArchEntry:
 
     path: str  # "s4" (native INT4 mma) or "s8" (INT4-valued numbers on INT8 mma)
     gencode: str
-    wgmma: bool = False  # the Hopper kernel (wgmma + TMA) is built and is the default at block_n 128
+    wgmma: bool = False  # the Hopper kernel (wgmma + TMA) is built and is the default kernel
 
 
 # One cached table: compute capability -> instruction path and nvcc target.
@@ -207,13 +207,13 @@ def _int4_preprocess_op(
     p_mode: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     ext = load_extension(q.device)
-    s4 = _resolve_path(path, q.device, block_n) == "s4"
+    s4 = _resolve_path(path, q.device) == "s4"
     return tuple(ext.preprocess_int4(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, s4, p_mode))
 
 
 @_int4_preprocess_op.register_fake
 def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode):
-    s4 = _resolve_path(path, q.device, block_n) == "s4"
+    s4 = _resolve_path(path, q.device) == "s4"
     if bnhd:
         b, n_q, h, d = q.shape
         n_kv = k.shape[1]
@@ -255,7 +255,7 @@ def _int4_attention_op(
     bnhd: bool,
 ) -> torch.Tensor:
     ext = load_extension(q_hat.device)
-    kernel = _resolve_path(path, q_hat.device, block_n)
+    kernel = _resolve_path(path, q_hat.device)
     return ext.attention_int4(
         q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, kernel == "s4",
         kernel == "wgmma", p_mode, qk_scale, out_bf16, bnhd, None,
@@ -287,15 +287,15 @@ def default_block_n(device: torch.device | None = None) -> int:
         return DEFAULT_BLOCK_N
 
 
-def _resolve_path(path: str, device: torch.device, block_n: int) -> str:
-    """'auto' -> the arch table's kernel for ``device`` and ``block_n``; 's4' / 's8' / 'wgmma' as given."""
+def _resolve_path(path: str, device: torch.device) -> str:
+    """'auto' -> the arch table's kernel for ``device``; 's4' / 's8' / 'wgmma' as given."""
     if path != "auto":
         return path
     entry = arch_entry(device)
     return "wgmma" if entry.wgmma else entry.path
 
 
-def _check_path(path: str | None, block_n: int, device: torch.device) -> str:
+def _check_path(path: str | None, device: torch.device) -> str:
     if path is None:
         return "auto"
     if path not in PATHS:
@@ -365,7 +365,8 @@ def preprocess_int4_cuda(
     Args: q [B, H, Nq, D] (``"BHND"``) or [B, Nq, H, D] (``"BNHD"``), k, v likewise with Nkv
     keys; fp16 or bf16, last dim contiguous; D in (64, 128). ``kv_lens`` int [B] (keys
     ``j >= kv_lens[b]`` masked). ``p_mode`` decides the ``vparams`` encoding; ``path`` the
-    packing (``None``: the arch default); ``block_n`` None: :func:`default_block_n`. Returns a :class:`KernelQKV` (module docstring).
+    packing (``None``: the arch default); ``block_n`` None: :func:`default_block_n`. Returns a
+    :class:`KernelQKV` (module docstring).
     Bit-identical to :func:`rotvid.kernels.reference.preprocess_int4` packed by
     :func:`pack_reference_quantized`.
     """
@@ -373,7 +374,7 @@ def preprocess_int4_cuda(
     _check_inputs(q, k, v, layout, kv_lens, block_n)
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
-    path = _check_path(path, block_n, q.device)
+    path = _check_path(path, q.device)
     out = _int4_preprocess_op(
         q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", block_n, smooth_k, smooth_v, path,
         P_MODES[p_mode],
@@ -414,7 +415,7 @@ def attention_int4_quantized(
         raise ValueError(f"block_n: expected one of {SUPPORTED_BLOCK_N}, got {block_n!r}")
     if layout not in ("BHND", "BNHD"):
         raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
-    path = _check_path(path, block_n, qkv.q_hat.device)
+    path = _check_path(path, qkv.q_hat.device)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
     args = (
         qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
@@ -426,7 +427,7 @@ def attention_int4_quantized(
     # Writing into a caller's tensor (tests poison it first): the raw extension, outside the custom op.
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
-    kernel = _resolve_path(path, qkv.q_hat.device, block_n)
+    kernel = _resolve_path(path, qkv.q_hat.device)
     load_extension(qkv.q_hat.device).attention_int4(*args[:12], kernel == "s4", kernel == "wgmma", *args[13:], out)
     return out
 
