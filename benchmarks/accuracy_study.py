@@ -35,7 +35,7 @@ from statistics import mean
 import torch
 
 from rotvid.kernels import metrics
-from rotvid.kernels.reference import attention_reference
+from rotvid.kernels.reference import DEFAULT_BLOCK_N, attention_reference
 from rotvid.rope.dumps import load_qkv_dump
 from rotvid.rope.hadamard import hadamard_matrix
 from rotvid.rope.incoherence import incoherence, incoherence_summary
@@ -120,8 +120,9 @@ def _exact_attention(case: StudyCase) -> torch.Tensor:
     return attention_reference(q, k, v, recipe="fp16", kv_lens=kv_lens, smooth_k=False)
 
 
-def run_case(case: StudyCase, rotations, recipes, v_hadamard: bool) -> list[dict]:
-    """All settings on one tensor set; one row per (rotation, recipe)."""
+def run_case(case: StudyCase, rotations, recipes, v_hadamard: bool, block_n: int | None = None) -> list[dict]:
+    """All settings on one tensor set; one row per (rotation, recipe). ``block_n``: the key-block size
+    (part of the numerics; None: the reference default, 64; the Hopper kernel uses 128)."""
     ref = _exact_attention(case)
     kv_lens = None if case.kv_len is None else torch.full((case.q.shape[0],), case.kv_len)
     h = hadamard_matrix(case.head_dim, torch.float32) if v_hadamard else None
@@ -132,7 +133,7 @@ def run_case(case: StudyCase, rotations, recipes, v_hadamard: bool) -> list[dict
         q, k = rot.apply(case.q), rot.apply(case.k)
         psi = incoherence_summary(incoherence(q), case.segments)["all"]["peak_to_mean"]
         for recipe in recipes:
-            out = attention_reference(q, k, v_in, recipe=recipe, kv_lens=kv_lens)
+            out = attention_reference(q, k, v_in, recipe=recipe, kv_lens=kv_lens, block_n=block_n or DEFAULT_BLOCK_N)
             if v_hadamard:
                 out = out @ h.T
             rows.append(
@@ -243,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-query-tokens", type=int, default=2048, help="queries kept per dump (evenly spaced); keys all kept")
     p.add_argument("--max-heads", type=int, default=8, help="heads kept per dump")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--block-n", type=int, default=None,
+                   help="key-block size of the quantized recipes (default: the reference's, 64; the Hopper kernel's is 128)")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where the results files go")
     p.add_argument("--no-write", action="store_true", help="print only")
     return p
@@ -265,11 +268,11 @@ def main(argv: list[str] | None = None) -> dict:
     v_on = args.v_hadamard == "on"
     rows, v_rows, exact = [], [], []
     for i, case in enumerate(cases):
-        rows += run_case(case, rotations, recipes, v_on)
+        rows += run_case(case, rotations, recipes, v_on, args.block_n)
         # exactness check: unquantized attention of every rotation against float64.
         exact += run_case(case, rotations, ["fp16"], v_on)
         if not args.no_v_table:
-            v_rows += run_case(case, ["none"], recipes, not v_on)
+            v_rows += run_case(case, ["none"], recipes, not v_on, args.block_n)
         print(f"[{i + 1}/{len(cases)}] {case.source} {case.label}  ({time.time() - t0:.0f}s)", file=sys.stderr)
     aggs = aggregate(rows, ("source", "recipe", "rotation"))
     v_aggs = aggregate([r for r in rows if r["rotation"] == "none"] + v_rows, ("source", "recipe", "v_hadamard"))
@@ -284,7 +287,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"# Accuracy study ({stamp}, commit {commit})\n\n"
         f"command: `{command.strip()}`  \n"
         f"cases: {len(cases)} tensor sets ({', '.join(sorted({c.source for c in cases}))}); "
-        f"V Hadamard in main table: {args.v_hadamard}; torch threads {args.threads}; {elapsed:.0f} s\n\n"
+        f"V Hadamard in main table: {args.v_hadamard}; key block {args.block_n or 'reference default (64)'}; "
+        f"torch threads {args.threads}; {elapsed:.0f} s\n\n"
         f"Reference: exact float64 attention of the unrotated tensors. Worst SQNR of unquantized "
         f"(recipe fp16, float32) attention over all rotations: {fp_worst:.1f} dB (rotations are exact).\n"
     )
