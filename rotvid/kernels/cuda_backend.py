@@ -539,6 +539,7 @@ class CudaBackend:
         except RuntimeError as err:
             return str(err)
         kernels = f"{entry.path} path" + (", wgmma kernel (default)" if entry.wgmma else "")
+        kernels += f", block_n {default_block_n()} by default"
         return f"available ({kernels})"
 
     def unsupported_reason(self, q, k, v, *, recipe="int4", layout="BHND", kv_lens=None, **opts) -> str | None:

@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (PINGPONG != 0 && wg == 1 && nblk > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
 
-  // Scores, block max, exponentials (the mma.sync kernel's arithmetic), P~ fragments, and the P.V wgmma
+  // Scores, block max, exponentials (the mma.sync kernel's arithmetic), P^ fragments, and the P.V wgmma
   // group (committed, not waited for). PARTIAL: the last block of a row with masked keys.
   auto softmax_issue_pv_from = [&](auto buf_tag, const int kb, const int s, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
