@@ -582,7 +582,7 @@ class CudaBackend:
             raise ValueError(f"backend: 'cuda' cannot run this call: {why}")
         return int4_attention_cuda(
             q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=RECIPE_P_MODE[recipe],
-            smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n or default_block_n(q.device),
+            smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n,
         )
 
 
