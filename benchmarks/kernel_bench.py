@@ -53,7 +53,12 @@ SHAPES = {
 
 
 def time_ms(fn, *, min_reps=3, budget_ms=1500.0) -> float:
-    """Median CUDA-event time of ``fn()`` in ms (warm-up first; reps sized to a time budget)."""
+    """Median per-call GPU time of ``fn()`` in ms (warm-up first; reps sized to a time budget).
+
+    Each call sits between its own pair of CUDA events, and the CPU runs ahead (one synchronisation
+    after the last call), as in a pipeline: launch and Python overhead hide behind the GPU work unless
+    the CPU side is the slower one, in which case the gaps show up in the times.
+    """
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -63,14 +68,13 @@ def time_ms(fn, *, min_reps=3, budget_ms=1500.0) -> float:
     torch.cuda.synchronize()
     first = start.elapsed_time(end)
     reps = max(min_reps, min(50, int(budget_ms / max(first, 1e-3))))
-    times = []
-    for _ in range(reps):
-        start.record()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in events:
+        s.record()
         fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -30,9 +30,9 @@ takes), with BH = batch·heads, ``Nq_pad`` = Nq rounded up to 128, ``Nkv_pad`` t
 * ``q_scale`` fp32 [B, H, Nq_pad], ``k_scale`` fp32 [B, H, Nkv_pad] (zero on padded rows).
 * ``vt`` int8 [B, H, D, Nkv_pad] (s8) or [B, H, D, Nkv_pad/2] (s4): V̂ transposed, key
   positions permuted inside chunks of 32 (s8) / 64 (s4) keys (:func:`vt_key_permutation`).
-* ``vparams`` fp32 [B, H, Nkv_pad/block_n, D, 2]: ``v_scale * float32(1/15)`` (range P) or
-  ``* float32(1/7)`` (sym P), and the bits of int32 ``0x4B400000 + 8*colsum`` (range) or
-  ``0x4B400000`` (sym), the accumulator initialiser of P̃V̂.
+* ``vparams`` fp32 [B, H, Nkv_pad/block_n, D, 2]: ``v_scale`` (the P levels' factor 1/15 or 1/7
+  cancels in O / l, both being in units of P̂), and the bits of int32 ``0x4B400000 + 8*colsum``
+  (range) or ``0x4B400000`` (sym), the accumulator initialiser of P̃V̂ in the mma.sync kernels.
 * ``v_mean`` fp32 [B, H, D] when V is smoothed, else an empty tensor.
 """
 
@@ -512,8 +512,7 @@ def pack_reference_quantized(qkv: QuantizedQKV, *, p_mode: str = "range", path: 
     vt = v_hat.transpose(2, 3)[..., perm].contiguous()
     if path == "s4":
         q_hat, k_hat, vt = _pack_nibbles(q_hat), _pack_nibbles(k_hat), _pack_nibbles(vt)
-    inv_levels = torch.tensor(1.0 / (15 if p_mode == "range" else 7), dtype=torch.float32)
-    vs = qkv.v_scale.float() * inv_levels.to(qkv.v_scale.device)
+    vs = qkv.v_scale.float()
     cs = MAGIC_I + (8 * qkv.v_colsum.to(torch.int32) if p_mode == "range" else 0 * qkv.v_colsum.to(torch.int32))
     vparams = torch.stack([vs, cs.to(torch.int32).view(torch.float32)], dim=-1).contiguous()
     if qkv.v_mean is not None:

@@ -53,8 +53,9 @@ def _quantized_probs(s: torch.Tensor, block_n: int, p_mode: str | None) -> tuple
     """Full-precision ``P = softmax(s)`` and the INT4 recipe's effective probabilities.
 
     Per key block: ``p_blk = exp(s - m_blk)`` is quantized (range: ``(rint(15 p) - 8 + 8) / 15``;
-    sym: ``rint(7 p) / 7``) and weighted by ``exp(m_blk - m) / l`` with ``l`` from the
-    unquantized p, exactly as the online softmax of the kernels combines blocks.
+    sym: ``rint(7 p) / 7``) and weighted by ``exp(m_blk - m) / l`` with ``l`` the sum of the
+    *quantized* probabilities (so each row sums to 1), exactly as the online softmax of the kernels
+    combines blocks.
     """
     p_full = torch.softmax(s, dim=-1)
     if p_mode is None:
@@ -73,9 +74,9 @@ def _quantized_probs(s: torch.Tensor, block_n: int, p_mode: str | None) -> tuple
     else:
         raise ValueError(f"p_mode: expected 'range', 'sym' or None, got {p_mode!r}")
     m = s.amax(dim=-1, keepdim=True)
-    l = torch.exp(s - m).sum(dim=-1, keepdim=True)
-    weight = torch.exp(m_blk.squeeze(-1) - m) / l  # [..., Nq, n_blocks]
-    p_q = (q * weight.unsqueeze(-1)).flatten(-2)[..., :n]
+    c = torch.exp(m_blk.squeeze(-1) - m)  # [..., Nq, n_blocks]
+    l = (c * q.sum(dim=-1)).sum(dim=-1, keepdim=True)  # row sum of the quantized P
+    p_q = (q * (c / l).unsqueeze(-1)).flatten(-2)[..., :n]
     return p_full, p_q
 
 

@@ -42,20 +42,16 @@ rotvid::PreprocessParams pre_params(const at::Tensor& x, const Dims& d, int64_t 
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// mean over the valid tokens of each (b, h, channel): float32(sum_f64 / kv_len)
+// mean over the valid tokens of each (b, h, channel): float32(sum_f64 / kv_len), one launch after the zeroing of
+// its work space (float64 sums, then one uint32 counter per (b, h))
 at::Tensor token_mean(const at::Tensor& x, const Dims& d, const c10::optional<at::Tensor>& kv_lens,
                       cudaStream_t stream) {
-  auto sums = at::zeros({d.B, d.H, d.D}, x.options().dtype(at::kDouble));
+  auto work = at::zeros({d.B * d.H * d.D + (d.B * d.H + 1) / 2}, x.options().dtype(at::kDouble));
+  auto mean = at::empty({d.B, d.H, d.D}, x.options().dtype(at::kFloat));
   auto p = pre_params(x, d, d.N);
   p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
-  check_cuda(rotvid::launch_colsum_f64(p, sums.data_ptr<double>(), stream), "colsum_f64");
-  at::Tensor lens;
-  if (kv_lens.has_value()) {
-    lens = kv_lens->to(at::kDouble).clamp_max((double)d.N).view({d.B, 1, 1});
-  } else {
-    lens = at::full({1, 1, 1}, (double)d.N, sums.options());
-  }
-  return (sums / lens).to(at::kFloat).contiguous();
+  check_cuda(rotvid::launch_token_mean_f64(p, work.data_ptr<double>(), mean.data_ptr<float>(), stream), "token_mean_f64");
+  return mean;
 }
 
 std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

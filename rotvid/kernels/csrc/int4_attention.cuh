@@ -8,7 +8,7 @@
 //   P~ = rint(15 p) - 8 (range) | rint(7 p) (sym), packed straight from the accumulator
 //   PV = P~ V^ + 8 colsum       int32 (colsum folded in the accumulator init, or with LEAN in the exact
 //                               bias of the float conversion), then
-//   O = O*a + c*float(PV)*v_scale/15,  l = l*a + c*sum(p)
+//   O = O*a + c*float(PV)*v_scale,  l = l*a + c*sum(P^) (both in units of P^ = P~ + 8 | P~)
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -297,9 +297,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
     mblk[0] = sq[0] * xmax[0];
     mblk[1] = sq[1] * xmax[1];
     rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
-    // row sums of p in four partial sums (n-tile j adds to j % 4), combined as (l0 + l1) + (l2 + l3): the same
-    // order in the mma.sync and wgmma kernels, so their outputs stay bit-identical
-    float lblk[4][2] = {{0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}};
+    // row sums of P^ = P~ (+ 8): the words MAGIC_I + P~ summed as integers (mod 2^32), the MAGIC_I terms removed
+    // after the loop -- exact, so equal to the wgmma kernel's byte sums
+    uint32_t p_sum[2] = {0u, 0u};
     constexpr float kPMul = PMODE == kPRange ? 15.f : 7.f;
     constexpr float kPAdd = PMODE == kPRange ? kMagicF - 8.f : kMagicF;
     uint32_t pw[C::NT][4];  // float bits; low byte / nibble = P~
@@ -313,11 +313,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
           const int key = kb * BN + 8 * j + 2 * t + (e & 1);
           if (key >= kv_len) pe = 0.f;
         }
-        lblk[j & 3][r] += pe;
         pw[j][e] = __float_as_uint(fmaf(pe, kPMul, kPAdd));
+        p_sum[r] += pw[j][e];
       }
     }
-    rowmath::add_row_sums(lblk, c_fac, l_run);
+    {
+      constexpr uint32_t kTerms = 2 * C::NT;  // words per row and thread in this block
+      constexpr uint32_t kOffset = (uint32_t)kMagicI * kTerms - (PMODE == kPRange ? 8u * kTerms : 0u);
+      p_sum[0] -= kOffset;
+      p_sum[1] -= kOffset;
+    }
+    rowmath::add_row_counts(p_sum, c_fac, l_run);
 
     // ---- P~ A fragments ----
     uint32_t pf[C::PKS][4];
@@ -341,7 +347,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
       }
     }
 
-    // ---- O = O*a + c * (P~ V^ + 8 colsum) * v_scale/15 ----
+    // ---- O = O*a + c * (P~ V^ + 8 colsum) * v_scale ----
     constexpr int VJG = C::VCH >= 4 ? 1 : 2;
 #pragma unroll
     for (int j0 = 0; j0 < C::DT; j0 += VJG) {

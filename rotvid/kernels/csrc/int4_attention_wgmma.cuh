@@ -4,7 +4,8 @@
 // below is that kernel's, so the output bits are identical): per key block of BN (64 or 128) keys
 //   S = Q^ K^T (int32), x = float(S) * k_scale, m_blk = sq * max(x), p = ex2(x sq - m_blk),
 //   P^ = rint(15 p) in [0, 15] (range; the INT4 kernels' P~ = P^ - 8) | rint(7 p) (sym),
-//   O = O a + c float(P^ V^) v_scale/15, where the u8 x s8 product P^ V^ = P~ V^ + 8 colsum(V^) exactly.
+//   O = O a + c float(P^ V^) v_scale, l = l a + c rowsum(P^) (O and l in units of P^; the u8 x s8 product
+//   P^ V^ = P~ V^ + 8 colsum(V^) exactly).
 //
 // CTA = 3 warpgroups: warpgroups 0 and 1 are consumers of 64 query rows each (BM = 128); warpgroup 2 is
 // the producer (setmaxnreg gives its registers to the consumers): one thread issues TMA copies of the Q
@@ -215,7 +216,7 @@ __device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t 
   }
 }
 
-template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE>
+template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool PIN_TID = false>
 __global__ void __launch_bounds__(kThreads, 1)
     int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -281,8 +282,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {  // ---- consumers (one branch of the if/else, so setmaxnreg applies) ----
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
-  const int wg = warp >> 2, wi = warp & 3;
-  const int g = lane >> 2, t = lane & 3;
+  // PIN_TID: the thread index passed through a warp shuffle, which the compiler does not re-execute (left to
+  // itself it re-reads %tid.x inside the key loop to save a register, putting a ~25-cycle S2R at the head of
+  // each block's k_scale loads and of the ping-pong barrier ids; pinned, it spills ~3 words in the loop).
+  const uint32_t tid_once = PIN_TID ? __shfl_sync(0xffffffffu, (uint32_t)tid, lane) : (uint32_t)tid;
+  const int wg = (int)(tid_once >> 7), wi = (int)((tid_once >> 5) & 3);
+  const int g = (int)((tid_once >> 2) & 7), t = (int)(tid_once & 3);
   const int row_base = mb * kBM + wg * 64 + wi * 16;
   float sq[2];
   sq[0] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale;
@@ -306,8 +311,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // S of the current key block, and with PIPE 3 of the next one (indexed by compile-time constants only)
   uint32_t sbuf[PIPE == 3 ? 2 : 1][NT * 4];
   uint32_t pacc[D / 2];       // P^ V^ of the current key block
-  uint32_t pf[kBN / 32][4];  // P^ A fragments of the current key block
-  float mblk[2], c_fac[2];
+  uint32_t pf[kBN / 32][4];    // P^ A fragments of the current key block
+  float x[NT][4];              // scores of the block in the log2 domain (before the row scale sq)
+  float mblk[2];               // block row maxima (times sq)
+  float c_fac[2];               // block factors c of the current key block
 
   // S = Q^ K^T of the block in stage s (committed as one wgmma group, not waited for)
   using B0 = std::integral_constant<int, 0>;
@@ -346,13 +353,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (PINGPONG != 0 && wg == 1 && nblk > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
 
-  // Scores, block max, exponentials (the mma.sync kernel's arithmetic), P^ fragments, and the P.V wgmma
-  // group (committed, not waited for). PARTIAL: the last block of a row with masked keys.
-  auto softmax_issue_pv_from = [&](auto buf_tag, const int kb, const int s, auto partial_tag) {
+  // The softmax of a block (the mma.sync kernel's arithmetic) in two parts. First: scores x, block max, online
+  // combine, c factors. PARTIAL: the last block of a row with masked keys.
+  auto scores_max = [&](auto buf_tag, const int kb, const int s, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
     const auto& sacc = sbuf[decltype(buf_tag)::value];
     const float* sks = ks_ptr(s);
-    float x[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const float2 ksc = *reinterpret_cast<const float2*>(sks + 8 * j + 2 * t);
@@ -374,9 +380,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     mblk[0] = sq[0] * xmax[0];
     mblk[1] = sq[1] * xmax[1];
     rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
-    // row sums of p in four partial sums (n-tile j adds to j % 4), combined as (l0 + l1) + (l2 + l3): the same
-    // order in the mma.sync and wgmma kernels, so their outputs stay bit-identical
-    float lblk[4][2] = {{0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}};
+  };
+  // Second: exponentials, P^ fragments, l.
+  auto exps_pack = [&](const int kb, auto partial_tag) {
+    constexpr bool PARTIAL = decltype(partial_tag)::value;
+    // row sums of P^ (exact integers: byte sums of the A fragments, dp4a), so the output bits equal the mma.sync
+    // kernel's
+    uint32_t p_sum[2] = {0u, 0u};
 
     auto make_pf = [&](const int k) {
       uint32_t pw[4][4];  // float bits; low byte = P^ of n-tiles 4k..4k+3
@@ -391,43 +401,52 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
             if (key >= kv_len) pe = 0.f;
           }
-          lblk[jj][r] += pe;
           pw[jj][e] = __float_as_uint(fmaf(pe, kPMul, kPAdd));
         }
       }
-      pf[k][0] = pack_low_bytes(pw[0][0], pw[0][1], pw[1][0], pw[1][1]);  // A fragment: rows g / g+8, 32 keys
-      pf[k][1] = pack_low_bytes(pw[0][2], pw[0][3], pw[1][2], pw[1][3]);
-      pf[k][2] = pack_low_bytes(pw[2][0], pw[2][1], pw[3][0], pw[3][1]);
-      pf[k][3] = pack_low_bytes(pw[2][2], pw[2][3], pw[3][2], pw[3][3]);
+      auto& f = pf[k];
+      f[0] = pack_low_bytes(pw[0][0], pw[0][1], pw[1][0], pw[1][1]);  // A fragment: rows g / g+8, 32 keys
+      f[1] = pack_low_bytes(pw[0][2], pw[0][3], pw[1][2], pw[1][3]);
+      f[2] = pack_low_bytes(pw[2][0], pw[2][1], pw[3][0], pw[3][1]);
+      f[3] = pack_low_bytes(pw[2][2], pw[2][3], pw[3][2], pw[3][3]);
+      p_sum[0] = __dp4a(f[0], 0x01010101u, __dp4a(f[2], 0x01010101u, p_sum[0]));  // row g
+      p_sum[1] = __dp4a(f[1], 0x01010101u, __dp4a(f[3], 0x01010101u, p_sum[1]));  // row g + 8
     };
 #pragma unroll
     for (int k = 0; k < PKS; ++k) make_pf(k);
-    if constexpr (PINGPONG == 2) turn_wait();
-    issue_pv(s);
-    rowmath::add_row_sums(lblk, c_fac, l_run);
+    rowmath::add_row_counts(p_sum, c_fac, l_run);
   };
 
+  // Both parts and the P.V wgmma group of the block (committed, not waited for)
+  auto softmax_issue_pv_from = [&](auto buf_tag, const int kb, const int s, auto partial_tag) {
+    scores_max(buf_tag, kb, s, partial_tag);
+    exps_pack(kb, partial_tag);
+    if constexpr (PINGPONG == 2) turn_wait();
+    issue_pv(s);
+  };
   auto softmax_issue_pv = [&](const int kb, const int s, auto partial_tag) { softmax_issue_pv_from(B0{}, kb, s, partial_tag); };
 
-  // O = O a + c (P^ V^) v_scale/15 (P^ V^ == P~ V^ + 8 colsum exactly), then the stage goes back to the producer
+  // O = O a + c (P^ V^) v_scale (P^ V^ == P~ V^ + 8 colsum exactly), then the stage goes back to the producer
   auto update_o = [&](const int s) {
+    const float(&cf)[2] = c_fac;
     const float* svp = vp_ptr(s);
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
-      // v_scale of columns 8j+2t and 8j+2t+1 (vparams interleaves them with column-sum bits this kernel does not need)
+      // v_scale of columns 8j+2t and 8j+2t+1 (vparams interleaves them with column-sum bits this kernel does not
+      // need; a 16-byte load of both pairs compiles to two 4-byte loads all the same)
       float2 vp;
       vp.x = svp[2 * (8 * j + 2 * t)];
       vp.y = svp[2 * (8 * j + 2 * t) + 2];
       float u[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) u[e] = __int2float_rn((int)pacc[4 * j + e]);  // exact (|P^ V^| < 2^24)
-      o[j][0] = fmaf(c_fac[0] * u[0], vp.x, o[j][0]);
-      o[j][1] = fmaf(c_fac[0] * u[1], vp.y, o[j][1]);
-      o[j][2] = fmaf(c_fac[1] * u[2], vp.x, o[j][2]);
-      o[j][3] = fmaf(c_fac[1] * u[3], vp.y, o[j][3]);
+      o[j][0] = fmaf(cf[0] * u[0], vp.x, o[j][0]);
+      o[j][1] = fmaf(cf[0] * u[1], vp.y, o[j][1]);
+      o[j][2] = fmaf(cf[1] * u[2], vp.x, o[j][2]);
+      o[j][3] = fmaf(cf[1] * u[3], vp.y, o[j][3]);
     }
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar(s));
+    if ((tid_once & 31) == 0) mbar_arrive(empty_bar(s));
   };
 
   mbar_wait(q_bar, 0);

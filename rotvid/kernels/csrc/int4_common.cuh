@@ -12,8 +12,8 @@
 //                                  by vt_key_of_position() so that the P fragment produced by
 //                                  the QK^T accumulator feeds the P.V mma without shuffles
 //   q_scale, k_scale  fp32 [BH, Nq_pad], [BH, Nkv_pad]   (zero on padded rows)
-//   vparams fp32 [BH, Nkv_pad/BN, D, 2]: (v_scale * (1/15) or * (1/7),
-//                                  bits of int32 (MAGIC_I + 8*colsum) or MAGIC_I)
+//   vparams fp32 [BH, Nkv_pad/BN, D, 2]: (v_scale (O and l are kept in units of P^, so the P levels'
+//                                  1/15 or 1/7 cancels), bits of int32 (MAGIC_I + 8*colsum) or MAGIC_I)
 //   v_mean fp32 [BH, D] (optional, added to the output)
 #pragma once
 #include <cstdint>
@@ -66,13 +66,15 @@ struct PreprocessParams {
   long long sb, sh, sn;
   int B, H, N, N_pad, D;
   const int* kv_lens;     // [B] or nullptr (for K/V; Q passes nullptr)
-  const float* mean;      // [BH, D] or nullptr
+  const float* mean;      // [BH, D] the smoothing mean (token_mean_f64), or nullptr
   int8_t* out;            // row quant: [BH, N_pad, DB]; V: [BH, D, VROW]
   float* scale;           // row quant: [BH, N_pad]; V: vparams [BH, nblk, D, 2]
   int is_bf16;
 };
 
-cudaError_t launch_colsum_f64(const PreprocessParams& p, double* sums, cudaStream_t stream);
+// mean[bh, d] = float32(sum_f64 / len) over the valid tokens (len = min(kv_lens[b], N) or N); `work` holds B*H*D
+// float64 sums and B*H uint32 counters after them, all zero on entry.
+cudaError_t launch_token_mean_f64(const PreprocessParams& p, double* work, float* mean, cudaStream_t stream);
 cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream);
 cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream);
 

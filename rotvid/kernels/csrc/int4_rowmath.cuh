@@ -67,14 +67,12 @@ __device__ __forceinline__ void online_combine(const float (&mblk)[2], float (&m
   c_fac[1] = ex2(mblk[1] - m_run[1]);
 }
 
-// Block row sums of p kept in four partial sums (n-tile j adds to lblk[j % 4]), combined as
-// (l0 + l1) + (l2 + l3) and added to l with the block factor.
-__device__ __forceinline__ void add_row_sums(const float (&lblk)[4][2], const float (&c_fac)[2], float (&l_run)[2]) {
+// l = l + c * rowsum(P^) of the block (this thread's share, an exact integer): l and O are both kept in units
+// of P^ (the 1/15 or 1/7 of the P levels cancels in O / l), and normalizing by the quantized row sum makes the
+// output a convex combination of the dequantized V rows.
+__device__ __forceinline__ void add_row_counts(const uint32_t (&p_sum)[2], const float (&c_fac)[2], float (&l_run)[2]) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float lsum = (lblk[0][r] + lblk[1][r]) + (lblk[2][r] + lblk[3][r]);
-    l_run[r] = fmaf(c_fac[r], lsum, l_run[r]);
-  }
+  for (int r = 0; r < 2; ++r) l_run[r] = fmaf(c_fac[r], __uint2float_rn(p_sum[r]), l_run[r]);
 }
 
 // Epilogue: O / l (+ v_mean) for rows row0 + g (+ 8), written as fp16 / bf16 pairs (rows >= Nq skipped).

@@ -1,8 +1,8 @@
 // Pre-processing of the INT4 recipe (memory-bound), bit-identical to rotvid.kernels.quantize:
-//   colsum_f64        sum over valid tokens of each channel in float64 (for K / V smoothing means)
+//   colsum_f64        sum over valid tokens of each channel in float64, then the K / V smoothing mean
 //   quant_rows_int4   per-token INT4 of Q or K (after subtracting the mean), kernel row layout
 //   quant_v_int4      per-group INT4 of V (per key block of BN tokens and channel), written
-//                     transposed and permuted (int4_common.cuh), plus v_scale/15|7 and colsums
+//                     transposed and permuted (int4_common.cuh), plus v_scale and colsums
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -24,9 +24,11 @@ __device__ __forceinline__ int quant7(float x, float inv) {
 }
 
 // grid (splits, BH), 256 threads; sums[bh, d] += sum over this split's valid tokens. Each thread loads 16 bytes
-// (8 channels) of a row; float64 sums of fp16/bf16 values are exact here, so the order does not matter.
+// (8 channels) of a row; float64 sums of fp16/bf16 values are exact here, so the order does not matter. The
+// last CTA of a (batch, head) to finish (counter done[bh]) writes mean = float32(sum / len).
 template <typename T, int D>
-__global__ void __launch_bounds__(256) colsum_f64_kernel(const PreprocessParams p, int tokens_per_split, double* sums) {
+__global__ void __launch_bounds__(256) colsum_f64_kernel(const PreprocessParams p, int tokens_per_split, double* sums,
+                                                         unsigned int* done, float* mean) {
   constexpr int TPR = D / 8;          // threads per row
   constexpr int RSTEP = 256 / TPR;    // rows per step
   __shared__ double part[RSTEP][D + 1];
@@ -52,6 +54,15 @@ __global__ void __launch_bounds__(256) colsum_f64_kernel(const PreprocessParams 
     double tot = 0.0;
     for (int r = 0; r < RSTEP; ++r) tot += part[r][threadIdx.x];
     atomicAdd(sums + (size_t)bh * D + threadIdx.x, tot);
+  }
+  __threadfence();  // this CTA's sums are visible device-wide before it counts itself done
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(done + bh, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (last && threadIdx.x < D) {
+    const double tot = __ldcg(sums + (size_t)bh * D + threadIdx.x);  // (from L2, where the atomics landed)
+    mean[(size_t)bh * D + threadIdx.x] = __double2float_rn(tot / (double)len);
   }
 }
 
@@ -89,6 +100,9 @@ __global__ void __launch_bounds__(256) quant_rows_kernel(const PreprocessParams 
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     if (n0 + rr < p.N) load_row<T, D>(xb + (size_t)(n0 + rr) * p.sn, v[rr]);
   }
+  float mu[EPT];
+#pragma unroll
+  for (int i = 0; i < EPT; ++i) mu[i] = p.mean != nullptr ? p.mean[(size_t)bh * D + lane * EPT + i] : 0.f;
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int n = n0 + rr;
@@ -101,7 +115,6 @@ __global__ void __launch_bounds__(256) quant_rows_kernel(const PreprocessParams 
     for (int i = 0; i < EPT; ++i) qv[i] = 0;
     if (live) {
       if (p.mean != nullptr) {
-        const float* mu = p.mean + (size_t)bh * D + lane * EPT;
 #pragma unroll
         for (int i = 0; i < EPT; ++i) v[rr][i] = v[rr][i] - mu[i];
       }
@@ -172,10 +185,12 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
   const float scale = amax == 0.f ? 0.f : __fdiv_rn(amax, 7.0f);
   auto q_at = [&](int pos) { return amax == 0.f ? 0 : quant7(value(vt_key_of_position(pos, CHK)), inv); };
   int colsum = 0;
-  // Row d of the V^T tile goes to shared memory first (16-byte chunk c at c ^ (d % CH): conflict-free), then
-  // the tile leaves with coalesced stores (CH threads per 16*CH-byte row).
+  // Row d of the V^T tile is built in registers, then goes to shared memory (over the input tile, once every
+  // thread has read its column; 16-byte chunk c at c ^ (d % CH): conflict-free), and the tile leaves with
+  // coalesced stores (CH threads per 16*CH-byte row). One shared buffer: more CTAs per SM.
   constexpr int CH = VB / 16;
-  __shared__ __align__(16) uint4 vt_tile[D * CH];
+  static_assert(D * CH * 16 <= BN * D * (int)sizeof(T), "the V^T tile fits in the input tile's space");
+  uint4 row[CH];
 #pragma unroll
   for (int c = 0; c < CH; ++c) {
     uint32_t w[4];
@@ -199,8 +214,12 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
       }
       w[k] = acc;
     }
-    vt_tile[d * CH + (c ^ (d % CH))] = make_uint4(w[0], w[1], w[2], w[3]);
+    row[c] = make_uint4(w[0], w[1], w[2], w[3]);
   }
+  __syncthreads();  // every column read: the input tile's space takes the V^T tile
+  uint4* vt_tile = reinterpret_cast<uint4*>(tile);
+#pragma unroll
+  for (int c = 0; c < CH; ++c) vt_tile[d * CH + (c ^ (d % CH))] = row[c];
   __syncthreads();
   const size_t vrow = S4 ? (size_t)p.N_pad / 2 : (size_t)p.N_pad;
   int8_t* vt_out = p.out + (size_t)bh * D * vrow + (size_t)kb * VB;
@@ -211,19 +230,19 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
   }
   const int nblk = p.N_pad / BN;
   float* vp = p.scale + (((size_t)bh * nblk + kb) * D + d) * 2;
-  constexpr float kInvLevels = PMODE == kPRange ? 1.0f / 15.0f : 1.0f / 7.0f;
-  vp[0] = scale * kInvLevels;
+  vp[0] = scale;  // the P levels' 1/15 (1/7) cancels in O / l: both are kept in units of P^
   vp[1] = __int_as_float(kMagicI + (PMODE == kPRange ? 8 * colsum : 0));
 }
 
 template <typename T>
-cudaError_t colsum_typed(const PreprocessParams& p, double* sums, cudaStream_t stream) {
+cudaError_t colsum_typed(const PreprocessParams& p, double* work, float* mean, cudaStream_t stream) {
   const int tps = 1024;
   dim3 grid((p.N + tps - 1) / tps, p.B * p.H);
+  auto* done = reinterpret_cast<unsigned int*>(work + (size_t)p.B * p.H * p.D);
   if (p.D == 128) {
-    colsum_f64_kernel<T, 128><<<grid, 256, 0, stream>>>(p, tps, sums);
+    colsum_f64_kernel<T, 128><<<grid, 256, 0, stream>>>(p, tps, work, done, mean);
   } else {
-    colsum_f64_kernel<T, 64><<<grid, 256, 0, stream>>>(p, tps, sums);
+    colsum_f64_kernel<T, 64><<<grid, 256, 0, stream>>>(p, tps, work, done, mean);
   }
   return cudaGetLastError();
 }
@@ -270,9 +289,10 @@ cudaError_t rows_type(const PreprocessParams& p, bool s4, cudaStream_t stream) {
 
 }  // namespace pre
 
-cudaError_t launch_colsum_f64(const PreprocessParams& p, double* sums, cudaStream_t stream) {
+cudaError_t launch_token_mean_f64(const PreprocessParams& p, double* work, float* mean, cudaStream_t stream) {
   if (p.D != 64 && p.D != 128) return cudaErrorInvalidValue;
-  return p.is_bf16 ? pre::colsum_typed<__nv_bfloat16>(p, sums, stream) : pre::colsum_typed<__half>(p, sums, stream);
+  return p.is_bf16 ? pre::colsum_typed<__nv_bfloat16>(p, work, mean, stream)
+                   : pre::colsum_typed<__half>(p, work, mean, stream);
 }
 
 cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream) {
