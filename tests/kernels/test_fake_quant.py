@@ -16,6 +16,16 @@ def test_forward_matches_the_int4_reference():
         assert metrics.relative_l2(ref, fq) < 1e-9
 
 
+def test_quantized_probabilities_sum_to_one_per_row():
+    """Like the kernels, the fake-quantized P is normalized by its own (quantized) row sum."""
+    q, k, _ = random_qkv(1, 2, 50, 32, n_kv=150, dtype=torch.float64)
+    s = q @ k.transpose(-1, -2) * 32**-0.5
+    for p_mode in ("range", "sym"):
+        p_full, p_q = _quantized_probs(s, 64, p_mode)
+        torch.testing.assert_close(p_q.sum(-1), torch.ones_like(p_q.sum(-1)), rtol=0, atol=1e-12)
+        assert (p_q - p_full).abs().max() > 1e-3  # it is quantized
+
+
 def test_bypassed_quantizers_give_exact_attention_and_gradients():
     q, k, v = (t.requires_grad_(True) for t in random_qkv(1, 1, 9, 8, n_kv=11, dtype=torch.float64))
     out = fake_quant_attention(q, k, v, p_mode=None, quantize_qkv=False, smooth_k=False)

@@ -76,6 +76,21 @@ def test_range_p_integer_identity():
     torch.testing.assert_close((15 * deq @ v_hat[0, 0].double()), rhs.double(), rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("recipe", ["int4", "int4-sym-p"])
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_int4_output_is_normalized_by_the_quantized_p(recipe, block_n):
+    """l is the row sum of the quantized P, so the output is a convex combination of the dequantized V rows:
+    when every valid key carries the same value row, the output is that row. (Normalizing by the unquantized
+    row sum instead would scale it by sum(P^ / L) / sum(p), several percent off on these diffuse rows.)"""
+    q, k, _ = random_qkv(2, 2, 200, 64, n_kv=300, dtype=torch.float64)
+    row = torch.randn(2, 2, 1, 64, dtype=torch.float64)
+    v = row.expand(2, 2, 300, 64).contiguous()
+    v[0, :, 250:] = 100.0  # masked keys (kv_lens[0] = 250) must not count
+    kv_lens = torch.tensor([250, 300])
+    out = attention_reference(q, k, v, recipe=recipe, block_n=block_n, kv_lens=kv_lens)
+    torch.testing.assert_close(out, row.expand_as(out), rtol=1e-12, atol=1e-12)
+
+
 def test_range_p_uses_all_16_levels_and_sym_p_is_nonnegative():
     p = torch.linspace(0, 1, 4096) ** 2  # a diffuse row of probabilities, max 1
     levels = quant_p_range_int4(p).unique()
