@@ -125,6 +125,10 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
         att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
             qkv, n_q=n, n_kv=n, head_dim=d, block_n=64, kv_lens=kv_lens, out_dtype=q.dtype, path="s8")
         add("rotvid-int4 [s8 mma.sync, bn64] (attn only)", time_ms(att))
+        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n)
+        att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
+            qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, out_dtype=q.dtype, split_tail=False)
+        add("rotvid-int4 [wgmma, no tail split] (attn only)", time_ms(att))
     for p_mode, label in ((("range", f"rotvid-int4 [{kernel}]"), ("sym", f"rotvid-int4-sym-p [{kernel}]"))):
         qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode)
         att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
@@ -178,7 +182,8 @@ def main() -> None:
     ap.add_argument("--block-n", type=int, default=None, choices=cuda_backend.SUPPORTED_BLOCK_N,
                     help="rotvid key block (default: the backend's, 128 with the wgmma kernel on sm90, else 64)")
     ap.add_argument("--also-s8", action="store_true",
-                    help="on sm90 also time the mma.sync s8 kernel at block_n 64 (attention only), for comparison")
+                    help="on sm90 also time the mma.sync s8 kernel at block_n 64 and the wgmma kernel without its tail split "
+                         "(attention only), for comparison")
     ap.add_argument("--no-sage", action="store_true", help="skip sageattention even if importable")
     ap.add_argument("--rotvid-only", action="store_true", help="time only rotvid (cuDNN once, for the ratio)")
     ap.add_argument("--markdown-out", type=Path, help="write the markdown section to this file")

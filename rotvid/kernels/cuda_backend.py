@@ -253,18 +253,19 @@ def _int4_attention_op(
     qk_scale: float,
     out_bf16: bool,
     bnhd: bool,
+    split_tail: bool,
 ) -> torch.Tensor:
     ext = load_extension(q_hat.device)
     kernel = _resolve_path(path, q_hat.device)
     return ext.attention_int4(
         q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, kernel == "s4",
-        kernel == "wgmma", p_mode, qk_scale, out_bf16, bnhd, None,
+        kernel == "wgmma", p_mode, qk_scale, out_bf16, bnhd, None, split_tail,
     )
 
 
 @_int4_attention_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, path, p_mode,
-      qk_scale, out_bf16, bnhd):
+      qk_scale, out_bf16, bnhd, split_tail):
     b, h = q_hat.shape[0], q_hat.shape[1]
     shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
     return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
@@ -396,13 +397,17 @@ def attention_int4_quantized(
     out_dtype: torch.dtype = torch.bfloat16,
     layout: str = "BHND",
     out: torch.Tensor | None = None,
+    split_tail: bool = True,
 ) -> torch.Tensor:
     """Steps 3-6 of the INT4 recipe (the attention kernel) on operands in the kernel layout.
 
     Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in
     ``out_dtype`` (fp16 or bf16); fp32 accumulation of O across key blocks. ``out``: an
     optional preallocated output of that shape and dtype, written in place (not traceable by
-    torch.compile; for tests).
+    torch.compile; for tests). ``split_tail`` (wgmma kernel): when the query tiles do not fill the
+    last wave of SMs, the tiles of that wave run split over the keys (2-4 CTAs each, merged by a
+    second kernel) -- same maths, fp32 summation order of O and l changed for those rows only;
+    False keeps every row's order, bit-identical to the mma.sync path.
     """
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
@@ -423,12 +428,14 @@ def attention_int4_quantized(
         float(sm_scale * LOG2E), out_dtype == torch.bfloat16, layout == "BNHD",
     )
     if out is None:
-        return _int4_attention_op(*args)
+        return _int4_attention_op(*args, bool(split_tail))
     # Writing into a caller's tensor (tests poison it first): the raw extension, outside the custom op.
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
     kernel = _resolve_path(path, qkv.q_hat.device)
-    load_extension(qkv.q_hat.device).attention_int4(*args[:12], kernel == "s4", kernel == "wgmma", *args[13:], out)
+    load_extension(qkv.q_hat.device).attention_int4(
+        *args[:12], kernel == "s4", kernel == "wgmma", *args[13:], out, bool(split_tail)
+    )
     return out
 
 

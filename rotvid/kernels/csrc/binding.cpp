@@ -1,6 +1,7 @@
 // PyTorch binding of rotvid's INT4 kernels. The Python side (rotvid/kernels/cuda_backend.py)
 // validates arguments with ValueErrors; the TORCH_CHECKs here guard against misuse of the raw
 // extension functions.
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
@@ -126,7 +127,7 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
                           const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
                           int64_t n_kv, int64_t head_dim, int64_t block_n, bool s4, bool wgmma, int64_t p_mode,
                           double qk_scale,
-                          bool out_bf16, bool bnhd, const c10::optional<at::Tensor>& out_opt) {
+                          bool out_bf16, bool bnhd, const c10::optional<at::Tensor>& out_opt, bool split_tail) {
   TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,DB]");
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
   TORCH_CHECK(block_n == 64 || block_n == 128, "block_n: 64 or 128");
@@ -187,6 +188,19 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
     TORCH_CHECK(!s4, "the wgmma kernel takes the s8 layout");
     TORCH_CHECK(rotvid::wgmma_kernel_available(),
                 "the wgmma kernel needs an sm90 GPU and the driver's cuTensorMapEncodeTiled");
+    int split_from = (int)((nq_pad / rotvid::kBlockM) * H * B), splits = 1;
+    if (split_tail) {
+      const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      splits = rotvid::wgmma_split_plan((int)B, (int)H, (int)nq_pad, (int)n_kv, (int)block_n, sms, &split_from);
+    }
+    at::Tensor ws;  // the tail split's partials (kept alive until the launches are queued; the allocator is stream-ordered)
+    if (splits > 1) {
+      ws = at::empty({rotvid::wgmma_split_ws_floats((int)B, (int)H, (int)nq_pad, (int)D, split_from, splits)},
+                     q_hat.options().dtype(at::kFloat));
+      p.ws = ws.data_ptr<float>();
+    }
+    p.split_from = split_from;
+    p.splits = splits;
     check_cuda(rotvid::launch_int4_attention_wgmma(p, (int)D, (int)block_n, (int)p_mode,
                                                    c10::cuda::getCurrentCUDAStream()),
                "int4_attention_wgmma");

@@ -244,11 +244,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_bar = bars + 8 * 2 * ST;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int mb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // 1-D grid: tiles (query block fastest, then head, then batch) below split_from run whole; each later tile runs
+  // as p.splits CTAs, split `part` taking key blocks [kb0, kb0 + nblk) of its row block
+  int tile = blockIdx.x, part = -1;
+  if (tile >= p.split_from) {
+    part = (tile - p.split_from) % p.splits;
+    tile = p.split_from + (tile - p.split_from) / p.splits;
+  }
+  const int n_qt = p.Nq_pad / kBM;
+  const int mb = tile % n_qt, h = (tile / n_qt) % p.H, b = tile / (n_qt * p.H);
   const int bh = b * p.H + h;
   int kv_len = p.Nkv;
   if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
-  const int nblk = (kv_len + kBN - 1) / kBN;
+  int nblk = (kv_len + kBN - 1) / kBN, kb0 = 0;
+  if (part >= 0) {
+    kb0 = (int)((long long)nblk * part / p.splits);
+    nblk = (int)((long long)nblk * (part + 1) / p.splits) - kb0;
+    kv_len -= kb0 * kBN;  // the consumers count keys from this split's first block
+  }
 
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
@@ -268,9 +281,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* ksg = p.k_scale + (size_t)bh * p.Nkv_pad;
       const float* vpg = p.vparams + (size_t)bh * (p.Nkv_pad / kBN) * D * 2;
       const uint32_t small = base + C::TILES;
-      for (int kb = 0; kb < nblk; ++kb) {
-        const int s = kb % ST;
-        mbar_wait(empty_bar(s), ((kb / ST) & 1) ^ 1);
+      for (int i = 0; i < nblk; ++i) {
+        const int s = i % ST, kb = kb0 + i;
+        mbar_wait(empty_bar(s), ((i / ST) & 1) ^ 1);
         mbar_expect_tx(full_bar(s), C::TX);
         tma_load_2d(s_k(s), &tm_k, 0, bh * p.Nkv_pad + kb * kBN, full_bar(s));
         tma_load_2d(s_v(s), &tm_v, kb * kBN, bh * D, full_bar(s));
@@ -525,9 +538,65 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   }
-  rowmath::store_rows<D>(p, o, l_run, row_base, g, t, b, h);
+  if (part < 0) {
+    rowmath::store_rows<D>(p, o, l_run, row_base, g, t, b, h);
+  } else {  // partials of this split: O (relative to m_run), m_run, l per row of the tile
+    float* w = p.ws + ((size_t)(tile - p.split_from) * p.splits + part) * kBM * (D + 2);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+      float* wr = w + (size_t)(row_base - mb * kBM + g + 8 * r) * (D + 2);
+#pragma unroll
+      for (int j = 0; j < DT; ++j) *reinterpret_cast<float2*>(wr + 8 * j + 2 * t) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
+      if (t == 0) *reinterpret_cast<float2*>(wr + D) = make_float2(m_run[r], l_run[r]);
+    }
+  }
   }  // consumers
 #endif  // ROTVID_WGMMA_ENABLED
+}
+
+// The tail split's second pass: one warp per row of a split tile merges the splits' (O, m, l) -- weights
+// exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows. Grid (split tiles, kBM / 8), 256 threads.
+template <int D>
+__global__ void __launch_bounds__(256) combine_splits_kernel(const Int4AttnParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tile = p.split_from + blockIdx.x;
+  const int n_qt = p.Nq_pad / kBM;
+  const int mb = tile % n_qt, h = (tile / n_qt) % p.H, b = tile / (n_qt * p.H);
+  const int r = blockIdx.y * 8 + warp, row = mb * kBM + r;
+  if (row >= p.Nq) return;
+  const float* w = p.ws + (size_t)blockIdx.x * p.splits * kBM * (D + 2) + (size_t)r * (D + 2);
+  const size_t split_stride = (size_t)kBM * (D + 2);
+  float m_max = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) m_max = fmaxf(m_max, w[s * split_stride + D]);
+  constexpr int EPL = D / 32;  // columns per lane
+  float acc[EPL], l = 0.f;
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) acc[i] = 0.f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float* ws = w + s * split_stride;
+    const float f = exp2f(ws[D] - m_max);
+    l = fmaf(f, ws[D + 1], l);
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) acc[i] = fmaf(f, ws[lane * EPL + i], acc[i]);
+  }
+  const float* vm = p.v_mean != nullptr ? p.v_mean + ((size_t)b * p.H + h) * D : nullptr;
+  const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+  for (int i = 0; i < EPL; i += 2) {
+    const int d = lane * EPL + i;
+    float y0 = acc[i] / l, y1 = acc[i + 1] / l;
+    if (vm != nullptr) {
+      y0 += vm[d];
+      y1 += vm[d + 1];
+    }
+    if (p.out_bf16) {
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + off + d) = __floats2bfloat162_rn(y0, y1);
+    } else {
+      *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + off + d) = __floats2half2_rn(y0, y1);
+    }
+  }
 }
 
 }  // namespace wg
