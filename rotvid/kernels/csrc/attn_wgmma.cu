@@ -40,80 +40,62 @@ bool make_map(CUtensorMap* map, const void* data, uint64_t rows, uint64_t cols, 
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// tuning build only: ROTVID_WGMMA_VARIANT=<n>, read per call (0: the defaults)
-int tuning_variant() {
-#ifdef ROTVID_WGMMA_VARIANTS
-  const char* env = std::getenv("ROTVID_WGMMA_VARIANT");
-  return env != nullptr ? std::atoi(env) : 0;
-#else
-  return 0;
-#endif
-}
-
-template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool PIN_TID = false,
-          int NWG = 2>
+template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool PIN_TID = false>
 cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
-  using C = wg::Cfg<D, STAGES, BN, NWG>;
-  constexpr int BM = C::BM;
+  using C = wg::Cfg<D, STAGES, BN>;
   const uint64_t bh = (uint64_t)p.B * p.H;
   CUtensorMap tm_q, tm_k, tm_v;
-  if (!make_map(&tm_q, p.q, bh * p.Nq_pad, D, BM, D, C::QK_SWIZZLE) ||
+  if (!make_map(&tm_q, p.q, bh * p.Nq_pad, D, wg::kBM, D, C::QK_SWIZZLE) ||
       !make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, PIN_TID, NWG>;
+  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, PIN_TID>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
-  const long long tiles = (long long)((p.Nq_pad + BM - 1) / BM) * p.H * p.B;
+  const long long tiles = (long long)(p.Nq_pad / wg::kBM) * p.H * p.B;
   const long long ctas = p.split_from + (tiles - p.split_from) * p.splits;
   if (p.splits < 1 || p.split_from > tiles || (p.splits > 1 && p.ws == nullptr) || ctas > 0x7fffffffLL)
     return cudaErrorInvalidValue;
-  kernel<<<dim3((unsigned)ctas), wg::Team<NWG>::THREADS, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
+  kernel<<<dim3((unsigned)ctas), wg::kThreads, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
   if (p.splits > 1 && tiles > p.split_from) {
-    const dim3 cgrid((unsigned)(tiles - p.split_from), BM / 8);
-    wg::combine_splits_kernel<D, BM><<<cgrid, 256, 0, stream>>>(p);
+    const dim3 cgrid((unsigned)(tiles - p.split_from), wg::kBM / 8);
+    wg::combine_splits_kernel<D><<<cgrid, 256, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
 
-// Tuning variants with three consumer warpgroups (BM 192): 33 block_n 64, next QK^T during the O update;
-// 34 block_n 64, plain order; 35 block_n 128, plain order.
-bool three_warpgroups(int block_n, int variant) {
-  return block_n == 64 ? (variant == 33 || variant == 34) : variant == 35;
-}
-
 template <int D, int PMODE>
 cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream) {
-  const int variant = tuning_variant();
   if (block_n == 64) {
 #ifdef ROTVID_WGMMA_VARIANTS
-    // block_n 64 tuning variants: 1 two S buffers with a 3-stage ring; 4 two S buffers, 2 stages; 3 plain
-    // order, 3 stages; 33/34 (above)
+    // tuning build only: ROTVID_WGMMA_VARIANT=<n> picks a block_n 64 variant, read per call: 1 two S buffers
+    // with a 3-stage ring; 4 two S buffers, 2 stages; 3 plain order, 3 stages; 0: the default (PIPE 1)
+    const char* env = std::getenv("ROTVID_WGMMA_VARIANT");
+    const int variant = env != nullptr ? std::atoi(env) : 0;
     if (variant == 1) return launch_d<D, PMODE, 3, 0, 3, 64>(p, stream);
     if (variant == 4) return launch_d<D, PMODE, 2, 0, 3, 64>(p, stream);
     if (variant == 3) return launch_d<D, PMODE, 3, 0, 0, 64>(p, stream);
-    if (variant == 33) return launch_d<D, PMODE, 3, 0, 1, 64, false, 3>(p, stream);
-    if (variant == 34) return launch_d<D, PMODE, 3, 0, 0, 64, false, 3>(p, stream);
 #endif
     return launch_d<D, PMODE, 2, 0, 1, 64>(p, stream);
   }
 #ifdef ROTVID_WGMMA_VARIANTS
-  // block_n 128 tuning variants: 21 ping-pong 1 (turn around the QK^T issue); 22 ping-pong 2 (turn around
-  // P.V + next QK^T); 23 ping-pong 2 with 3 stages; 24 ping-pong 2, plain order; 25 ping-pong 2, 4 stages;
-  // 26 ping-pong 2, PIPE 2, 3 stages; 27 ping-pong 1, 3 stages; 31 (head_dim 128) and 32 (head_dim 64) the
-  // defaults with the thread index kept in a register (PIN_TID); 35 (above)
-  if (variant == 21) return launch_d<D, PMODE, 2, 1, 1, 128>(p, stream);
-  if (variant == 22) return launch_d<D, PMODE, 2, 2, 1, 128>(p, stream);
-  if (variant == 23) return launch_d<D, PMODE, 3, 2, 1, 128>(p, stream);
-  if (variant == 24) return launch_d<D, PMODE, 2, 2, 0, 128>(p, stream);
-  if (variant == 25) return launch_d<D, PMODE, 4, 2, 1, 128>(p, stream);
-  if (variant == 26) return launch_d<D, PMODE, 3, 2, 2, 128>(p, stream);
-  if (variant == 27) return launch_d<D, PMODE, 3, 1, 1, 128>(p, stream);
-  if (variant == 31) return launch_d<D, PMODE, 3, 2, 1, 128, true>(p, stream);
-  if (variant == 32) return launch_d<D, PMODE, 3, 0, 0, 128, true>(p, stream);
-  if (variant == 35) return launch_d<D, PMODE, 3, 0, 0, 128, false, 3>(p, stream);
+  {  // block_n 128 tuning variants: 21 ping-pong 1 (turn around the QK^T issue); 22 ping-pong 2 (turn around
+     // P.V + next QK^T); 23 ping-pong 2 with 3 stages; 24 ping-pong 2, plain order; 25 ping-pong 2, 4 stages;
+     // 26 ping-pong 2, PIPE 2, 3 stages; 27 ping-pong 1, 3 stages; 31 (head_dim 128) and 32 (head_dim 64) the
+     // defaults with the thread index kept in a register (PIN_TID)
+    const char* env = std::getenv("ROTVID_WGMMA_VARIANT");
+    const int variant = env != nullptr ? std::atoi(env) : 0;
+    if (variant == 21) return launch_d<D, PMODE, 2, 1, 1, 128>(p, stream);
+    if (variant == 22) return launch_d<D, PMODE, 2, 2, 1, 128>(p, stream);
+    if (variant == 23) return launch_d<D, PMODE, 3, 2, 1, 128>(p, stream);
+    if (variant == 24) return launch_d<D, PMODE, 2, 2, 0, 128>(p, stream);
+    if (variant == 25) return launch_d<D, PMODE, 4, 2, 1, 128>(p, stream);
+    if (variant == 26) return launch_d<D, PMODE, 3, 2, 2, 128>(p, stream);
+    if (variant == 27) return launch_d<D, PMODE, 3, 1, 1, 128>(p, stream);
+    if (variant == 31) return launch_d<D, PMODE, 3, 2, 1, 128, true>(p, stream);
+    if (variant == 32) return launch_d<D, PMODE, 3, 0, 0, 128, true>(p, stream);
+  }
 #endif
-  (void)variant;
   // block_n 128 (H100, kernel_variants.py, same runs; identical output bits): head_dim 128 overlaps the next
   // block's QK^T with this block's O update (605 -> 630 TOP/s at Wan2.1-1.3B 480p) and lets the two consumer
   // warpgroups take turns issuing P.V + the next QK^T (ping-pong 2) with a 3-stage ring (632 -> 658 and
@@ -128,16 +110,11 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
 
 }  // namespace
 
-int wgmma_block_m(int head_dim, int block_n) {
-  (void)head_dim;
-  return three_warpgroups(block_n, tuning_variant()) ? 192 : 128;
-}
-
 // Tail split: with T query tiles on n SMs the last wave holds rem = T mod n tiles and leaves n - rem SMs idle for
 // a whole tile; splitting those tiles over the keys in S = min(4, n / rem) parts (each at least 2 key blocks)
 // lets the last wave take ~1/S of the time (Wan2.1-1.3B 480p: 3072 tiles = 23.3 waves on 132 SMs).
-int wgmma_split_plan(int B, int H, int Nq_pad, int Nkv, int block_n, int block_m, int num_sms, int* split_from) {
-  const long long tiles = (long long)((Nq_pad + block_m - 1) / block_m) * H * B;
+int wgmma_split_plan(int B, int H, int Nq_pad, int Nkv, int block_n, int num_sms, int* split_from) {
+  const long long tiles = (long long)(Nq_pad / wg::kBM) * H * B;
   *split_from = (int)tiles;
   if (num_sms <= 0 || tiles <= 0) return 1;
   const long long rem = tiles % num_sms;
@@ -150,10 +127,10 @@ int wgmma_split_plan(int B, int H, int Nq_pad, int Nkv, int block_n, int block_m
   return splits;
 }
 
-long long wgmma_split_ws_floats(int B, int H, int Nq_pad, int head_dim, int block_m, int split_from, int splits) {
-  const long long tiles = (long long)((Nq_pad + block_m - 1) / block_m) * H * B;
+long long wgmma_split_ws_floats(int B, int H, int Nq_pad, int head_dim, int split_from, int splits) {
+  const long long tiles = (long long)(Nq_pad / wg::kBM) * H * B;
   if (splits <= 1) return 0;
-  return (tiles - split_from) * splits * block_m * (head_dim + 2);
+  return (tiles - split_from) * splits * wg::kBM * (head_dim + 2);
 }
 
 bool wgmma_kernel_available() {
@@ -166,7 +143,7 @@ bool wgmma_kernel_available() {
 cudaError_t launch_int4_attention_wgmma(const Int4AttnParams& p, int head_dim, int block_n, int p_mode,
                                         cudaStream_t stream) {
   if (!wgmma_kernel_available()) return cudaErrorNotSupported;
-  if ((block_n != 64 && block_n != 128) || p.Nq_pad % 64 != 0 || p.Nkv_pad % block_n != 0)
+  if ((block_n != 64 && block_n != 128) || p.Nq_pad % wg::kBM != 0 || p.Nkv_pad % block_n != 0)
     return cudaErrorInvalidValue;
   if (head_dim == 128)
     return p_mode == kPRange ? launch_dp<128, kPRange>(p, block_n, stream) : launch_dp<128, kPSym>(p, block_n, stream);

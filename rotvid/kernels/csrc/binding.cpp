@@ -188,15 +188,14 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
     TORCH_CHECK(!s4, "the wgmma kernel takes the s8 layout");
     TORCH_CHECK(rotvid::wgmma_kernel_available(),
                 "the wgmma kernel needs an sm90 GPU and the driver's cuTensorMapEncodeTiled");
-    const int bm = rotvid::wgmma_block_m((int)D, (int)block_n);
-    int split_from = (int)(((nq_pad + bm - 1) / bm) * H * B), splits = 1;
+    int split_from = (int)((nq_pad / rotvid::kBlockM) * H * B), splits = 1;
     if (split_tail) {
       const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-      splits = rotvid::wgmma_split_plan((int)B, (int)H, (int)nq_pad, (int)n_kv, (int)block_n, bm, sms, &split_from);
+      splits = rotvid::wgmma_split_plan((int)B, (int)H, (int)nq_pad, (int)n_kv, (int)block_n, sms, &split_from);
     }
     at::Tensor ws;  // the tail split's partials (kept alive until the launches are queued; the allocator is stream-ordered)
     if (splits > 1) {
-      ws = at::empty({rotvid::wgmma_split_ws_floats((int)B, (int)H, (int)nq_pad, (int)D, bm, split_from, splits)},
+      ws = at::empty({rotvid::wgmma_split_ws_floats((int)B, (int)H, (int)nq_pad, (int)D, split_from, splits)},
                      q_hat.options().dtype(at::kFloat));
       p.ws = ws.data_ptr<float>();
     }

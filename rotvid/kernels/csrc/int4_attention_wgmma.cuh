@@ -34,23 +34,18 @@
 namespace rotvid {
 namespace wg {
 
-// A CTA = NWG consumer warpgroups of 64 query rows each (BM = 64 NWG rows) + a producer warpgroup (one thread
-// issues the copies). Registers are allocated per warpgroup on sm90: the producer gives its share to the
-// consumers with setmaxnreg (24 x 128 + 240 x 256 <= 65536 with two consumer warpgroups; 24 x 128 + 160 x 384
-// with three, which fits head_dim 64 with 64-key blocks; at head_dim 128, 160 registers spilled ~1 KB).
+constexpr int kBM = 128;        // query rows per CTA (two consumer warpgroups x 64)
+constexpr int kConsumerWarps = 8;
+constexpr int kThreads = (kConsumerWarps + 4) * 32;  // + a producer warpgroup (one thread issues the copies)
+// Registers are allocated per warpgroup on sm90 (cap 168 per thread for 3 warpgroups): the producer gives
+// its share to the consumers with setmaxnreg (24 x 128 + 240 x 256 <= 65536). (Three consumer warpgroups,
+// BM 192 at 160 registers, spilled ~1 KB per thread even with P.V split in halves: not pursued.)
 constexpr int kProducerRegs = 24;
-template <int NWG>
-struct Team {
-  static constexpr int BM = 64 * NWG;
-  static constexpr int CONSUMER_WARPS = 4 * NWG;
-  static constexpr int THREADS = (NWG + 1) * 128;
-  static constexpr int CONSUMER_REGS = NWG == 2 ? 240 : 160;
-};
+constexpr int kConsumerRegs = 240;
 
-template <int D, int ST, int BN, int NWG = 2>
+template <int D, int ST, int BN>
 struct Cfg {
-  static constexpr int BM = Team<NWG>::BM;
-  static constexpr int Q_BYTES = BM * D;           // Q^ tile, rows of D bytes (s8)
+  static constexpr int Q_BYTES = kBM * D;          // Q^ tile, rows of D bytes (s8)
   static constexpr int K_BYTES = BN * D;           // K^ tile
   static constexpr int V_BYTES = D * BN;           // V^T tile: D rows of BN key bytes
   static constexpr int KS_BYTES = BN * 4;          // k_scale of the block
@@ -221,17 +216,14 @@ __device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t 
   }
 }
 
-template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool PIN_TID = false, int NWG = 2>
-__global__ void __launch_bounds__(Team<NWG>::THREADS, 1)
+template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool PIN_TID = false>
+__global__ void __launch_bounds__(kThreads, 1)
     int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef ROTVID_WGMMA_ENABLED
   static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
   static_assert(PIPE != 3 || BN == 64, "two S buffers fit in registers only at BN = 64");
-  static_assert(NWG == 2 || (NWG == 3 && PINGPONG == 0), "two consumer warpgroups, or three without ping-pong");
-  using C = Cfg<D, STAGES, BN, NWG>;
-  constexpr int BM = C::BM;
-  constexpr int kConsumerWarps = Team<NWG>::CONSUMER_WARPS;
+  using C = Cfg<D, STAGES, BN>;
   constexpr int kBN = BN;
   constexpr int ST = C::STAGES;
   extern __shared__ unsigned char smem_raw[];
@@ -259,7 +251,7 @@ __global__ void __launch_bounds__(Team<NWG>::THREADS, 1)
     part = (tile - p.split_from) % p.splits;
     tile = p.split_from + (tile - p.split_from) / p.splits;
   }
-  const int n_qt = (p.Nq_pad + BM - 1) / BM;
+  const int n_qt = p.Nq_pad / kBM;
   const int mb = tile % n_qt, h = (tile / n_qt) % p.H, b = tile / (n_qt * p.H);
   const int bh = b * p.H + h;
   int kv_len = p.Nkv;
@@ -285,7 +277,7 @@ __global__ void __launch_bounds__(Team<NWG>::THREADS, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (warp == kConsumerWarps && lane == 0) {
       mbar_expect_tx(q_bar, C::Q_BYTES);
-      tma_load_2d(s_q, &tm_q, 0, bh * p.Nq_pad + mb * BM, q_bar);  // (rows past the tensor: zeros)
+      tma_load_2d(s_q, &tm_q, 0, bh * p.Nq_pad + mb * kBM, q_bar);
       const float* ksg = p.k_scale + (size_t)bh * p.Nkv_pad;
       const float* vpg = p.vparams + (size_t)bh * (p.Nkv_pad / kBN) * D * 2;
       const uint32_t small = base + C::TILES;
@@ -302,17 +294,17 @@ __global__ void __launch_bounds__(Team<NWG>::THREADS, 1)
     }
   } else {  // ---- consumers (one branch of the if/else, so setmaxnreg applies) ----
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Team<NWG>::CONSUMER_REGS));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
   // PIN_TID: the thread index passed through a warp shuffle, which the compiler does not re-execute (left to
   // itself it re-reads %tid.x inside the key loop to save a register, putting a ~25-cycle S2R at the head of
   // each block's k_scale loads and of the ping-pong barrier ids; pinned, it spills ~3 words in the loop).
   const uint32_t tid_once = PIN_TID ? __shfl_sync(0xffffffffu, (uint32_t)tid, lane) : (uint32_t)tid;
   const int wg = (int)(tid_once >> 7), wi = (int)((tid_once >> 5) & 3);
   const int g = (int)((tid_once >> 2) & 7), t = (int)(tid_once & 3);
-  const int row_base = mb * BM + wg * 64 + wi * 16;
-  float sq[2];  // (a BM of 192 can reach past Nq_pad: those rows are never stored)
-  sq[0] = row_base + g < p.Nq_pad ? p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale : 0.f;
-  sq[1] = row_base + g + 8 < p.Nq_pad ? p.q_scale[(size_t)bh * p.Nq_pad + row_base + g + 8] * p.qk_scale : 0.f;
+  const int row_base = mb * kBM + wg * 64 + wi * 16;
+  float sq[2];
+  sq[0] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale;
+  sq[1] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g + 8] * p.qk_scale;
   const uint64_t desc_q = smem_desc(s_q + wg * 64 * D, C::QK_SWIZZLE);
 
   constexpr int NT = kBN / 8;   // score n-tiles
@@ -549,12 +541,12 @@ __global__ void __launch_bounds__(Team<NWG>::THREADS, 1)
   if (part < 0) {
     rowmath::store_rows<D>(p, o, l_run, row_base, g, t, b, h);
   } else {  // partials of this split: O (relative to m_run), m_run, l per row of the tile
-    float* w = p.ws + ((size_t)(tile - p.split_from) * p.splits + part) * BM * (D + 2);
+    float* w = p.ws + ((size_t)(tile - p.split_from) * p.splits + part) * kBM * (D + 2);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
       l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-      float* wr = w + (size_t)(row_base - mb * BM + g + 8 * r) * (D + 2);
+      float* wr = w + (size_t)(row_base - mb * kBM + g + 8 * r) * (D + 2);
 #pragma unroll
       for (int j = 0; j < DT; ++j) *reinterpret_cast<float2*>(wr + 8 * j + 2 * t) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
       if (t == 0) *reinterpret_cast<float2*>(wr + D) = make_float2(m_run[r], l_run[r]);
@@ -565,17 +557,17 @@ __global__ void __launch_bounds__(Team<NWG>::THREADS, 1)
 }
 
 // The tail split's second pass: one warp per row of a split tile merges the splits' (O, m, l) -- weights
-// exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows. Grid (split tiles, BM / 8), 256 threads.
-template <int D, int BM>
+// exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows. Grid (split tiles, kBM / 8), 256 threads.
+template <int D>
 __global__ void __launch_bounds__(256) combine_splits_kernel(const Int4AttnParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tile = p.split_from + blockIdx.x;
-  const int n_qt = (p.Nq_pad + BM - 1) / BM;
+  const int n_qt = p.Nq_pad / kBM;
   const int mb = tile % n_qt, h = (tile / n_qt) % p.H, b = tile / (n_qt * p.H);
-  const int r = blockIdx.y * 8 + warp, row = mb * BM + r;
+  const int r = blockIdx.y * 8 + warp, row = mb * kBM + r;
   if (row >= p.Nq) return;
-  const float* w = p.ws + (size_t)blockIdx.x * p.splits * BM * (D + 2) + (size_t)r * (D + 2);
-  const size_t split_stride = (size_t)BM * (D + 2);
+  const float* w = p.ws + (size_t)blockIdx.x * p.splits * kBM * (D + 2) + (size_t)r * (D + 2);
+  const size_t split_stride = (size_t)kBM * (D + 2);
   float m_max = -INFINITY;
   for (int s = 0; s < p.splits; ++s) m_max = fmaxf(m_max, w[s * split_stride + D]);
   constexpr int EPL = D / 32;  // columns per lane

@@ -48,7 +48,7 @@ struct Int4AttnParams {
   // `splits` CTAs each (a share of the key blocks), which write (O, m, l) partials to ws for a combine kernel.
   int split_from;       // number of tiles run whole (= all tiles when splits == 1)
   int splits;           // 1: no split
-  float* ws;            // [(tiles - split_from) * splits, BM, D + 2] fp32 partials, or nullptr
+  float* ws;            // [(tiles - split_from) * splits, kBlockM, D + 2] fp32 partials, or nullptr
 };
 
 // Key offset (inside its chunk of CHK positions) stored at position p of the V^T layout.
@@ -67,10 +67,8 @@ cudaError_t launch_int4_attention_wgmma(const Int4AttnParams& p, int head_dim, i
 bool wgmma_kernel_available();
 // The wgmma kernel's tail split for these sizes on `num_sms` SMs: returns the number of splits (1: none) and sets
 // *split_from; ws needs wgmma_split_ws_floats(...) floats.
-// Query rows per CTA of the configuration that launch_int4_attention_wgmma picks for (head_dim, block_n).
-int wgmma_block_m(int head_dim, int block_n);
-int wgmma_split_plan(int B, int H, int Nq_pad, int Nkv, int block_n, int block_m, int num_sms, int* split_from);
-long long wgmma_split_ws_floats(int B, int H, int Nq_pad, int head_dim, int block_m, int split_from, int splits);
+int wgmma_split_plan(int B, int H, int Nq_pad, int Nkv, int block_n, int num_sms, int* split_from);
+long long wgmma_split_ws_floats(int B, int H, int Nq_pad, int head_dim, int split_from, int splits);
 
 struct PreprocessParams {
   const void* x;          // fp16 / bf16 input, [B, H, N, D] through strides (elements)
