@@ -54,7 +54,9 @@ cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)(p.Nq_pad / wg::kBM) * p.H * p.B;
   const long long ctas = p.split_from + (tiles - p.split_from) * p.splits;
-  if (p.splits < 1 || p.split_from > tiles || (p.splits > 1 && p.ws == nullptr) || ctas > 0x7fffffffLL)
+  // (the kernel treats every tile from split_from on as split: without splits, split_from must be the tile count)
+  if (p.splits < 1 || p.split_from > tiles || (p.splits == 1 && p.split_from != tiles) ||
+      (p.splits > 1 && p.ws == nullptr) || ctas > 0x7fffffffLL)
     return cudaErrorInvalidValue;
   kernel<<<dim3((unsigned)ctas), wg::kThreads, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
   if (p.splits > 1 && tiles > p.split_from) {

@@ -60,7 +60,10 @@ __global__ void __launch_bounds__(256) colsum_f64_kernel(const PreprocessParams 
   __threadfence();  // this CTA's sums are visible device-wide before it counts itself done
   __syncthreads();
   __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(done + bh, 1u) == gridDim.x - 1;
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done + bh, 1u) == gridDim.x - 1;
+    __threadfence();  // (acquire side: the other CTAs' sums are read after their counts)
+  }
   __syncthreads();
   if (last && threadIdx.x < D) {
     const double tot = __ldcg(sums + (size_t)bh * D + threadIdx.x);  // (from L2, where the atomics landed)
