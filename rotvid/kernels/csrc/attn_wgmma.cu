@@ -40,7 +40,7 @@ bool make_map(CUtensorMap* map, const void* data, uint64_t rows, uint64_t cols, 
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool PIN_TID = false>
+template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128>
 cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg::Cfg<D, STAGES, BN>;
   const uint64_t bh = (uint64_t)p.B * p.H;
@@ -49,7 +49,7 @@ cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
       !make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, PIN_TID>;
+  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)(p.Nq_pad / wg::kBM) * p.H * p.B;
@@ -83,8 +83,8 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
 #ifdef ROTVID_WGMMA_VARIANTS
   {  // block_n 128 tuning variants: 21 ping-pong 1 (turn around the QK^T issue); 22 ping-pong 2 (turn around
      // P.V + next QK^T); 23 ping-pong 2 with 3 stages; 24 ping-pong 2, plain order; 25 ping-pong 2, 4 stages;
-     // 26 ping-pong 2, PIPE 2, 3 stages; 27 ping-pong 1, 3 stages; 31 (head_dim 128) and 32 (head_dim 64) the
-     // defaults with the thread index kept in a register (PIN_TID)
+     // 26 ping-pong 2, PIPE 2, 3 stages; 27 ping-pong 1, 3 stages (31/32, the thread
+     // index kept in a register through a shuffle, measured within noise and were removed)
     const char* env = std::getenv("ROTVID_WGMMA_VARIANT");
     const int variant = env != nullptr ? std::atoi(env) : 0;
     if (variant == 21) return launch_d<D, PMODE, 2, 1, 1, 128>(p, stream);
@@ -94,8 +94,6 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
     if (variant == 25) return launch_d<D, PMODE, 4, 2, 1, 128>(p, stream);
     if (variant == 26) return launch_d<D, PMODE, 3, 2, 2, 128>(p, stream);
     if (variant == 27) return launch_d<D, PMODE, 3, 1, 1, 128>(p, stream);
-    if (variant == 31) return launch_d<D, PMODE, 3, 2, 1, 128, true>(p, stream);
-    if (variant == 32) return launch_d<D, PMODE, 3, 0, 0, 128, true>(p, stream);
   }
 #endif
   // block_n 128 (H100, kernel_variants.py, same runs; identical output bits): head_dim 128 overlaps the next

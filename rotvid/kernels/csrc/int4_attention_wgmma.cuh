@@ -216,7 +216,7 @@ __device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t 
   }
 }
 
-template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool PIN_TID = false>
+template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE>
 __global__ void __launch_bounds__(kThreads, 1)
     int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -295,12 +295,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {  // ---- consumers (one branch of the if/else, so setmaxnreg applies) ----
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
-  // PIN_TID: the thread index passed through a warp shuffle, which the compiler does not re-execute (left to
-  // itself it re-reads %tid.x inside the key loop to save a register, putting a ~25-cycle S2R at the head of
-  // each block's k_scale loads and of the ping-pong barrier ids; pinned, it spills ~3 words in the loop).
-  const uint32_t tid_once = PIN_TID ? __shfl_sync(0xffffffffu, (uint32_t)tid, lane) : (uint32_t)tid;
-  const int wg = (int)(tid_once >> 7), wi = (int)((tid_once >> 5) & 3);
-  const int g = (int)((tid_once >> 2) & 7), t = (int)(tid_once & 3);
+  // (indices from the unsigned thread index: the measured kernel's code; the signed warp / lane forms compile
+  // to different SASS, and this kernel's speed moves with its code generation -- RESULTS.md)
+  const uint32_t utid = (uint32_t)tid;
+  const int wg = (int)(utid >> 7), wi = (int)((utid >> 5) & 3);
+  const int g = (int)((utid >> 2) & 7), t = (int)(utid & 3);
   const int row_base = mb * kBM + wg * 64 + wi * 16;
   float sq[2];
   sq[0] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale;
@@ -441,7 +440,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // O = O a + c (P^ V^) v_scale (P^ V^ == P~ V^ + 8 colsum exactly), then the stage goes back to the producer
   auto update_o = [&](const int s) {
-    const float(&cf)[2] = c_fac;
     const float* svp = vp_ptr(s);
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
@@ -453,13 +451,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       float u[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) u[e] = __int2float_rn((int)pacc[4 * j + e]);  // exact (|P^ V^| < 2^24)
-      o[j][0] = fmaf(cf[0] * u[0], vp.x, o[j][0]);
-      o[j][1] = fmaf(cf[0] * u[1], vp.y, o[j][1]);
-      o[j][2] = fmaf(cf[1] * u[2], vp.x, o[j][2]);
-      o[j][3] = fmaf(cf[1] * u[3], vp.y, o[j][3]);
+      o[j][0] = fmaf(c_fac[0] * u[0], vp.x, o[j][0]);
+      o[j][1] = fmaf(c_fac[0] * u[1], vp.y, o[j][1]);
+      o[j][2] = fmaf(c_fac[1] * u[2], vp.x, o[j][2]);
+      o[j][3] = fmaf(c_fac[1] * u[3], vp.y, o[j][3]);
     }
     __syncwarp();
-    if ((tid_once & 31) == 0) mbar_arrive(empty_bar(s));
+    if ((utid & 31) == 0) mbar_arrive(empty_bar(s));
   };
 
   mbar_wait(q_bar, 0);
@@ -584,19 +582,7 @@ __global__ void __launch_bounds__(256) combine_splits_kernel(const Int4AttnParam
   const float* vm = p.v_mean != nullptr ? p.v_mean + ((size_t)b * p.H + h) * D : nullptr;
   const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
 #pragma unroll
-  for (int i = 0; i < EPL; i += 2) {
-    const int d = lane * EPL + i;
-    float y0 = acc[i] / l, y1 = acc[i + 1] / l;
-    if (vm != nullptr) {
-      y0 += vm[d];
-      y1 += vm[d + 1];
-    }
-    if (p.out_bf16) {
-      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + off + d) = __floats2bfloat162_rn(y0, y1);
-    } else {
-      *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + off + d) = __floats2half2_rn(y0, y1);
-    }
-  }
+  for (int i = 0; i < EPL; i += 2) rowmath::store_pair(p, off, lane * EPL + i, acc[i] / l, acc[i + 1] / l, vm);
 }
 
 }  // namespace wg

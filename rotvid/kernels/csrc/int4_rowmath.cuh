@@ -75,6 +75,20 @@ __device__ __forceinline__ void add_row_counts(const uint32_t (&p_sum)[2], const
   for (int r = 0; r < 2; ++r) l_run[r] = fmaf(c_fac[r], __uint2float_rn(p_sum[r]), l_run[r]);
 }
 
+// Output columns d, d+1 of one row (element offset `off`): y (+ v_mean) as an fp16 / bf16 pair.
+__device__ __forceinline__ void store_pair(const Int4AttnParams& p, size_t off, int d, float y0, float y1,
+                                           const float* vm) {
+  if (vm != nullptr) {
+    y0 += vm[d];
+    y1 += vm[d + 1];
+  }
+  if (p.out_bf16) {
+    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + off + d) = __floats2bfloat162_rn(y0, y1);
+  } else {
+    *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + off + d) = __floats2half2_rn(y0, y1);
+  }
+}
+
 // Epilogue: O / l (+ v_mean) for rows row0 + g (+ 8), written as fp16 / bf16 pairs (rows >= Nq skipped).
 template <int D>
 __device__ __forceinline__ void store_rows(const Int4AttnParams& p, float (&o)[D / 8][4], float (&l_run)[2], int row0,
@@ -92,18 +106,7 @@ __device__ __forceinline__ void store_rows(const Int4AttnParams& p, float (&o)[D
     const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      const int d = 8 * j + 2 * t;
-      float y0 = o[j][2 * r] / l_run[r];
-      float y1 = o[j][2 * r + 1] / l_run[r];
-      if (vm != nullptr) {
-        y0 += vm[d];
-        y1 += vm[d + 1];
-      }
-      if (p.out_bf16) {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + off + d) = __floats2bfloat162_rn(y0, y1);
-      } else {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + off + d) = __floats2half2_rn(y0, y1);
-      }
+      store_pair(p, off, 8 * j + 2 * t, o[j][2 * r] / l_run[r], o[j][2 * r + 1] / l_run[r], vm);
     }
   }
 }
