@@ -1,8 +1,13 @@
-"""Side-by-side attention kernel benchmark on one GPU: cuDNN / flash SDPA, sageattention 1.0.6
-(if importable), rotvid INT4 (both P modes; pre-processing timed alone and included).
+"""Side-by-side attention kernel benchmark on one GPU: cuDNN SDPA (the baseline), SageAttention2-8b (the
+peer, when importable: ``sageattn_qk_int8_pv_fp8_cuda_sm90``, its quantization included), rotvid INT4 (both
+P modes) and, on sm90, rotvid int8-fp8 -- rotvid rows with pre-processing timed alone and included, default
+smoothing (K and V).
 
 TOP/s = 4·B·H·N_q·N_kv·D / time (the usual attention count; masked keys still counted).
-Times are medians of CUDA-event timings after warm-up. Inputs are random (never zeros).
+Times are medians of CUDA-event timings after warm-up. Inputs are bf16 random (never zeros), K with a
+channel bias shared by all tokens (what K smoothing is for). Accuracy: cosine against float64 attention on
+512 sampled query rows. Each run also writes ``benchmarks/results/kernel_bench.json``
+(``{"device", "commit", "date", "shapes": {SHAPE: {METHOD: {"tops", "vs_cudnn", "cos_fp64"}}}}``).
 
     python benchmarks/kernel_bench.py                     # all shapes, print the table
     python benchmarks/kernel_bench.py --shapes wan1.3b-480p --markdown-out section.md
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import statistics
 import subprocess
@@ -82,42 +88,57 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a @ b) / (a.norm() * b.norm()))
 
 
-def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool = False, also_s8: bool = False) -> list[dict]:
+def cos_fp64_rows(out: torch.Tensor, q, k, v, rows: torch.Tensor, kv_len: int | None) -> float:
+    """Cosine of ``out`` [B, H, N, D] against float64 attention on the query rows ``rows``."""
+    num = den_a = den_b = 0.0
+    n_kv = k.shape[2] if kv_len is None else kv_len
+    for hh in range(q.shape[1]):
+        qs = q[:, hh, rows].double()
+        s = qs @ k[:, hh, :n_kv].double().transpose(-1, -2) * q.shape[-1] ** -0.5
+        truth = torch.softmax(s, dim=-1) @ v[:, hh, :n_kv].double()
+        got = out[:, hh, rows].double()
+        num += float((truth * got).sum())
+        den_a += float((truth * truth).sum())
+        den_b += float((got * got).sum())
+    return num / (den_a * den_b) ** 0.5
+
+
+def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool = False, also_s8: bool = False,
+                with_flash: bool = False) -> list[dict]:
     torch.manual_seed(0)
     b, h, n, d = shape.b, shape.h, shape.n, shape.d
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    k += torch.randn(1, h, 1, d, device="cuda", dtype=torch.bfloat16)  # a channel bias shared by the tokens
     flops = 4.0 * b * h * n * n * d
     kv_lens = None if shape.kv_len is None else torch.full((b,), shape.kv_len, dtype=torch.int32, device="cuda")
+    rows_idx = torch.randperm(n, device="cuda")[:512].sort().values
     rows = []
 
-    def add(method, ms, out=None, ref=None, note=""):
-        rows.append(dict(shape=shape.name, method=method, ms=ms, tops=flops / ms / 1e9,
-                         cos=cosine(out, ref) if out is not None and ref is not None else None, note=note))
+    def add(method, ms, out=None, note=""):
+        cos = cos_fp64_rows(out, q, k, v, rows_idx, shape.kv_len) if out is not None else None
+        rows.append(dict(shape=shape.name, method=method, ms=ms, tops=flops / ms / 1e9, cos=cos, note=note))
 
-    ref = None
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         f = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
-        ref = f()
         add("sdpa-cudnn", time_ms(f, min_reps=1 if rotvid_only else 3, budget_ms=1 if rotvid_only else 1500),
-            note="unmasked" if kv_lens is not None else "")
-    if not rotvid_only:
-        try:
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                f = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
-                add("sdpa-flash", time_ms(f), f(), ref, note="unmasked" if kv_lens is not None else "")
-        except RuntimeError as err:  # reported, not hidden
-            rows.append(dict(shape=shape.name, method="sdpa-flash", ms=None, tops=None, cos=None, note=str(err)[:60]))
+            f() if kv_lens is None else None, note="unmasked" if kv_lens is not None else "")
+    if with_flash and not rotvid_only:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            f = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+            add("sdpa-flash", time_ms(f), f() if kv_lens is None else None, note="unmasked" if kv_lens is not None else "")
     if with_sage and not rotvid_only:
         try:
-            from sageattention import sageattn
-
-            f = lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False)  # noqa: E731
-            add("sageattention-1.0.6", time_ms(f), f(), ref)
+            from sageattention import sageattn_qk_int8_pv_fp8_cuda_sm90
         except ImportError as err:
-            rows.append(dict(shape=shape.name, method="sageattention", ms=None, tops=None, cos=None,
+            rows.append(dict(shape=shape.name, method="sageattention2-8b", ms=None, tops=None, cos=None,
                              note=f"not importable: {err}"[:60]))
+        else:
+            f = lambda: sageattn_qk_int8_pv_fp8_cuda_sm90(  # noqa: E731
+                q, k, v, tensor_layout="HND", qk_quant_gran="per_thread", pv_accum_dtype="fp32+fp32")
+            add("sageattention2-8b", time_ms(f), f() if kv_lens is None else None,
+                note="unmasked" if kv_lens is not None else "")
 
-    pre = lambda: cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n)  # noqa: E731
+    pre = lambda: cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True)  # noqa: E731
     pre_ms = time_ms(pre)
     kernel = cuda_backend._resolve_path("auto", q.device)
     if also_s8 and kernel == "wgmma":
@@ -125,24 +146,52 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
         att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
             qkv, n_q=n, n_kv=n, head_dim=d, block_n=64, kv_lens=kv_lens, out_dtype=q.dtype, path="s8")
         add("rotvid-int4 [s8 mma.sync, bn64] (attn only)", time_ms(att))
-        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n)
-        att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
-            qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, out_dtype=q.dtype, split_tail=False)
-        add("rotvid-int4 [wgmma, no tail split] (attn only)", time_ms(att))
-    for p_mode, label in ((("range", f"rotvid-int4 [{kernel}]"), ("sym", f"rotvid-int4-sym-p [{kernel}]"))):
-        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode)
+    for p_mode, label in (("range", "rotvid-int4"), ("sym", "rotvid-int4-sym-p")):
+        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode, smooth_v=True)
         att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
             qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode, out_dtype=q.dtype)
-        full = lambda: cuda_backend.int4_attention_cuda(q, k, v, kv_lens=kv_lens, p_mode=p_mode, block_n=block_n)  # noqa: E731
+        full = lambda: cuda_backend.int4_attention_cuda(  # noqa: E731
+            q, k, v, kv_lens=kv_lens, p_mode=p_mode, block_n=block_n, smooth_v=True)
         att_ms = time_ms(att)
         full_ms = time_ms(full)
-        out = full()
-        add(f"{label} (attn only)", att_ms)
-        add(f"{label} (+pre)", full_ms, out if kv_lens is None else None, ref,
-            note=f"pre {pre_ms:.2f} ms = {100 * pre_ms / att_ms:.1f}% of attn")
-    del q, k, v, ref
+        add(f"{label} [{kernel}] (attn only)", att_ms)
+        add(label, full_ms, full(), note=f"[{kernel}] pre {pre_ms:.2f} ms = {100 * pre_ms / att_ms:.1f}% of attn")
+    if cuda_backend.arch_entry(q.device).wgmma:
+        pre8 = lambda: cuda_backend.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=True)  # noqa: E731
+        pre8_ms = time_ms(pre8)
+        qkv = pre8()
+        att = lambda: cuda_backend.attention_int8fp8_quantized(  # noqa: E731
+            qkv, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype)
+        full = lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=True)  # noqa: E731
+        att_ms = time_ms(att)
+        full_ms = time_ms(full)
+        add("rotvid-int8-fp8 [wgmma] (attn only)", att_ms)
+        add("rotvid-int8-fp8", full_ms, full(), note=f"[wgmma] pre {pre8_ms:.2f} ms = {100 * pre8_ms / att_ms:.1f}% of attn")
+    del q, k, v
     torch.cuda.empty_cache()
     return rows
+
+
+JSON_METHODS = ("sdpa-cudnn", "sageattention2-8b", "rotvid-int4", "rotvid-int4-sym-p", "rotvid-int8-fp8")
+
+
+def results_json(rows: list[dict]) -> dict:
+    """The machine-readable result: the methods of :data:`JSON_METHODS` per shape (pre-processing included)."""
+    base = {r["shape"]: r["ms"] for r in rows if r["method"] == "sdpa-cudnn"}
+    shapes: dict = {}
+    for r in rows:
+        if r["method"] not in JSON_METHODS or r["ms"] is None:
+            continue
+        shapes.setdefault(r["shape"], {})[r["method"]] = {
+            "tops": round(r["tops"], 1), "vs_cudnn": round(base[r["shape"]] / r["ms"], 4),
+            "cos_fp64": None if r["cos"] is None else round(r["cos"], 6),
+        }
+    return {
+        "device": torch.cuda.get_device_name(),
+        "commit": os.environ.get("ROTVID_COMMIT") or _git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "shapes": shapes,
+    }
 
 
 def markdown(rows: list[dict], block_n: int) -> str:
@@ -153,7 +202,8 @@ def markdown(rows: list[dict], block_n: int) -> str:
         f"### kernel_bench: {dev}, {date}, commit {commit}",
         "",
         f"torch {torch.__version__}, CUDA {torch.version.cuda}; rotvid block_n={block_n}; bf16 random inputs; "
-        "TOP/s = 4·B·H·N²·D / median time; ratio = cuDNN time / method time (same run); cos = cosine vs cuDNN output.",
+        "TOP/s = 4·B·H·N²·D / median time; ratio = cuDNN time / method time (same run); cos = cosine vs float64 "
+        "attention on 512 sampled query rows (left out where the method ran unmasked on a masked shape).",
         "",
         "| shape | method | ms | TOP/s | vs cuDNN | cos | note |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -184,7 +234,10 @@ def main() -> None:
     ap.add_argument("--also-s8", action="store_true",
                     help="on sm90 also time the mma.sync s8 kernel at block_n 64 and the wgmma kernel without its tail split "
                          "(attention only), for comparison")
-    ap.add_argument("--no-sage", action="store_true", help="skip sageattention even if importable")
+    ap.add_argument("--no-sage", action="store_true", help="skip SageAttention2-8b even if importable")
+    ap.add_argument("--flash", action="store_true", help="also time SDPA's flash backend")
+    ap.add_argument("--json-out", type=Path, default=Path(__file__).parent / "results" / "kernel_bench.json",
+                    help="machine-readable result (default: benchmarks/results/kernel_bench.json)")
     ap.add_argument("--rotvid-only", action="store_true", help="time only rotvid (cuDNN once, for the ratio)")
     ap.add_argument("--markdown-out", type=Path, help="write the markdown section to this file")
     ap.add_argument("--append", type=Path, help="append the markdown section to this results file")
@@ -195,12 +248,17 @@ def main() -> None:
     if args.block_n is None:
         args.block_n = cuda_backend.default_block_n()
     for name in args.shapes:
-        rows += bench_shape(SHAPES[name], args.block_n, not args.no_sage, args.rotvid_only, args.also_s8)
+        rows += bench_shape(SHAPES[name], args.block_n, not args.no_sage, args.rotvid_only, args.also_s8, args.flash)
         print(markdown([r for r in rows if r["shape"] == name], args.block_n).split("\n", 6)[-1], flush=True)
     md = markdown(rows, args.block_n)
     print(md)
     if args.markdown_out:
         args.markdown_out.write_text(md)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json_out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(results_json(rows), indent=2) + "\n")
+        tmp.replace(args.json_out)  # atomic: a reader never sees half a file
     if args.append:
         with args.append.open("a") as fh:
             fh.write("\n" + md)

@@ -1,4 +1,4 @@
-"""CUDA backend of the INT4 recipes: build, custom ops, the arch table, the dispatcher backend.
+"""CUDA backend of the INT4 and int8-fp8 recipes: build, custom ops, the arch table, the dispatcher backend.
 
 The CUDA sources live in ``rotvid/kernels/csrc`` and are compiled at first use with
 ``torch.utils.cpp_extension.load`` (ninja) into a cache directory (``$ROTVID_EXT_CACHE`` or
@@ -18,6 +18,11 @@ Instruction paths, chosen by compute capability from :data:`ARCH_TABLE`:
   ``csrc/int4_attention_wgmma.cuh``); the s8 kernel layout, and output bits identical to the s8 path.
 
 On sm90 the default is ``"wgmma"`` (block size :func:`default_block_n`); elsewhere the arch path.
+
+The ``int8-fp8`` recipe (sm90 only, ``csrc/int8fp8_attention_wgmma.cuh``): per-token INT8 Q/K on the same
+s8 wgmma, P and V in FP8 e4m3 on the e4m3 wgmma (V one scale per channel, applied with 1/l in the
+epilogue), key blocks of 128; operands from :func:`preprocess_int8fp8_cuda` (``vt`` holds e4m3 bytes in the
+s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]).
 
 Both paths are compiled for every supported architecture, so the s4 path can be tested on an
 H100 (where it runs emulated, slowly) by passing ``path="s4"``.
@@ -63,8 +68,16 @@ SOURCES = (
     "attn_s4_d64.cu",
     "attn_s4_d128.cu",
     "attn_wgmma.cu",
+    "attn_int8fp8_wgmma.cu",
 )
-HEADERS = ("int4_common.cuh", "int4_rowmath.cuh", "int4_attention.cuh", "int4_attention_wgmma.cuh")
+HEADERS = (
+    "int4_common.cuh",
+    "int4_rowmath.cuh",
+    "int4_attention.cuh",
+    "int4_attention_wgmma.cuh",
+    "int8fp8_attention_wgmma.cuh",
+    "tma_map.cuh",
+)
 
 BLOCK_M = 128
 SUPPORTED_BLOCK_N = (64, 128)
@@ -72,6 +85,8 @@ DEFAULT_BLOCK_N = 64
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 RECIPE_P_MODE = {"int4": "range", "int4-sym-p": "sym"}
+INT8FP8_RECIPE = "int8-fp8"
+INT8FP8_BLOCK_N = 128  # the int8-fp8 kernel's key block (part of the numerics: the reference takes the same)
 P_MODES = {"range": 0, "sym": 1}
 MAGIC_I = 0x4B400000
 
@@ -266,6 +281,71 @@ def _int4_attention_op(
 @_int4_attention_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, path, p_mode,
       qk_scale, out_bf16, bnhd, split_tail):
+    b, h = q_hat.shape[0], q_hat.shape[1]
+    shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
+    return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
+
+
+@torch.library.custom_op("rotvid::int8fp8_preprocess", mutates_args=())
+def _int8fp8_preprocess_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_lens: torch.Tensor | None,
+    bnhd: bool,
+    smooth_k: bool,
+    smooth_v: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ext = load_extension(q.device)
+    return tuple(ext.preprocess_int8fp8(q, k, v, kv_lens, bnhd, smooth_k, smooth_v))
+
+
+@_int8fp8_preprocess_op.register_fake
+def _(q, k, v, kv_lens, bnhd, smooth_k, smooth_v):
+    if bnhd:
+        b, n_q, h, d = q.shape
+        n_kv = k.shape[1]
+    else:
+        b, h, n_q, d = q.shape
+        n_kv = k.shape[2]
+    nq_pad, nkv_pad = _pads(n_q, n_kv, INT8FP8_BLOCK_N)
+    i8, f32 = dict(dtype=torch.int8, device=q.device), dict(dtype=torch.float32, device=q.device)
+    return (
+        q.new_empty((b, h, nq_pad, d), **i8),
+        q.new_empty((b, h, nq_pad), **f32),
+        q.new_empty((b, h, nkv_pad, d), **i8),
+        q.new_empty((b, h, nkv_pad), **f32),
+        q.new_empty((b, h, d, nkv_pad), **i8),
+        q.new_empty((b, h, d), **f32),
+        q.new_empty((b, h, d) if smooth_v else (0,), **f32),
+    )
+
+
+@torch.library.custom_op("rotvid::int8fp8_attention", mutates_args=())
+def _int8fp8_attention_op(
+    q_hat: torch.Tensor,
+    q_scale: torch.Tensor,
+    k_hat: torch.Tensor,
+    k_scale: torch.Tensor,
+    vt: torch.Tensor,
+    v_scale: torch.Tensor,
+    v_mean: torch.Tensor,
+    kv_lens: torch.Tensor | None,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    qk_scale: float,
+    out_bf16: bool,
+    bnhd: bool,
+) -> torch.Tensor:
+    ext = load_extension(q_hat.device)
+    return ext.attention_int8fp8(
+        q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd, None
+    )
+
+
+@_int8fp8_attention_op.register_fake
+def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd):
     b, h = q_hat.shape[0], q_hat.shape[1]
     shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
     return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
@@ -466,6 +546,93 @@ def int4_attention_cuda(
     )
 
 
+def _check_int8fp8_device(device: torch.device) -> None:
+    if device.type != "cuda" or not arch_entry(device).wgmma:
+        cap = _capability(device) if device.type == "cuda" else None
+        where = f"sm{cap[0]}{cap[1]}" if cap else str(device)
+        raise ValueError(f"recipe: the int8-fp8 CUDA kernel needs an sm90 GPU (Hopper), this is {where}")
+
+
+def preprocess_int8fp8_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+) -> KernelQKV:
+    """Pre-processing of the int8-fp8 recipe on an sm90 GPU: K/V smoothing, per-token INT8 Q/K, per-channel FP8 V.
+
+    Inputs as :func:`preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose ``vt`` holds the e4m3 bytes of V̂
+    (s8 V^T layout, ``Nkv_pad`` a multiple of 128) and whose ``vparams`` is ``v_scale`` fp32 [B, H, D]
+    (= amax / 448 over the valid tokens, 1 for an all-zero channel). Equal to the reference's quantizers
+    (:func:`rotvid.kernels.quantize.quantize_per_token_int8`, :func:`~rotvid.kernels.quantize.quantize_per_channel_fp8`).
+    """
+    _check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
+    _check_int8fp8_device(q.device)
+    out = _int8fp8_preprocess_op(q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", smooth_k, smooth_v)
+    return KernelQKV(*out)
+
+
+def attention_int8fp8_quantized(
+    qkv: KernelQKV,
+    *,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    layout: str = "BHND",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The int8-fp8 attention kernel (sm90) on operands from :func:`preprocess_int8fp8_cuda`.
+
+    Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in ``out_dtype``;
+    ``out``: an optional preallocated output written in place (tests poison it first).
+    """
+    if out_dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"out_dtype: expected float16 or bfloat16, got {out_dtype}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    if layout not in ("BHND", "BNHD"):
+        raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
+    _check_int8fp8_device(qkv.q_hat.device)
+    sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    args = (
+        qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
+        _kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, float(sm_scale * LOG2E),
+        out_dtype == torch.bfloat16, layout == "BNHD",
+    )
+    if out is None:
+        return _int8fp8_attention_op(*args)
+    if out.dtype != out_dtype:
+        raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
+    load_extension(qkv.q_hat.device).attention_int8fp8(*args, out)
+    return out
+
+
+def int8fp8_attention_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+) -> torch.Tensor:
+    """Pre-processing + int8-fp8 attention on an sm90 GPU; output has q's shape, layout and dtype."""
+    qb, qh, qn, qd, kn = _check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
+    qkv = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
+    return attention_int8fp8_quantized(
+        qkv, n_q=qn, n_kv=kn, head_dim=qd, kv_lens=kv_lens, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Packing the reference's quantized operands into the kernel layout (for tests)
 
@@ -529,6 +696,52 @@ def pack_reference_quantized(qkv: QuantizedQKV, *, p_mode: str = "range", path: 
     return KernelQKV(q_hat.contiguous(), q_scale.contiguous(), k_hat.contiguous(), k_scale.contiguous(), vt, vparams, v_mean)
 
 
+def pack_reference_int8fp8(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+) -> KernelQKV:
+    """Kernel-layout int8-fp8 operands computed by the reference's quantizers (same values as the kernel's
+    pre-processing): smoothing as :func:`rotvid.kernels.reference.smooth_qkv`, per-token INT8 Q/K,
+    per-channel FP8 V over the valid tokens, V^T as e4m3 bytes in the s8 permuted layout."""
+    from rotvid.kernels.quantize import key_valid_mask, quantize_per_channel_fp8, quantize_per_token_int8
+    from rotvid.kernels.reference import smooth_qkv
+
+    q, k, v = (to_bhnd(t, layout) for t in (q, k, v))
+    q_s, k_s, v_s, _, v_mean = smooth_qkv(
+        q, k, v, kv_lens=kv_lens, block_m=BLOCK_M, smooth_k=smooth_k, smooth_q=False, smooth_v=smooth_v
+    )
+    b, h, n_q, d = q.shape
+    n_kv = k.shape[2]
+    nq_pad, nkv_pad = _pads(n_q, n_kv, INT8FP8_BLOCK_N)
+    q_hat, q_scale = quantize_per_token_int8(q_s)
+    k_hat, k_scale = quantize_per_token_int8(k_s)
+    valid = key_valid_mask(n_kv, kv_lens, b, v.device)
+    v_q, v_scale = quantize_per_channel_fp8(v_s, valid)
+    v8 = _pad_rows(v_q.to(torch.float8_e4m3fn).view(torch.int8), nkv_pad)
+    perm = vt_key_permutation(nkv_pad, "s8", device=v.device)
+    vt = v8.transpose(2, 3)[..., perm].contiguous()
+    v_mean_t = (
+        v_mean.float().reshape(b, h, d).contiguous()
+        if v_mean is not None
+        else torch.empty(0, dtype=torch.float32, device=q.device)
+    )
+    return KernelQKV(
+        _pad_rows(q_hat, nq_pad),
+        _pad_rows(q_scale.float(), nq_pad).reshape(b, h, nq_pad).contiguous(),
+        _pad_rows(k_hat, nkv_pad),
+        _pad_rows(k_scale.float(), nkv_pad).reshape(b, h, nkv_pad).contiguous(),
+        vt,
+        v_scale.float().reshape(b, h, d).contiguous(),
+        v_mean_t,
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # The dispatcher backend
 
@@ -546,11 +759,13 @@ class CudaBackend:
             return str(err)
         kernels = f"{entry.path} path" + (", wgmma kernel (default)" if entry.wgmma else "")
         kernels += f", block_n {default_block_n()} by default"
+        if entry.wgmma:
+            kernels += "; int8-fp8 wgmma kernel (block_n 128)"
         return f"available ({kernels})"
 
     def unsupported_reason(self, q, k, v, *, recipe="int4", layout="BHND", kv_lens=None, **opts) -> str | None:
-        if recipe not in RECIPE_P_MODE:
-            return f"recipe {recipe!r} has no CUDA kernel (supported: {', '.join(RECIPE_P_MODE)})"
+        if recipe not in RECIPE_P_MODE and recipe != INT8FP8_RECIPE:
+            return f"recipe {recipe!r} has no CUDA kernel (supported: {', '.join((*RECIPE_P_MODE, INT8FP8_RECIPE))})"
         if not torch.cuda.is_available():
             return "no CUDA GPU (torch.cuda.is_available() is False)"
         if not q.is_cuda:
@@ -560,6 +775,9 @@ class CudaBackend:
             _nvcc()
         except RuntimeError as err:
             return str(err)
+        if recipe == INT8FP8_RECIPE and not arch_entry(q.device).wgmma:
+            cap = _capability(q.device)
+            return f"recipe 'int8-fp8' has a CUDA kernel on sm90 (Hopper) only, this is sm{cap[0]}{cap[1]}"
         if q.dtype not in SUPPORTED_DTYPES:
             return f"dtype {q.dtype} (the kernel takes float16 or bfloat16)"
         d = q.shape[-1]
@@ -572,6 +790,8 @@ class CudaBackend:
             return f"block_m={bm} (the kernel uses {BLOCK_M})"
         if bn is not None and bn not in SUPPORTED_BLOCK_N:
             return f"block_n={bn} (the kernel takes {SUPPORTED_BLOCK_N})"
+        if recipe == INT8FP8_RECIPE and bn is not None and bn != INT8FP8_BLOCK_N:
+            return f"block_n={bn} (the int8-fp8 kernel uses {INT8FP8_BLOCK_N})"
         if any(t.stride(-1) != 1 for t in (q, k, v)):
             return "a non-contiguous head_dim (stride(-1) != 1)"
         if any(st % 8 for t in (q, k, v) for st in t.stride()[:3]):
@@ -586,6 +806,10 @@ class CudaBackend:
                                       block_m=block_m, block_n=block_n)
         if why is not None:
             raise ValueError(f"backend: 'cuda' cannot run this call: {why}")
+        if recipe == INT8FP8_RECIPE:
+            return int8fp8_attention_cuda(
+                q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k, smooth_v=smooth_v
+            )
         return int4_attention_cuda(
             q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=RECIPE_P_MODE[recipe],
             smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n,

@@ -118,7 +118,9 @@ def quantize_per_channel_fp8(v: torch.Tensor, valid: torch.Tensor | None = None)
     if valid is not None:
         v = v * valid.to(v.dtype)
     amax = v.abs().amax(dim=-2, keepdim=True)
-    scale = torch.where(amax == 0, torch.ones_like(amax), amax / FP8_E4M3_MAX)
+    # tensor / tensor: the IEEE-rounded quotient the CUDA pre-processing computes (a Python scalar divisor may
+    # become a reciprocal multiply)
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / torch.full_like(amax, FP8_E4M3_MAX))
     return round_to_fp8_e4m3(v / scale), scale
 
 

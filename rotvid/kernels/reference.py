@@ -278,6 +278,51 @@ def attention_from_quantized(
     return from_bhnd(out.to(out_dtype), layout)
 
 
+def attention_int8fp8_from_quantized(
+    q_hat: torch.Tensor,
+    q_scale: torch.Tensor,
+    k_hat: torch.Tensor,
+    k_scale: torch.Tensor,
+    v8: torch.Tensor,
+    v_scale: torch.Tensor,
+    *,
+    v_mean: torch.Tensor | None = None,
+    kv_lens: torch.Tensor | None = None,
+    block_n: int = 128,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """The int8-fp8 recipe from its quantized operands (the CUDA kernel's twin), all (B, H, N, D) order.
+
+    ``q_hat``/``k_hat`` int8 with per-token scales [B, H, N, 1]; ``v8`` the e4m3 values of V̂ (any float dtype)
+    [B, H, N_kv, D] with ``v_scale`` [B, H, 1, D]; ``v_mean`` [B, H, 1, D] or None. Per key block: exact integer
+    q̂·k̂, ``s = float(q̂·k̂) * (s_q * qk_scale) * s_k``, ``p = exp2(s - m_blk)``, ``pv = e4m3(448 p) · V̂``
+    (fresh FP32 sum per block), ``l_blk = rowsum(448 p)``, online combine; ``out = O / l * v_scale (+ v_mean)``.
+    Equal to the ``int8-fp8`` branch of :func:`attention_reference` up to fp32 rounding (there Q̂/K̂ are
+    dequantized before the product and V's scale is applied per block). Returns float32 (B, H, Nq, D).
+    """
+    dt = torch.float32
+    d = q_hat.shape[-1]
+    sm_scale = d**-0.5 if sm_scale is None else sm_scale
+    qk_scale = _qk_scale(sm_scale, dt).to(q_hat.device)
+    sq = q_scale.to(dt) * qk_scale
+    b, h, nq, _ = q_hat.shape
+    n_kv = k_hat.shape[2]
+    state = _OnlineSoftmax((b, h, nq, d), dt, q_hat.device)
+    for start in range(0, n_kv, block_n):
+        stop = min(start + block_n, n_kv)
+        acc = _int_matmul(q_hat, k_hat[:, :, start:stop]).to(dt)
+        s = (acc * sq) * k_scale[:, :, start:stop].to(dt).transpose(-1, -2)
+        s = _score_mask(s, start, kv_lens)
+        m_blk, p, _ = state.block_probs(s)
+        p448 = p * FP8_E4M3_MAX
+        pv = torch.matmul(quant_p_fp8(p).double(), v8[:, :, start:stop].double()).to(dt)
+        state.update(m_blk, p448.sum(dim=-1, keepdim=True), pv)
+    out = state.result() * v_scale.to(dt)
+    if v_mean is not None:
+        out = out + v_mean.to(dt)
+    return out
+
+
 def _attention_generic(q, k, v, *, recipe, kv_lens, sm_scale, block_m, block_n, smooth_k, smooth_q, smooth_v):
     """fp16 / int8-fp8 / int4-fp8 / nvfp4 on (B, H, N, D) inputs; returns (B, H, Nq, D) in compute dtype."""
     b, h, nq, d = q.shape

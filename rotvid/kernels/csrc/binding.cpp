@@ -212,9 +212,150 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   return out;
 }
 
+// The int8-fp8 recipe (Hopper): per-token INT8 Q/K (K smoothed by its token mean when asked), per-channel FP8 e4m3
+// V over the valid tokens (V smoothed when asked). Returns {q_hat, q_scale, k_hat, k_scale, vt (e4m3 bytes as
+// int8, [B,H,D,Nkv_pad]), v_scale fp32 [B,H,D], v_mean}; Nkv_pad a multiple of 128.
+std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const c10::optional<at::Tensor>& kv_lens, bool bnhd, bool smooth_k,
+                                           bool smooth_v) {
+  TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "q, k, v must be CUDA tensors");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), "q, k, v: same dtype");
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q: fp16 or bf16");
+  const c10::cuda::CUDAGuard guard(q.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const Dims dq = dims_of(q, bnhd), dk = dims_of(k, bnhd), dv = dims_of(v, bnhd);
+  TORCH_CHECK(dq.D == 64 || dq.D == 128, "head_dim: 64 or 128");
+  TORCH_CHECK(dk.B == dq.B && dk.H == dq.H && dk.D == dq.D, "k: batch, heads, head_dim of q");
+  TORCH_CHECK(dv.B == dk.B && dv.H == dk.H && dv.N == dk.N && dv.D == dk.D, "v: shape of k");
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, "q, k, v: 16-byte aligned data pointers");
+    TORCH_CHECK(t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0 && t->stride(2) % 8 == 0,
+                "q, k, v: strides must be multiples of 8 elements (16-byte aligned rows)");
+  }
+  if (kv_lens.has_value()) {
+    TORCH_CHECK(kv_lens->is_cuda() && kv_lens->scalar_type() == at::kInt && kv_lens->numel() == dq.B &&
+                    kv_lens->is_contiguous(),
+                "kv_lens: contiguous int32 CUDA tensor [B]");
+  }
+  const int64_t D = dq.D;
+  const int64_t nq_pad = round_up(dq.N, rotvid::kBlockM), nkv_pad = round_up(dk.N, 128);
+  auto i8 = q.options().dtype(at::kChar);
+  auto f32 = q.options().dtype(at::kFloat);
+  auto q_hat = at::empty({dq.B, dq.H, nq_pad, D}, i8);
+  auto q_scale = at::empty({dq.B, dq.H, nq_pad}, f32);
+  auto k_hat = at::empty({dk.B, dk.H, nkv_pad, D}, i8);
+  auto k_scale = at::empty({dk.B, dk.H, nkv_pad}, f32);
+  auto vt = at::empty({dv.B, dv.H, D, nkv_pad}, i8);
+  auto v_scale = at::empty({dv.B, dv.H, D}, f32);
+  {
+    auto p = pre_params(q, dq, nq_pad);
+    p.out = q_hat.data_ptr<int8_t>();
+    p.scale = q_scale.data_ptr<float>();
+    check_cuda(rotvid::launch_quant_rows_int8(p, stream), "quant_rows_int8(q)");
+  }
+  {
+    at::Tensor k_mean;
+    auto p = pre_params(k, dk, nkv_pad);
+    if (smooth_k) {
+      k_mean = token_mean(k, dk, kv_lens, stream);
+      p.mean = k_mean.data_ptr<float>();
+    }
+    p.out = k_hat.data_ptr<int8_t>();
+    p.scale = k_scale.data_ptr<float>();
+    check_cuda(rotvid::launch_quant_rows_int8(p, stream), "quant_rows_int8(k)");
+  }
+  at::Tensor v_mean = at::empty({0}, f32);
+  {
+    auto p = pre_params(v, dv, nkv_pad);
+    p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
+    if (smooth_v) {
+      v_mean = token_mean(v, dv, kv_lens, stream);
+      p.mean = v_mean.data_ptr<float>();
+    }
+    auto amax = at::zeros({dv.B * dv.H * D}, q.options().dtype(at::kInt));
+    p.out = vt.data_ptr<int8_t>();
+    check_cuda(rotvid::launch_quant_v_fp8(p, reinterpret_cast<unsigned int*>(amax.data_ptr<int>()),
+                                          v_scale.data_ptr<float>(), stream),
+               "quant_v_fp8");
+  }
+  return {q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean};
+}
+
+at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale, const at::Tensor& k_hat,
+                             const at::Tensor& k_scale, const at::Tensor& vt, const at::Tensor& v_scale,
+                             const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
+                             int64_t n_kv, int64_t head_dim, double qk_scale, bool out_bf16, bool bnhd,
+                             const c10::optional<at::Tensor>& out_opt) {
+  TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,D]");
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
+  const c10::cuda::CUDAGuard guard(q_hat.device());
+  const int64_t B = q_hat.size(0), H = q_hat.size(1), D = head_dim;
+  const int64_t nq_pad = round_up(n_q, rotvid::kBlockM), nkv_pad = round_up(n_kv, 128);
+  TORCH_CHECK(q_hat.sizes() == at::IntArrayRef({B, H, nq_pad, D}) && q_hat.is_contiguous(), "q_hat: shape/layout");
+  TORCH_CHECK(q_scale.sizes() == at::IntArrayRef({B, H, nq_pad}) && q_scale.is_contiguous() &&
+                  q_scale.scalar_type() == at::kFloat, "q_scale: shape/dtype");
+  TORCH_CHECK(k_hat.sizes() == at::IntArrayRef({B, H, nkv_pad, D}) && k_hat.is_contiguous() &&
+                  k_hat.scalar_type() == at::kChar, "k_hat: shape/dtype");
+  TORCH_CHECK(k_scale.sizes() == at::IntArrayRef({B, H, nkv_pad}) && k_scale.is_contiguous() &&
+                  k_scale.scalar_type() == at::kFloat, "k_scale: shape/dtype");
+  TORCH_CHECK(vt.sizes() == at::IntArrayRef({B, H, D, nkv_pad}) && vt.is_contiguous() && vt.scalar_type() == at::kChar,
+              "vt: shape/dtype");
+  TORCH_CHECK(v_scale.sizes() == at::IntArrayRef({B, H, D}) && v_scale.is_contiguous() &&
+                  v_scale.scalar_type() == at::kFloat, "v_scale: fp32 [B,H,D]");
+  const bool has_vmean = v_mean.numel() > 0;
+  if (has_vmean)
+    TORCH_CHECK(v_mean.numel() == B * H * D && v_mean.is_contiguous() && v_mean.scalar_type() == at::kFloat,
+                "v_mean: fp32 [B,H,D]");
+  if (kv_lens.has_value())
+    TORCH_CHECK(kv_lens->is_cuda() && kv_lens->scalar_type() == at::kInt && kv_lens->numel() == B &&
+                    kv_lens->is_contiguous(), "kv_lens: contiguous int32 CUDA tensor [B]");
+  TORCH_CHECK(rotvid::wgmma_kernel_available(),
+              "the int8-fp8 kernel needs an sm90 GPU and the driver's cuTensorMapEncodeTiled");
+  auto opts = q_hat.options().dtype(out_bf16 ? at::kBFloat16 : at::kHalf);
+  at::Tensor out;
+  if (out_opt.has_value()) {
+    out = *out_opt;
+    const auto want = bnhd ? std::vector<int64_t>{B, n_q, H, D} : std::vector<int64_t>{B, H, n_q, D};
+    TORCH_CHECK(out.is_cuda() && out.sizes() == at::IntArrayRef(want) && out.scalar_type() == opts.dtype().toScalarType() &&
+                    out.stride(3) == 1 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0 && out.stride(2) % 2 == 0,
+                "out: shape/dtype/strides of the attention output");
+  } else {
+    out = bnhd ? at::empty({B, n_q, H, D}, opts) : at::empty({B, H, n_q, D}, opts);
+  }
+  rotvid::Int4AttnParams p{};
+  p.q = q_hat.data_ptr<int8_t>();
+  p.k = k_hat.data_ptr<int8_t>();
+  p.vt = vt.data_ptr<int8_t>();
+  p.q_scale = q_scale.data_ptr<float>();
+  p.k_scale = k_scale.data_ptr<float>();
+  p.vparams = v_scale.data_ptr<float>();
+  p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
+  p.v_mean = has_vmean ? v_mean.data_ptr<float>() : nullptr;
+  p.out = out.data_ptr();
+  p.out_sb = out.stride(0);
+  p.out_sh = bnhd ? out.stride(2) : out.stride(1);
+  p.out_sn = bnhd ? out.stride(1) : out.stride(2);
+  p.B = (int)B;
+  p.H = (int)H;
+  p.Nq = (int)n_q;
+  p.Nq_pad = (int)nq_pad;
+  p.Nkv = (int)n_kv;
+  p.Nkv_pad = (int)nkv_pad;
+  p.qk_scale = (float)qk_scale;
+  p.out_bf16 = out_bf16 ? 1 : 0;
+  p.split_from = (int)((nq_pad / rotvid::kBlockM) * H * B);
+  p.splits = 1;
+  if (n_q > 0)
+    check_cuda(rotvid::launch_int8fp8_attention_wgmma(p, (int)D, c10::cuda::getCurrentCUDAStream()),
+               "int8fp8_attention_wgmma");
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("preprocess_int4", &preprocess_int4, "INT4 pre-processing (smoothing, quantization, V^T layout)");
   m.def("attention_int4", &attention_int4, "INT4 attention on quantized inputs");
+  m.def("preprocess_int8fp8", &preprocess_int8fp8, "int8-fp8 pre-processing (INT8 Q/K per token, FP8 V per channel)");
+  m.def("attention_int8fp8", &attention_int8fp8, "int8-fp8 attention on quantized inputs (sm90)");
 }

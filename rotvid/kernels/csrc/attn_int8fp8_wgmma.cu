@@ -1,0 +1,61 @@
+// Host side of the int8-fp8 Hopper kernel (int8fp8_attention_wgmma.cuh): TMA tensor maps and the launch.
+// The device code exists only in an sm90a build; elsewhere the launcher reports cudaErrorNotSupported.
+#include <cstdlib>
+
+#include "int8fp8_attention_wgmma.cuh"
+#include "tma_map.cuh"
+
+namespace rotvid {
+namespace {
+
+template <int D, int STAGES, int PINGPONG, int PIPE, int BN = 128>
+cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
+  using C = wg8::Cfg<D, STAGES, BN>;
+  const uint64_t bh = (uint64_t)p.B * p.H;
+  CUtensorMap tm_q, tm_k, tm_v;
+  if (!tma::make_map(&tm_q, p.q, bh * p.Nq_pad, D, wg::kBM, D, C::QK_SWIZZLE) ||
+      !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
+      !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
+    return cudaErrorInvalidValue;
+  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+  if (err != cudaSuccess) return err;
+  const long long tiles = (long long)(p.Nq_pad / wg::kBM) * p.H * p.B;
+  if (tiles > 0x7fffffffLL) return cudaErrorInvalidValue;
+  kernel<<<dim3((unsigned)tiles), wg::kThreads, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
+#ifdef ROTVID_INT8FP8_VARIANTS
+  {  // tuning build only: ROTVID_INT8FP8_VARIANT=<n>, read per call (STAGES, PINGPONG, PIPE)
+    const char* env = std::getenv("ROTVID_INT8FP8_VARIANT");
+    const int variant = env != nullptr ? std::atoi(env) : 0;
+    if (variant == 1) return launch8_d<D, 3, 2, 1>(p, stream);
+    if (variant == 2) return launch8_d<D, 3, 0, 0>(p, stream);
+    if (variant == 3) return launch8_d<D, 2, 2, 1>(p, stream);
+    if (variant == 4) return launch8_d<D, 3, 0, 1>(p, stream);
+    if (variant == 5) return launch8_d<D, 4, 2, 1>(p, stream);
+  }
+#endif
+  // the INT4 kernel's measured choices (attn_wgmma.cu): head_dim 128 ping-pong 2 + PIPE 1, 3 stages; head_dim 64
+  // plain order, 3 stages
+  if constexpr (D == 128) {
+    return launch8_d<D, 3, 2, 1>(p, stream);
+  } else {
+    return launch8_d<D, 3, 0, 0>(p, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_int8fp8_attention_wgmma(const Int4AttnParams& p, int head_dim, cudaStream_t stream) {
+  if (!wgmma_kernel_available()) return cudaErrorNotSupported;
+  if (p.Nq_pad % wg::kBM != 0 || p.Nkv_pad % 128 != 0) return cudaErrorInvalidValue;
+  if (head_dim == 128) return launch8_dim<128>(p, stream);
+  if (head_dim == 64) return launch8_dim<64>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace rotvid

@@ -1,0 +1,365 @@
+// The int8-fp8 recipe on Hopper's warpgroup tensor cores (sm90a: wgmma, TMA, mbarriers): INT8 Q/K per token,
+// P and V in FP8 e4m3 (V one scale per channel), FP32 accumulation across key blocks. Numerics of
+// rotvid.kernels.reference (recipe "int8-fp8"), per key block of BN = 128 keys:
+//   S = Q^ K^T (s8 wgmma, int32, exact), x = float(S) * k_scale, m_blk = sq * max(x) (sq = q_scale * qk_scale),
+//   P8 = e4m3(448 * exp2(x sq - m_blk)) -- computed as ex2(x sq - (m_blk - log2 448)), so 448 is exact in
+//   real arithmetic and within an ulp in float --, pv = P8 V8 (e4m3 wgmma, a fresh FP32 accumulator per
+//   block), l_blk = rowsum of the same 448 p in fp32 (the unquantized p, as the reference), then
+//   O = O a + c pv, l = l a + c l_blk (lazy reference max, rowmath::online_combine), and at the end
+//   out = O / l * v_scale (+ v_mean): the 448 cancels in O / l and the per-channel V scale factors out of the
+//   sum over keys, so neither is applied per block (one FFMA per O element and block).
+//
+// The CTA skeleton is the INT4 Hopper kernel's (int4_attention_wgmma.cuh): two consumer warpgroups of 64 query
+// rows, a producer warpgroup issuing TMA copies of K^ / V8^T tiles and the K scales into a ring of stages, the
+// ping-pong turn between consumers (PINGPONG 2) and the next QK^T issued during the O update (PIPE 1). V8^T keys
+// are permuted per 32 exactly as the s8 layout (int4_common.cuh), so that the S accumulator layout is the
+// e4m3 A-fragment layout.
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "int4_attention_wgmma.cuh"
+
+namespace rotvid {
+namespace wg8 {
+
+using wg::kBM;
+using wg::kConsumerRegs;
+using wg::kConsumerWarps;
+using wg::kProducerRegs;
+using wg::kThreads;
+
+constexpr float kLog2Fp8Max = 8.807354922057604f;  // log2(448)
+
+template <int D, int ST, int BN>
+struct Cfg {
+  static constexpr int Q_BYTES = kBM * D;
+  static constexpr int K_BYTES = BN * D;
+  static constexpr int V_BYTES = D * BN;
+  static constexpr int KS_BYTES = BN * 4;
+  static constexpr int STAGES = ST;
+  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
+  // layout: [Q][K0 V0][K1 V1]...[KS0][KS1]...[barriers]
+  static constexpr int TILES = Q_BYTES + STAGES * STAGE_BYTES;
+  static constexpr int SMALL = STAGES * KS_BYTES;
+  static constexpr int BARS = (2 * STAGES + 1) * 8;
+  static constexpr int SMEM = 1024 + TILES + SMALL + BARS;
+  static constexpr int QK_SWIZZLE = D == 128 ? 128 : 64;
+  static constexpr int V_SWIZZLE = BN;
+  static constexpr uint32_t TX = K_BYTES + V_BYTES + KS_BYTES;
+};
+
+// P.V: f32 += e4m3 x e4m3, A (P8) from registers, B = V8^T (K-major) from shared memory.
+template <int SCALE_D>
+__device__ __forceinline__ void wgmma_rs_e4m3_m64n128k32(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (SCALE_D == 0) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 0, 1, 1;\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  }
+}
+
+template <int SCALE_D>
+__device__ __forceinline__ void wgmma_rs_e4m3_m64n64k32(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (SCALE_D == 0) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 0, 1, 1;\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  }
+}
+
+
+template <int D, int SCALE_D>
+__device__ __forceinline__ void wgmma_pv(float (&acc)[D / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (D == 128) {
+    wgmma_rs_e4m3_m64n128k32<SCALE_D>(acc, a, db);
+  } else {
+    wgmma_rs_e4m3_m64n64k32<SCALE_D>(acc, a, db);
+  }
+}
+
+// Four floats -> four e4m3 bytes (round to nearest even, saturating at 448): byte i = e4m3(fi).
+__device__ __forceinline__ uint32_t pack_e4m3x4(float f0, float f1, float f2, float f3) {
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f1), "f"(f0));  // f0 in the low byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f3), "f"(f2));
+  uint32_t w;
+  asm("mov.b32 %0, {%1, %2};\n" : "=r"(w) : "h"(lo), "h"(hi));
+  return w;
+}
+
+template <int D, int BN, int STAGES, int PINGPONG, int PIPE>
+__global__ void __launch_bounds__(kThreads, 1)
+    int8fp8_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
+                                   const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#ifdef ROTVID_WGMMA_ENABLED
+  static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
+  static_assert(PIPE == 0 || PIPE == 1, "PIPE 0 or 1");
+  using C = Cfg<D, STAGES, BN>;
+  constexpr int kBN = BN;
+  constexpr int ST = C::STAGES;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = wg::smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  const uint32_t s_q = base;
+  auto s_k = [&](int s) { return base + C::Q_BYTES + s * C::STAGE_BYTES; };
+  auto s_v = [&](int s) { return base + C::Q_BYTES + s * C::STAGE_BYTES + C::K_BYTES; };
+  auto ks_ptr = [&](int s) { return reinterpret_cast<const float*>(smem + C::TILES + s * C::KS_BYTES); };
+  const uint32_t bars = base + C::TILES + C::SMALL;
+  auto full_bar = [&](int s) { return bars + 8 * s; };
+  auto empty_bar = [&](int s) { return bars + 8 * (ST + s); };
+  const uint32_t q_bar = bars + 8 * 2 * ST;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tile = blockIdx.x;
+  const int n_qt = p.Nq_pad / kBM;
+  const int mb = tile % n_qt, h = (tile / n_qt) % p.H, b = tile / (n_qt * p.H);
+  const int bh = b * p.H + h;
+  int kv_len = p.Nkv;
+  if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
+  const int nblk = (kv_len + kBN - 1) / kBN;
+
+  if (tid == 0) {
+    for (int s = 0; s < ST; ++s) {
+      wg::mbar_init(full_bar(s), 1);
+      wg::mbar_init(empty_bar(s), kConsumerWarps);
+    }
+    wg::mbar_init(q_bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= kConsumerWarps) {  // ---- producer warpgroup ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp == kConsumerWarps && lane == 0) {
+      wg::mbar_expect_tx(q_bar, C::Q_BYTES);
+      wg::tma_load_2d(s_q, &tm_q, 0, bh * p.Nq_pad + mb * kBM, q_bar);
+      const float* ksg = p.k_scale + (size_t)bh * p.Nkv_pad;
+      const uint32_t small = base + C::TILES;
+      for (int i = 0; i < nblk; ++i) {
+        const int s = i % ST;
+        wg::mbar_wait(empty_bar(s), ((i / ST) & 1) ^ 1);
+        wg::mbar_expect_tx(full_bar(s), C::TX);
+        wg::tma_load_2d(s_k(s), &tm_k, 0, bh * p.Nkv_pad + i * kBN, full_bar(s));
+        wg::tma_load_2d(s_v(s), &tm_v, i * kBN, bh * D, full_bar(s));
+        wg::bulk_load(small + s * C::KS_BYTES, ksg + (size_t)i * kBN, C::KS_BYTES, full_bar(s));
+      }
+    }
+  } else {  // ---- consumers ----
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  const uint32_t utid = (uint32_t)tid;
+  const int wg_i = (int)(utid >> 7), wi = (int)((utid >> 5) & 3);
+  const int g = (int)((utid >> 2) & 7), t = (int)(utid & 3);
+  const int row_base = mb * kBM + wg_i * 64 + wi * 16;
+  float sq[2];
+  sq[0] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale;
+  sq[1] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g + 8] * p.qk_scale;
+  const uint64_t desc_q = wg::smem_desc(s_q + wg_i * 64 * D, C::QK_SWIZZLE);
+
+  constexpr int NT = kBN / 8;
+  constexpr int DT = D / 8;
+  constexpr int QKS = D / 32;
+  constexpr int PKS = kBN / 32;
+  float o[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+
+  uint32_t sacc[NT * 4];  // S of the current key block
+  float pacc[D / 2];      // P8 V8 of the current key block
+  uint32_t pf[PKS][4];    // P8 A fragments
+  float x[NT][4];
+  float mblk[2];
+  float c_fac[2];
+
+  auto issue_qk = [&](const int s) {
+    const uint64_t desc_k = wg::smem_desc(s_k(s), C::QK_SWIZZLE);
+    wg::wgmma_fence();
+    wg::wgmma_qk<BN, 0>(sacc, desc_q, desc_k);
+#pragma unroll
+    for (int ks = 1; ks < QKS; ++ks) wg::wgmma_qk<BN, 1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
+    wg::wgmma_commit();
+  };
+  auto issue_pv = [&](const int s) {
+    const uint64_t desc_v = wg::smem_desc(s_v(s), C::V_SWIZZLE);
+    wg::wgmma_fence();
+    wgmma_pv<D, 0>(pacc, pf[0], desc_v);
+#pragma unroll
+    for (int k = 1; k < PKS; ++k) wgmma_pv<D, 1>(pacc, pf[k], desc_v + 2 * k);
+    wg::wgmma_commit();
+  };
+  auto turn_wait = [&]() {
+    if constexpr (PINGPONG != 0) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg_i) : "memory");
+  };
+  auto turn_pass = [&](bool last) {
+    if constexpr (PINGPONG != 0) {
+      if (!(last && wg_i == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg_i) : "memory");
+    }
+  };
+  if (PINGPONG != 0 && wg_i == 1 && nblk > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+
+  // scores, block max, online combine (the INT4 kernels' arithmetic)
+  auto scores_max = [&](const int kb, const int s, auto partial_tag) {
+    constexpr bool PARTIAL = decltype(partial_tag)::value;
+    const float* sks = ks_ptr(s);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float2 ksc = *reinterpret_cast<const float2*>(sks + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[j][e] = __int2float_rn((int)sacc[4 * j + e]) * ((e & 1) ? ksc.y : ksc.x);
+    }
+    if constexpr (PARTIAL) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int key = kb * kBN + 8 * j + 2 * t;
+        if (key >= kv_len) x[j][0] = x[j][2] = -INFINITY;
+        if (key + 1 >= kv_len) x[j][1] = x[j][3] = -INFINITY;
+      }
+    }
+    float xmax[2];
+    rowmath::block_row_max(x, xmax);
+    mblk[0] = sq[0] * xmax[0];
+    mblk[1] = sq[1] * xmax[1];
+    rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
+  };
+  // 448 p, its row sums and the e4m3 A fragments
+  auto exps_pack = [&](const int kb, auto partial_tag) {
+    constexpr bool PARTIAL = decltype(partial_tag)::value;
+    const float mshift[2] = {mblk[0] - kLog2Fp8Max, mblk[1] - kLog2Fp8Max};
+    float ls[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int k = 0; k < PKS; ++k) {
+      float pe[4][4];
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = 4 * k + jj;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          float v = rowmath::ex2(fmaf(x[j][e], sq[r], -mshift[r]));
+          if constexpr (PARTIAL) {
+            const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
+            if (key >= kv_len) v = 0.f;
+          }
+          pe[jj][e] = v;
+          ls[r][jj & 1] += v;
+        }
+      }
+      auto& f = pf[k];
+      f[0] = pack_e4m3x4(pe[0][0], pe[0][1], pe[1][0], pe[1][1]);  // rows g / g+8, the accumulator's key order
+      f[1] = pack_e4m3x4(pe[0][2], pe[0][3], pe[1][2], pe[1][3]);
+      f[2] = pack_e4m3x4(pe[2][0], pe[2][1], pe[3][0], pe[3][1]);
+      f[3] = pack_e4m3x4(pe[2][2], pe[2][3], pe[3][2], pe[3][3]);
+    }
+    l_run[0] = fmaf(c_fac[0], ls[0][0] + ls[0][1], l_run[0]);
+    l_run[1] = fmaf(c_fac[1], ls[1][0] + ls[1][1], l_run[1]);
+  };
+  auto softmax_issue_pv = [&](const int kb, const int s, auto partial_tag) {
+    scores_max(kb, s, partial_tag);
+    exps_pack(kb, partial_tag);
+    if constexpr (PINGPONG == 2) turn_wait();
+    issue_pv(s);
+  };
+  // O = O + c pv (O was rescaled by a in online_combine), then the stage goes back to the producer
+  auto update_o = [&](const int s) {
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+      o[j][0] = fmaf(c_fac[0], pacc[4 * j + 0], o[j][0]);
+      o[j][1] = fmaf(c_fac[0], pacc[4 * j + 1], o[j][1]);
+      o[j][2] = fmaf(c_fac[1], pacc[4 * j + 2], o[j][2]);
+      o[j][3] = fmaf(c_fac[1], pacc[4 * j + 3], o[j][3]);
+    }
+    __syncwarp();
+    if ((utid & 31) == 0) wg::mbar_arrive(empty_bar(s));
+  };
+
+  wg::mbar_wait(q_bar, 0);
+  if (nblk > 0) {
+    wg::mbar_wait(full_bar(0), 0);
+    if constexpr (PINGPONG == 1) turn_wait();
+    issue_qk(0);
+    if constexpr (PINGPONG == 1) turn_pass(nblk == 1);
+  }
+  for (int kb = 0; kb < nblk; ++kb) {
+    const int s = kb % ST;
+    const int s1 = (kb + 1) % ST;
+    const bool has_next = kb + 1 < nblk;
+    wg::wgmma_wait<0>();  // S of block kb
+    if ((kb + 1) * kBN > kv_len) {
+      softmax_issue_pv(kb, s, std::true_type{});
+    } else {
+      softmax_issue_pv(kb, s, std::false_type{});
+    }
+    if (PIPE == 1 && has_next) {
+      wg::mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
+      if constexpr (PINGPONG == 1) turn_wait();
+      issue_qk(s1);
+      if constexpr (PINGPONG == 1) turn_pass(kb + 2 == nblk);
+      if constexpr (PINGPONG == 2) turn_pass(false);
+      wg::wgmma_wait<1>();
+    } else {
+      if constexpr (PINGPONG == 2) turn_pass(!has_next);
+      wg::wgmma_wait<0>();
+    }
+    update_o(s);
+    if (PIPE == 0 && has_next) {
+      wg::mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
+      if constexpr (PINGPONG == 1) turn_wait();
+      issue_qk(s1);
+      if constexpr (PINGPONG == 1) turn_pass(kb + 2 == nblk);
+    }
+  }
+
+  // Epilogue: out = O / l * v_scale (+ v_mean); v_scale per channel in vparams [BH, D]
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  const float* vs = p.vparams + (size_t)bh * D;
+  const float* vm = p.v_mean != nullptr ? p.v_mean + (size_t)bh * D : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + g + 8 * r;
+    if (row >= p.Nq) continue;
+    const float inv_l = 1.f / l_run[r];
+    const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+      const int d = 8 * j + 2 * t;
+      const float2 sc = *reinterpret_cast<const float2*>(vs + d);
+      rowmath::store_pair(p, off, d, o[j][2 * r] * inv_l * sc.x, o[j][2 * r + 1] * inv_l * sc.y, vm);
+    }
+  }
+  }  // consumers
+#endif  // ROTVID_WGMMA_ENABLED
+}
+
+}  // namespace wg8
+}  // namespace rotvid
