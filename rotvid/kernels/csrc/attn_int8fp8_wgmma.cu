@@ -8,21 +8,22 @@
 namespace rotvid {
 namespace {
 
-template <int D, int STAGES, int PINGPONG, int PIPE, int BN = 128>
+template <int D, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int BN = 128>
 cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
-  using C = wg8::Cfg<D, STAGES, BN>;
+  using C = wg8::Cfg<D, STAGES, BN, NWG>;
+  using S = wg8::Shape<NWG>;
   const uint64_t bh = (uint64_t)p.B * p.H;
   CUtensorMap tm_q, tm_k, tm_v;
-  if (!tma::make_map(&tm_q, p.q, bh * p.Nq_pad, D, wg::kBM, D, C::QK_SWIZZLE) ||
+  if (!tma::make_map(&tm_q, p.q, bh * p.Nq_pad, D, S::BM, D, C::QK_SWIZZLE) ||
       !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE>;
+  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
-  const long long tiles = (long long)(p.Nq_pad / wg::kBM) * p.H * p.B;
+  const long long tiles = (long long)((p.Nq_pad + S::BM - 1) / S::BM) * p.H * p.B;
   if (tiles > 0x7fffffffLL) return cudaErrorInvalidValue;
-  kernel<<<dim3((unsigned)tiles), wg::kThreads, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
+  kernel<<<dim3((unsigned)tiles), S::THREADS, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
   return cudaGetLastError();
 }
 
@@ -37,6 +38,10 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
     if (variant == 3) return launch8_d<D, 2, 2, 1>(p, stream);
     if (variant == 4) return launch8_d<D, 3, 0, 1>(p, stream);
     if (variant == 5) return launch8_d<D, 4, 2, 1>(p, stream);
+    if (variant == 6) return launch8_d<D, 3, 0, 0, 3>(p, stream);
+    if (variant == 7) return launch8_d<D, 2, 0, 0, 3>(p, stream);
+    if (variant == 8) return launch8_d<D, 4, 0, 0, 3>(p, stream);
+    if (variant == 9) return launch8_d<D, 3, 0, 1, 3>(p, stream);
   }
 #endif
   // the INT4 kernel's measured choices (attn_wgmma.cu): head_dim 128 ping-pong 2 + PIPE 1, 3 stages; head_dim 64

@@ -26,17 +26,23 @@
 namespace rotvid {
 namespace wg8 {
 
-using wg::kBM;
-using wg::kConsumerRegs;
-using wg::kConsumerWarps;
-using wg::kProducerRegs;
-using wg::kThreads;
+// NWG consumer warpgroups of 64 query rows (BM = 64 NWG) and one producer warpgroup. Two: the INT4 kernel's
+// layout (240 registers per consumer thread, ping-pong possible); three: more warps per scheduler to hide the
+// softmax's latencies, at 160 registers (fits without the next block's S in flight: PIPE 0).
+template <int NWG>
+struct Shape {
+  static constexpr int BM = 64 * NWG;
+  static constexpr int CONSUMER_WARPS = 4 * NWG;
+  static constexpr int THREADS = 128 * (NWG + 1);
+  static constexpr int PRODUCER_REGS = 24;
+  static constexpr int CONSUMER_REGS = NWG == 2 ? 240 : 160;  // 24 x 128 + REGS x 128 NWG <= 65536
+};
 
 constexpr float kLog2Fp8Max = 8.807354922057604f;  // log2(448)
 
-template <int D, int ST, int BN>
+template <int D, int ST, int BN, int NWG = 2>
 struct Cfg {
-  static constexpr int Q_BYTES = kBM * D;
+  static constexpr int Q_BYTES = Shape<NWG>::BM * D;
   static constexpr int K_BYTES = BN * D;
   static constexpr int V_BYTES = D * BN;
   static constexpr int KS_BYTES = BN * 4;
@@ -111,14 +117,18 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float f0, float f1, float f2, fl
   return w;
 }
 
-template <int D, int BN, int STAGES, int PINGPONG, int PIPE>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2>
+__global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     int8fp8_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef ROTVID_WGMMA_ENABLED
   static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
   static_assert(PIPE == 0 || PIPE == 1, "PIPE 0 or 1");
-  using C = Cfg<D, STAGES, BN>;
+  static_assert(NWG == 2 || PINGPONG == 0, "the ping-pong turn is for two consumer warpgroups");
+  using C = Cfg<D, STAGES, BN, NWG>;
+  using S = Shape<NWG>;
+  constexpr int kBM = S::BM;
+  constexpr int kConsumerWarps = S::CONSUMER_WARPS;
   constexpr int kBN = BN;
   constexpr int ST = C::STAGES;
   extern __shared__ unsigned char smem_raw[];
@@ -136,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int tile = blockIdx.x;
-  const int n_qt = p.Nq_pad / kBM;
+  const int n_qt = (p.Nq_pad + kBM - 1) / kBM;  // (a tile may run past Nq_pad into the next head's rows: unused)
   const int mb = tile % n_qt, h = (tile / n_qt) % p.H, b = tile / (n_qt * p.H);
   const int bh = b * p.H + h;
   int kv_len = p.Nkv;
@@ -154,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warp >= kConsumerWarps) {  // ---- producer warpgroup ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(S::PRODUCER_REGS));
     if (warp == kConsumerWarps && lane == 0) {
       wg::mbar_expect_tx(q_bar, C::Q_BYTES);
       wg::tma_load_2d(s_q, &tm_q, 0, bh * p.Nq_pad + mb * kBM, q_bar);
@@ -171,14 +181,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {  // ---- consumers ----
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(S::CONSUMER_REGS));
   const uint32_t utid = (uint32_t)tid;
   const int wg_i = (int)(utid >> 7), wi = (int)((utid >> 5) & 3);
   const int g = (int)((utid >> 2) & 7), t = (int)(utid & 3);
   const int row_base = mb * kBM + wg_i * 64 + wi * 16;
   float sq[2];
-  sq[0] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale;
-  sq[1] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g + 8] * p.qk_scale;
+  // (rows past Nq_pad belong to the next head or to no head: scale 0, their output is not stored)
+  sq[0] = row_base + g < p.Nq_pad ? p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale : 0.f;
+  sq[1] = row_base + g + 8 < p.Nq_pad ? p.q_scale[(size_t)bh * p.Nq_pad + row_base + g + 8] * p.qk_scale : 0.f;
   const uint64_t desc_q = wg::smem_desc(s_q + wg_i * 64 * D, C::QK_SWIZZLE);
 
   constexpr int NT = kBN / 8;
