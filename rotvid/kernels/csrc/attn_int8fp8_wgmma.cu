@@ -44,13 +44,10 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
     if (variant == 9) return launch8_d<D, 3, 0, 1, 3>(p, stream);
   }
 #endif
-  // the INT4 kernel's measured choices (attn_wgmma.cu): head_dim 128 ping-pong 2 + PIPE 1, 3 stages; head_dim 64
-  // plain order, 3 stages
-  if constexpr (D == 128) {
-    return launch8_d<D, 3, 2, 1>(p, stream);
-  } else {
-    return launch8_d<D, 3, 0, 0>(p, stream);
-  }
+  // H100, int8fp8_variants.py (attention only, one run): ping-pong 2 + PIPE 1 with 3 stages at both head dims --
+  // Wan2.1-1.3B 780 TOP/s (2 stages 765, 4 stages 762, no ping-pong 699-735); CogVideoX-5B 451 (plain order 427-432).
+  // Three consumer warpgroups (variants 6-9) spill ~1 KB per thread at 160 registers: 422-469 / 316-351.
+  return launch8_d<D, 3, 2, 1>(p, stream);
 }
 
 }  // namespace
