@@ -28,8 +28,7 @@ arithmetic in float32 (float64 when the inputs are float64), ``rint`` = round ha
 6. Online combine: ``m_new = max(m, m_blk)``, ``O = O·exp2(m - m_new) + exp2(m_blk - m_new)·pv``,
    ``l`` likewise; ``out = O / l (+ mean(v))``.
 
-Other recipes share steps 1, 3, 4 and 6 (with ``l_blk = rowsum(p)`` of the unquantized p, except the FP8-P
-recipes, which sum their quantized P like the INT4 ones): ``fp16`` (no quantization), ``int8-fp8``
+Other recipes share steps 1, 3, 4 and 6 (with ``l_blk = rowsum(p)`` of the unquantized p): ``fp16`` (no quantization), ``int8-fp8``
 (SageAttention2-8b: INT8 per-token Q/K, P and V in FP8 e4m3 with V per channel and P scaled by
 448, one FP32 buffer per key block), ``int4-fp8`` (SageAttention2-4b: INT4 Q/K, FP8 P/V) and
 ``nvfp4`` (emulation: Q/K/P/V in e2m1 with 16-element e4m3 block scales; SageAttention3 /
@@ -297,8 +296,7 @@ def attention_int8fp8_from_quantized(
     ``q_hat``/``k_hat`` int8 with per-token scales [B, H, N, 1]; ``v8`` the e4m3 values of V̂ (any float dtype)
     [B, H, N_kv, D] with ``v_scale`` [B, H, 1, D]; ``v_mean`` [B, H, 1, D] or None. Per key block: exact integer
     q̂·k̂, ``s = float(q̂·k̂) * (s_q * qk_scale) * s_k``, ``p = exp2(s - m_blk)``, ``pv = e4m3(448 p) · V̂``
-    (fresh FP32 sum per block), ``l_blk = rowsum(e4m3(448 p))`` (the quantized P, so the output is a convex
-    combination of the V̂ rows), online combine; ``out = O / l * v_scale (+ v_mean)``.
+    (fresh FP32 sum per block), ``l_blk = rowsum(448 p)``, online combine; ``out = O / l * v_scale (+ v_mean)``.
     Equal to the ``int8-fp8`` branch of :func:`attention_reference` up to fp32 rounding (there Q̂/K̂ are
     dequantized before the product and V's scale is applied per block). Returns float32 (B, H, Nq, D).
     """
@@ -316,9 +314,9 @@ def attention_int8fp8_from_quantized(
         s = (acc * sq) * k_scale[:, :, start:stop].to(dt).transpose(-1, -2)
         s = _score_mask(s, start, kv_lens)
         m_blk, p, _ = state.block_probs(s)
-        p8 = quant_p_fp8(p)
-        pv = torch.matmul(p8.double(), v8[:, :, start:stop].double()).to(dt)
-        state.update(m_blk, p8.sum(dim=-1, keepdim=True), pv)
+        p448 = p * FP8_E4M3_MAX
+        pv = torch.matmul(quant_p_fp8(p).double(), v8[:, :, start:stop].double()).to(dt)
+        state.update(m_blk, p448.sum(dim=-1, keepdim=True), pv)
     out = state.result() * v_scale.to(dt)
     if v_mean is not None:
         out = out + v_mean.to(dt)
@@ -361,10 +359,8 @@ def _attention_generic(q, k, v, *, recipe, kv_lens, sm_scale, block_m, block_n, 
         vb = vd[:, :, start:stop]
         if recipe == "fp16":
             pv = torch.matmul(p, vb)
-        elif v_div is not None:  # FP8 P and V, an FP32 buffer for this block; l from the quantized P
-            p8 = quant_p_fp8(p)
-            pv = torch.matmul(p8, vb) * (v_div / FP8_E4M3_MAX)
-            l_blk = p8.sum(dim=-1, keepdim=True) / FP8_E4M3_MAX
+        elif v_div is not None:  # FP8 P and V, an FP32 buffer for this block
+            pv = torch.matmul(quant_p_fp8(p), vb) * (v_div / FP8_E4M3_MAX)
         else:
             pv = torch.matmul(quantize_nvfp4(p, dim=-1), vb)
         state.update(m_blk, l_blk, pv)

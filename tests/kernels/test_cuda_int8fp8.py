@@ -3,8 +3,7 @@
 Bounds: the pre-processing equals the reference's quantizers bit for bit (INT8 Q/K, per-token scales, the e4m3
 bytes of V̂ and its per-channel scale, the smoothing means). On the SAME quantized inputs the kernel differs
 from :func:`rotvid.kernels.reference.attention_int8fp8_from_quantized` only by fp32 summation order,
-ex2.approx, 448·p formed as exp2(x - m + log2 448) (rare one-step flips of an e4m3 P; l is the sum of the
-quantized P, on the tensor core) and the FP8 tensor
+ex2.approx, 448·p formed as exp2(x - m + log2 448) (rare one-step flips of an e4m3 P) and the FP8 tensor
 cores' accumulation: relative L2 <= 2e-3, cosine >= 0.99999. Against float64 attention: an SQNR floor.
 """
 

@@ -4,9 +4,7 @@
 //   S = Q^ K^T (s8 wgmma, int32, exact), x = float(S) * k_scale, m_blk = sq * max(x) (sq = q_scale * qk_scale),
 //   P8 = e4m3(448 * exp2(x sq - m_blk)) -- computed as ex2(x sq - (m_blk - log2 448)), so 448 is exact in
 //   real arithmetic and within an ulp in float --, pv = P8 V8 (e4m3 wgmma, a fresh FP32 accumulator per
-//   block), l_blk = rowsum(P8) of the *quantized* P (LTC, the default: 8 extra B rows of ones in shared memory
-//   make the same wgmma return it, so the output is a convex combination of the V8 rows and no FADD per score is
-//   spent on l; LTC false: the fp32 sum of the unquantized 448 p), then
+//   block), l_blk = rowsum of the same 448 p in fp32 (the unquantized p, as the reference), then
 //   O = O a + c pv, l = l a + c l_blk (lazy reference max, rowmath::online_combine), and at the end
 //   out = O / l * v_scale (+ v_mean): the 448 cancels in O / l and the per-channel V scale factors out of the
 //   sum over keys, so neither is applied per block (one FFMA per O element and block).
@@ -49,8 +47,7 @@ struct Cfg {
   static constexpr int V_BYTES = D * BN;
   static constexpr int KS_BYTES = BN * 4;
   static constexpr int STAGES = ST;
-  static constexpr int ONES_BYTES = 1024;  // 8 rows of BN e4m3 ones after each V^T tile (l on the tensor core)
-  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + ONES_BYTES;
+  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
   // layout: [Q][K0 V0][K1 V1]...[KS0][KS1]...[barriers]
   static constexpr int TILES = Q_BYTES + STAGES * STAGE_BYTES;
   static constexpr int SMALL = STAGES * KS_BYTES;
@@ -82,44 +79,6 @@ __device__ __forceinline__ void wgmma_rs_e4m3_m64n128k32(float (&d)[64], const u
 }
 
 template <int SCALE_D>
-__device__ __forceinline__ void wgmma_rs_e4m3_m64n136k32(float (&d)[68], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (SCALE_D == 0) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67}, {%68, %69, %70, %71}, %72, 0, 1, 1;\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63]), "=f"(d[64]), "=f"(d[65]), "=f"(d[66]), "=f"(d[67])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
-        : "memory");
-  } else {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67}, {%68, %69, %70, %71}, %72, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
-        : "memory");
-  }
-}
-
-template <int SCALE_D>
-__device__ __forceinline__ void wgmma_rs_e4m3_m64n72k32(float (&d)[36], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (SCALE_D == 0) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, {%36, %37, %38, %39}, %40, 0, 1, 1;\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
-        : "memory");
-  } else {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, {%36, %37, %38, %39}, %40, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
-        : "memory");
-  }
-}
-
-template <int SCALE_D>
 __device__ __forceinline__ void wgmma_rs_e4m3_m64n64k32(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
   if constexpr (SCALE_D == 0) {
     asm volatile(
@@ -139,16 +98,10 @@ __device__ __forceinline__ void wgmma_rs_e4m3_m64n64k32(float (&d)[32], const ui
 }
 
 
-// N = D output columns, plus 8 with LTC: B rows D..D+7 are e4m3 ones, so those columns hold rowsum(P8) (l on the
-// tensor core, exact in the FP32 accumulator).
-template <int N, int SCALE_D>
-__device__ __forceinline__ void wgmma_pv(float (&acc)[N / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (N == 136) {
-    wgmma_rs_e4m3_m64n136k32<SCALE_D>(acc, a, db);
-  } else if constexpr (N == 128) {
+template <int D, int SCALE_D>
+__device__ __forceinline__ void wgmma_pv(float (&acc)[D / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (D == 128) {
     wgmma_rs_e4m3_m64n128k32<SCALE_D>(acc, a, db);
-  } else if constexpr (N == 72) {
-    wgmma_rs_e4m3_m64n72k32<SCALE_D>(acc, a, db);
   } else {
     wgmma_rs_e4m3_m64n64k32<SCALE_D>(acc, a, db);
   }
@@ -164,7 +117,7 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float f0, float f1, float f2, fl
   return w;
 }
 
-template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2, bool LTC = true>
+template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2>
 __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     int8fp8_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -208,13 +161,6 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     wg::mbar_init(q_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if constexpr (LTC) {  // the ones rows, written once (TMA never touches them), visible to the tensor cores
-    for (int i = tid; i < ST * C::ONES_BYTES / 4; i += blockDim.x) {
-      const int s = i / (C::ONES_BYTES / 4), w = i % (C::ONES_BYTES / 4);
-      reinterpret_cast<uint32_t*>(smem + (s_v(s) - base) + C::V_BYTES)[w] = 0x38383838u;  // e4m3 1.0
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  }
   __syncthreads();
 
   if (warp >= kConsumerWarps) {  // ---- producer warpgroup ----
@@ -257,8 +203,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   float l_run[2] = {0.f, 0.f};
 
   uint32_t sacc[NT * 4];  // S of the current key block
-  constexpr int PN = LTC ? D + 8 : D;  // P.V output columns
-  float pacc[PN / 2];     // P8 V8 of the current key block (and with LTC rowsum(P8) in columns D..D+7)
+  float pacc[D / 2];      // P8 V8 of the current key block
   uint32_t pf[PKS][4];    // P8 A fragments
   float x[NT][4];
   float mblk[2];
@@ -275,9 +220,9 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   auto issue_pv = [&](const int s) {
     const uint64_t desc_v = wg::smem_desc(s_v(s), C::V_SWIZZLE);
     wg::wgmma_fence();
-    wgmma_pv<PN, 0>(pacc, pf[0], desc_v);
+    wgmma_pv<D, 0>(pacc, pf[0], desc_v);
 #pragma unroll
-    for (int k = 1; k < PKS; ++k) wgmma_pv<PN, 1>(pacc, pf[k], desc_v + 2 * k);
+    for (int k = 1; k < PKS; ++k) wgmma_pv<D, 1>(pacc, pf[k], desc_v + 2 * k);
     wg::wgmma_commit();
   };
   auto turn_wait = [&]() {
@@ -334,7 +279,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
             if (key >= kv_len) v = 0.f;
           }
           pe[jj][e] = v;
-          if constexpr (!LTC) ls[r][jj & 1] += v;
+          ls[r][jj & 1] += v;
         }
       }
       auto& f = pf[k];
@@ -343,10 +288,8 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
       f[2] = pack_e4m3x4(pe[2][0], pe[2][1], pe[3][0], pe[3][1]);
       f[3] = pack_e4m3x4(pe[2][2], pe[2][3], pe[3][2], pe[3][3]);
     }
-    if constexpr (!LTC) {
-      l_run[0] = fmaf(c_fac[0], ls[0][0] + ls[0][1], l_run[0]);
-      l_run[1] = fmaf(c_fac[1], ls[1][0] + ls[1][1], l_run[1]);
-    }
+    l_run[0] = fmaf(c_fac[0], ls[0][0] + ls[0][1], l_run[0]);
+    l_run[1] = fmaf(c_fac[1], ls[1][0] + ls[1][1], l_run[1]);
   };
   auto softmax_issue_pv = [&](const int kb, const int s, auto partial_tag) {
     scores_max(kb, s, partial_tag);
@@ -362,10 +305,6 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
       o[j][1] = fmaf(c_fac[0], pacc[4 * j + 1], o[j][1]);
       o[j][2] = fmaf(c_fac[1], pacc[4 * j + 2], o[j][2]);
       o[j][3] = fmaf(c_fac[1], pacc[4 * j + 3], o[j][3]);
-    }
-    if constexpr (LTC) {  // every thread of a row holds the whole rowsum(P8): l is per row, not per-thread partial
-      l_run[0] = fmaf(c_fac[0], pacc[4 * DT], l_run[0]);
-      l_run[1] = fmaf(c_fac[1], pacc[4 * DT + 2], l_run[1]);
     }
     __syncwarp();
     if ((utid & 31) == 0) wg::mbar_arrive(empty_bar(s));
@@ -409,12 +348,10 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   }
 
   // Epilogue: out = O / l * v_scale (+ v_mean); v_scale per channel in vparams [BH, D]
-  if constexpr (!LTC) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-    }
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
   const float* vs = p.vparams + (size_t)bh * D;
   const float* vm = p.v_mean != nullptr ? p.v_mean + (size_t)bh * D : nullptr;
