@@ -8,7 +8,7 @@ in the run report (and the generate sidecar) and printed by ``rotvid backends``.
 
 Why the table looks like this: Hopper (sm90) has no INT4 tensor cores — INT4-valued maths runs
 on the INT8/FP8 tensor cores at exactly the 8-bit rate — so on an H100/H200 4-bit buys no speed
-over 8-bit, only error (the 8-bit recipe gains ~17-22 dB SQNR over INT4 in the accuracy study).
+over 8-bit, only error (the 8-bit recipe gains ~16-22 dB SQNR over INT4 in the accuracy studies).
 Ampere and Ada (sm80/86/87/89) have native INT4 ``mma`` at twice the 8-bit rate: the paper's INT4.
 """
 
@@ -24,7 +24,7 @@ AUTO = "auto"
 
 _HOPPER_REASON = (
     "no INT4 tensor cores on Hopper: INT4 maths runs at the 8-bit rate, so the 8-bit recipe costs "
-    "no speed and gains ~17-22 dB SQNR over int4"
+    "no speed and gains ~16-22 dB SQNR over int4 (accuracy study, benchmarks/RESULTS.md)"
 )
 _INT4_REASON = "native INT4 tensor cores (mma.m16n8k64.s4, twice the 8-bit rate): the paper's INT4 recipe"
 
