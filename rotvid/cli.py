@@ -285,14 +285,14 @@ ScheduleOpt = Annotated[Optional[str], typer.Option(help="FP16-fallback schedule
                                                     "[default: the paper's for the model's family].")]
 BackendOpt = Annotated[Optional[str], typer.Option(help="Attention backend: auto, reference or cuda [default: auto].")]
 SmoothKOpt = Annotated[Optional[bool], typer.Option("--smooth-k/--no-smooth-k", show_default=False,
-                                                    help="Subtract the mean key before quantizing [default: on].")]
+                                                    help="Subtract the mean key before quantizing (default: on).")]
 SmoothQOpt = Annotated[Optional[bool], typer.Option("--smooth-q/--no-smooth-q", show_default=False,
                                                     help="Subtract per-block query means, with the ΔS score "
-                                                    "correction [default: off; reference backend only: the CUDA "
-                                                    "backend records such calls as fallbacks].")]
+                                                    "correction (default: off; reference backend only: the CUDA "
+                                                    "backend records such calls as fallbacks).")]
 SmoothVOpt = Annotated[Optional[bool], typer.Option("--smooth-v/--no-smooth-v", show_default=False,
                                                     help="Subtract the mean value, added back to the output "
-                                                    "[default: on].")]
+                                                    "(default: on).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace existing outputs.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary (for scripts).")]
 
@@ -305,11 +305,11 @@ def generate(
     model: ModelOpt = DEFAULT_MODEL,
     image: ImageOpt = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="A RotvidConfig JSON (e.g. from rotvid "
-                                                   "calibrate); --recipe/--rotation/--schedule override it.")] = None,
+                                                   "calibrate); --recipe/--rotation/--schedule/--smooth-* override it.")] = None,
     recipe: Annotated[Optional[str], typer.Option(help="Attention recipe: auto (per GPU: int8-fp8 on Hopper, int4 "
                                                   "on Ampere/Ada and the CPU; `rotvid backends` shows the choice), "
                                                   "int4, int4-sym-p, int8-fp8, int4-fp8, nvfp4, or fp16 (untouched "
-                                                  "pipeline) [default: auto].")] = None,
+                                                  "pipeline) (default: auto).")] = None,
     rotation: Annotated[Optional[str], typer.Option(help="Q/K rotation: none, interleaved, half, full, "
                                                     "learned:FILE [default: half].")] = None,
     schedule: ScheduleOpt = None,
