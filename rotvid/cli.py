@@ -80,8 +80,12 @@ def backends() -> None:
     """Show which attention backends run on this machine, and why not where they don't."""
     from rotvid.kernels.dispatch import describe_backends
 
+    from rotvid.kernels.recipe_table import auto_recipe
+
     for name, reason in describe_backends().items():
         typer.echo(f"{name:10s} {reason}")
+    recipe, why = auto_recipe()
+    typer.echo(f"{'recipe':10s} auto -> {recipe} ({why}); --recipe int4 keeps the paper's INT4 everywhere")
 
 
 # ---- shared option helpers --------------------------------------------------------------------
@@ -175,6 +179,15 @@ def _base_config(config_file: Path | None):
     if not config_file.is_file():
         raise FileNotFoundError(f"--config {config_file} does not exist")
     return RotvidConfig.from_json(config_file)
+
+
+def _run_device(device: str):
+    """The torch device of --device (``auto``: cuda when available)."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
 
 
 def _load(model: str, dtype: str, device: str):
@@ -271,6 +284,15 @@ ScheduleOpt = Annotated[Optional[str], typer.Option(help="FP16-fallback schedule
                                                     "paper-wan2.2-i2v, paper-hunyuan-t2v) or a JSON file "
                                                     "[default: the paper's for the model's family].")]
 BackendOpt = Annotated[Optional[str], typer.Option(help="Attention backend: auto, reference or cuda [default: auto].")]
+SmoothKOpt = Annotated[Optional[bool], typer.Option("--smooth-k/--no-smooth-k", show_default=False,
+                                                    help="Subtract the mean key before quantizing (default: on).")]
+SmoothQOpt = Annotated[Optional[bool], typer.Option("--smooth-q/--no-smooth-q", show_default=False,
+                                                    help="Subtract per-block query means, with the ΔS score "
+                                                    "correction (default: off; reference backend only: the CUDA "
+                                                    "backend records such calls as fallbacks).")]
+SmoothVOpt = Annotated[Optional[bool], typer.Option("--smooth-v/--no-smooth-v", show_default=False,
+                                                    help="Subtract the mean value, added back to the output "
+                                                    "(default: on).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace existing outputs.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary (for scripts).")]
 
@@ -283,13 +305,18 @@ def generate(
     model: ModelOpt = DEFAULT_MODEL,
     image: ImageOpt = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="A RotvidConfig JSON (e.g. from rotvid "
-                                                   "calibrate); --recipe/--rotation/--schedule override it.")] = None,
-    recipe: Annotated[Optional[str], typer.Option(help="Attention recipe: int4, int4-sym-p, int8-fp8, int4-fp8, "
-                                                  "nvfp4, or fp16 (untouched pipeline) [default: int4].")] = None,
+                                                   "calibrate); --recipe/--rotation/--schedule/--smooth-* override it.")] = None,
+    recipe: Annotated[Optional[str], typer.Option(help="Attention recipe: auto (per GPU: int8-fp8 on Hopper, int4 "
+                                                  "on Ampere/Ada and the CPU; `rotvid backends` shows the choice), "
+                                                  "int4, int4-sym-p, int8-fp8, int4-fp8, nvfp4, or fp16 (untouched "
+                                                  "pipeline) (default: auto).")] = None,
     rotation: Annotated[Optional[str], typer.Option(help="Q/K rotation: none, interleaved, half, full, "
                                                     "learned:FILE [default: half].")] = None,
     schedule: ScheduleOpt = None,
     backend: BackendOpt = None,
+    smooth_k: SmoothKOpt = None,
+    smooth_q: SmoothQOpt = None,
+    smooth_v: SmoothVOpt = None,
     steps: StepsOpt = None,
     height: HeightOpt = None,
     width: WidthOpt = None,
@@ -331,7 +358,8 @@ def generate(
         for o in outputs:
             check_outputs(o, overwrite=overwrite)
         factory = _ConfigFactory(model, base=_base_config(config), recipe=recipe, rotation=rotation,
-                                 schedule=_schedule(schedule), backend=backend)
+                                 schedule=_schedule(schedule), backend=backend,
+                                 smoothing=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v))
         cfg = factory.check()
 
         with _Progress(quiet) as bar:
@@ -348,21 +376,23 @@ def generate(
                 if not quiet:
                     t = side["timing"]
                     bar.log(f"wrote {o} ({side['frames']} frames {side['width']}x{side['height']}, "
-                            f"{t['total_seconds']:.1f} s, INT4 calls {100 * side['int4_fraction']:.0f}%, "
+                            f"{t['total_seconds']:.1f} s, {side['recipe']} calls {100 * side['int4_fraction']:.0f}%, "
                             f"fallback calls {sum(side['fallbacks'].values())})")
 
 
 class _ConfigFactory:
-    """Builds the RotvidConfig of a run from --config, --recipe, --rotation, --schedule, --backend.
+    """Builds the RotvidConfig of a run from --config, --recipe, --rotation, --schedule, --backend and
+    --smooth-k/q/v (``smoothing``: ``{"smooth_k": bool or None, ...}``, None = not given).
 
     ``--recipe fp16`` without ``--rotation`` and without ``--config`` means the untouched pipeline
     (the FP16 reference): :meth:`check` and :meth:`build` return None. Without ``--schedule`` or
     ``--config`` the schedule is the paper's for the model's family.
     """
 
-    def __init__(self, model, *, base=None, recipe=None, rotation=None, schedule=None, backend=None):
+    def __init__(self, model, *, base=None, recipe=None, rotation=None, schedule=None, backend=None, smoothing=None):
         self.model, self.base, self.schedule = model, base, schedule
-        self.changes = {k: v for k, v in (("recipe", recipe), ("rotation", rotation), ("backend", backend))
+        self.changes = {k: v for k, v in (("recipe", recipe), ("rotation", rotation), ("backend", backend),
+                                          *(smoothing or {}).items())
                         if v is not None}
         self.untouched = base is None and recipe == "fp16" and rotation is None
 
@@ -433,11 +463,15 @@ def eval_(
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="Generate: one prompt per "
                                                         "line.")] = None,
     variants: Annotated[Optional[str], typer.Option(help="Generate: RECIPE:ROTATION,... e.g. "
-                                                    "int4:half,int4:none,int4-sym-p:none.")] = None,
+                                                    "int4:half,int8-fp8:half,int4-sym-p:none; RECIPE auto is "
+                                                    "this GPU's recipe (see `rotvid backends`).")] = None,
     model: ModelOpt = DEFAULT_MODEL,
     image: ImageOpt = None,
     schedule: ScheduleOpt = None,
     backend: BackendOpt = None,
+    smooth_k: SmoothKOpt = None,
+    smooth_q: SmoothQOpt = None,
+    smooth_v: SmoothVOpt = None,
     steps: StepsOpt = None,
     height: HeightOpt = None,
     width: WidthOpt = None,
@@ -490,7 +524,8 @@ def eval_(
             if generating:
                 report, written = _eval_generated(
                     bar, prompt_file=prompt_file, variants=variants, model=model, image=image, schedule=schedule,
-                    backend=backend, steps=steps, height=height, width=width, frames=frames,
+                    backend=backend, smoothing=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v),
+                    steps=steps, height=height, width=width, frames=frames,
                     guidance_scale=guidance_scale, negative_prompt=negative_prompt,
                     max_sequence_length=max_sequence_length, seed=seed, fps=fps, dtype=dtype, device=device,
                     out=out, vbench=vb, samples=samples, overwrite=overwrite)
@@ -504,11 +539,11 @@ def eval_(
             typer.echo(f"report: {written['markdown']}")
 
 
-def _eval_generated(bar, *, prompt_file, variants, model, image, schedule, backend, steps, height, width, frames,
+def _eval_generated(bar, *, prompt_file, variants, model, image, schedule, backend, smoothing, steps, height, width, frames,
                     guidance_scale, negative_prompt, max_sequence_length, seed, fps, dtype, device, out, vbench,
                     samples, overwrite):
     from rotvid.eval.generated import evaluate_generated
-    from rotvid.eval.variants import parse_variants
+    from rotvid.eval.variants import parse_variants, resolve_auto_variants
 
     if prompt_file is None:
         raise ValueError("--prompt-file: expected a file of prompts (one per line) to generate from")
@@ -522,10 +557,13 @@ def _eval_generated(bar, *, prompt_file, variants, model, image, schedule, backe
     specs = parse_variants(variants)
     _check_model(model)
     _check_dtype_device(dtype, device)
+    specs, notes = resolve_auto_variants(specs, _run_device(device))
+    for note in notes:
+        bar.log(note)
     template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height, width=width,
                                  frames=frames, steps=steps, guidance_scale=guidance_scale,
                                  max_sequence_length=max_sequence_length, fps=fps)
-    factory = _ConfigFactory(model, schedule=_schedule(schedule), backend=backend)
+    factory = _ConfigFactory(model, schedule=_schedule(schedule), backend=backend, smoothing=smoothing)
     factory.check()
     state: dict = {}
 
@@ -572,7 +610,8 @@ def calibrate(
                                                           "cosine vs FP16 is below this.")] = None,
     target_int4: Annotated[Optional[float], typer.Option("--target-int4", help="Keep the worst cells FP16 "
                                                          "until at most this fraction runs INT4.")] = None,
-    recipe: Annotated[str, typer.Option(help="Recipe the schedule is chosen for.")] = "int4",
+    recipe: Annotated[str, typer.Option(help="Recipe the schedule is chosen for: auto (this GPU's, see `rotvid "
+                                        "backends`) or a quantized recipe.")] = "auto",
     backend: BackendOpt = None,
     steps: StepsOpt = None,
     height: HeightOpt = None,
@@ -595,7 +634,7 @@ def calibrate(
     with _user_errors():
         from rotvid.eval.generation import call_kwargs, load_prompts
         from rotvid.pipelines.calibrate import CalibrationOptions, calibrate as run_calibration
-        from rotvid.pipelines.config import PIPELINE_RECIPES
+        from rotvid.pipelines.config import CONFIG_RECIPES
 
         if not prompt_file.is_file():
             raise FileNotFoundError(f"--prompt-file {prompt_file} does not exist")
@@ -606,8 +645,8 @@ def calibrate(
             raise ValueError(f"--pairing: expected half or interleaved, got {pairing!r}")
         if objective not in ("scores", "output"):
             raise ValueError(f"--objective: expected scores or output, got {objective!r}")
-        if recipe not in PIPELINE_RECIPES or recipe == "fp16":
-            raise ValueError(f"--recipe: expected a quantized recipe ({', '.join(r for r in PIPELINE_RECIPES if r != 'fp16')}), got {recipe!r}")
+        if recipe not in CONFIG_RECIPES or recipe == "fp16":
+            raise ValueError(f"--recipe: expected auto or a quantized recipe ({', '.join(r for r in CONFIG_RECIPES if r != 'fp16')}), got {recipe!r}")
         _check_positive("--iters", iters)
         _check_positive("--lr", lr)
         _check_positive("--max-tokens", max_tokens)

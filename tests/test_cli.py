@@ -67,8 +67,13 @@ def test_generate_writes_playable_mp4_and_sidecar(tiny_wan, tmp_path):
     assert len(frames) == 5 and frames[0].shape == (32, 32, 3)
     side = json.loads(out.with_suffix(".json").read_text())
     assert side["request"]["prompt"] == "a red cat runs in the forest" and side["request"]["seed"] == 7
-    assert side["request"]["config"]["recipe"] == "int4" and side["request"]["config"]["rotation"] == "half"
+    # the default recipe is auto (issue 13): the request keeps "auto", the sidecar the recipe that ran
+    # on this device (the CPU: int4) and why; K and V smoothing are on by default (issue 12)
+    cfg = side["request"]["config"]
+    assert cfg["recipe"] == "auto" and cfg["rotation"] == "half"
+    assert (cfg["smooth_k"], cfg["smooth_q"], cfg["smooth_v"]) == (True, False, True)
     assert side["recipe"] == "int4" and side["rotation"] == "half"
+    assert side["recipe_reason"].startswith("auto on cpu:") and side["run_report"]["recipe_requested"] == "auto"
     assert side["model"]["family"] == "wan" and side["model"]["pipeline"] == "WanPipeline"
     assert side["device"] == "cpu" and side["dtype"] == "float32"
     assert len(side["timing"]["per_step_seconds"]) == 2 == side["steps"]

@@ -19,6 +19,9 @@ def test_calibrate_then_generate_with_its_rotations_and_schedule(tiny_wan, tmp_p
         assert f.get_tensor("angles").shape == (2, 32) and f.metadata()["pairing"] == "half"
     summary = json.loads((out / "summary.json").read_text())
     assert all(b["objective_learned"] <= b["objective_H2"] for b in summary["blocks"])
+    # --recipe defaults to auto: the probe measured this device's recipe (the CPU: int4), recorded with why
+    assert summary["options"]["recipe"] == "auto" and summary["recipe"] == "int4"
+    assert summary["recipe_reason"].startswith("auto on cpu:")
     video = tmp_path / "v.mp4"
     r = run("generate", "-p", "a dog", "--model", tiny_wan, *TINY, "--quiet", "--out", video, "--backend", "reference",
             "--rotation", f"learned:{out / 'rotations.safetensors'}", "--schedule", out / "schedule.json")

@@ -399,7 +399,9 @@ def generate_video(
     side = {
         "request": request_record(model, request, config_dict),
         "video": out.name,
-        "recipe": config.recipe if config is not None else "fp16",
+        # the recipe that ran (``auto`` resolved by apply) and why; the request keeps what was asked
+        "recipe": run_report["recipe"] if run_report is not None else "fp16",
+        "recipe_reason": run_report["recipe_reason"] if run_report is not None else "the untouched FP16 pipeline",
         "rotation": config.rotation if config is not None else "none",
         "model": {"name": str(model), "pipeline": type(pipe).__name__, "family": family, "task": task},
         "device": str(device),

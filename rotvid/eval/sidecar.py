@@ -5,7 +5,8 @@ Fields (``SIDECAR_VERSION`` 1):
 - ``request``: what was asked — model, prompt, negative prompt, image, seed, height, width,
   frames, steps, guidance scale, fps, and the rotvid ``config`` (``null`` for the untouched FP16
   reference). A finished video whose request equals a new one is not generated again (resume).
-- ``recipe`` / ``rotation``: the attention variant (``fp16`` / ``none`` for the reference).
+- ``recipe`` / ``rotation``: the attention variant (``fp16`` / ``none`` for the reference);
+  ``recipe`` is the one that ran (``auto`` resolved per GPU), ``recipe_reason`` says why.
 - ``model``: the resolved source, pipeline class and family; ``device``, ``dtype``.
 - ``initial_noise_sha256``: hash of the initial latents, identical across variants of one eval.
 - ``timing``: ``per_step_seconds`` (one per denoising step; step 0 also holds prompt encoding

@@ -3,7 +3,10 @@
 RECIPE is one of the attention recipes of :mod:`rotvid.kernels` (``fp16``, ``int4``,
 ``int4-sym-p``, ``int8-fp8``, ``int4-fp8``, ``nvfp4``); ROTATION one of ``none``,
 ``interleaved``, ``half``, ``full`` or ``learned:<file.safetensors>``. ``RECIPE`` alone means
-``RECIPE:none``. The Table-1 columns (datatype, range-optimized P, rotation) are derived here.
+``RECIPE:none``. RECIPE ``auto`` is this GPU's recipe (:mod:`rotvid.kernels.recipe_table`),
+resolved by :func:`resolve_auto_variants` before anything runs, so every label names the recipe
+that ran (``int8-fp8_half``, not ``auto_half``). The Table-1 columns (datatype, range-optimized P,
+rotation) are derived here.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 RECIPES = ("fp16", "int4", "int4-sym-p", "int8-fp8", "int4-fp8", "nvfp4")
+AUTO = "auto"
 ROTATIONS = ("none", "interleaved", "half", "full")
 
 # Table 1 columns per recipe: (datatype, optimized-P mark)
@@ -60,8 +64,10 @@ def parse_variant(text: str) -> VariantSpec:
     text = text.strip()
     recipe, _, rotation = text.partition(":")
     rotation = rotation or "none"
-    if recipe not in RECIPES:
-        raise ValueError(f"--variants: unknown recipe {recipe!r} in {text!r}; expected one of {', '.join(RECIPES)}")
+    if recipe not in RECIPES and recipe != AUTO:
+        raise ValueError(
+            f"--variants: unknown recipe {recipe!r} in {text!r}; expected one of {', '.join(RECIPES)} or {AUTO}"
+        )
     if rotation not in ROTATIONS and not (rotation.startswith("learned:") and len(rotation) > len("learned:")):
         raise ValueError(
             f"--variants: unknown rotation {rotation!r} in {text!r}; expected one of "
@@ -77,8 +83,31 @@ def parse_variants(text: str) -> list[VariantSpec]:
     if not items:
         raise ValueError("--variants: expected at least one RECIPE:ROTATION, e.g. int4:half,int4:none")
     specs = [parse_variant(t) for t in items]
+    _check_unique(specs)
+    return specs
+
+
+def _check_unique(specs: list[VariantSpec]) -> None:
     labels = [s.label for s in specs]
     dup = sorted({lab for lab in labels if labels.count(lab) > 1})
     if dup:
         raise ValueError(f"--variants: listed more than once: {', '.join(dup)}")
-    return specs
+
+
+def resolve_auto_variants(specs: list[VariantSpec], device) -> tuple[list[VariantSpec], list[str]]:
+    """Replace recipe ``auto`` with ``device``'s recipe; returns the specs and one note per replacement.
+
+    ``ValueError`` when a resolved variant repeats one listed explicitly (``auto:half,int4:half`` on
+    an INT4 GPU).
+    """
+    from rotvid.kernels.recipe_table import resolve_recipe
+
+    out, notes = [], []
+    for spec in specs:
+        if spec.recipe == AUTO:
+            recipe, reason = resolve_recipe(AUTO, device)
+            notes.append(f"variant {spec.spec} runs as {recipe}:{spec.rotation} ({reason})")
+            spec = VariantSpec(recipe=recipe, rotation=spec.rotation)
+        out.append(spec)
+    _check_unique(out)
+    return out, notes

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rotvid.kernels.recipe_table import resolve_recipe
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.model_table import BlockStack, ModelFamily, family_of_transformer
 from rotvid.pipelines.processors import PROCESSORS
@@ -59,7 +60,8 @@ class RotvidHandle:
     """What ``apply`` returns: the run report, the step tracker, and ``remove``.
 
     Attributes:
-        config: the :class:`RotvidConfig` applied.
+        config: the :class:`RotvidConfig` applied, with ``recipe="auto"`` resolved (the report
+            keeps the requested recipe and the reason of the choice).
         family: the :class:`ModelFamily` of the pipeline.
         transformers: ``{pipeline attribute: transformer}`` rotvid is attached to.
         tracker: the :class:`StepTracker` (call ``tracker.begin(n)`` / ``set_step(i)`` when
@@ -67,13 +69,15 @@ class RotvidHandle:
         report: the :class:`RunReport` (counts since apply or :meth:`reset_report`).
     """
 
-    def __init__(self, target, config: RotvidConfig, family: ModelFamily, transformers: dict[str, nn.Module]):
+    def __init__(self, target, config: RotvidConfig, family: ModelFamily, transformers: dict[str, nn.Module],
+                 *, recipe_requested: str | None = None, recipe_reason: str = ""):
         self.target = target
         self.config = config
         self.family = family
         self.transformers = transformers
         self.tracker = StepTracker()
-        self.report = RunReport(recipe=config.recipe, backend_requested=config.backend)
+        self.report = RunReport(recipe=config.recipe, backend_requested=config.backend,
+                                recipe_requested=recipe_requested or config.recipe, recipe_reason=recipe_reason)
         self.runtime = Runtime(config, self.tracker, self.report)
         self._installed: list[_Installed] = []
         self._hooks: list = []
@@ -189,8 +193,10 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
         pipe: a diffusers ``WanPipeline`` / ``WanImageToVideoPipeline`` / ``HunyuanVideoPipeline``
             / ``CogVideoXPipeline`` (anything with a supported ``.transformer``), or one of
             their transformers (then drive the step tracker by hand).
-        config: the :class:`RotvidConfig` (default: ``RotvidConfig()``, int4 + half rotation +
-            V/O Hadamard, no FP16 steps/blocks).
+        config: the :class:`RotvidConfig` (default: ``RotvidConfig()``, recipe ``auto`` + half
+            rotation + V/O Hadamard + K/V smoothing, no FP16 steps/blocks). ``recipe="auto"`` is
+            resolved here, once, from the pipeline's execution device
+            (:func:`rotvid.kernels.recipe_table.resolve_recipe`).
         exact_remove: keep a CPU copy of every weight the V/O Hadamard rewrites so that
             :func:`remove` restores them bit for bit (memory: W_v and W_o of every block). With
             ``False``, ``remove`` un-fuses arithmetically (exact up to the weights' rounding).
@@ -208,7 +214,10 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
     if getattr(pipe, HANDLE_ATTR, None) is not None:
         raise ValueError("pipe: rotvid is already applied; call rotvid.pipelines.remove(pipe) first")
     family, transformers = find_transformers(pipe)
-    handle = RotvidHandle(pipe, config, family, transformers)
+    recipe, recipe_reason = resolve_recipe(config.recipe, _execution_device(pipe, transformers))
+    logger.info("rotvid recipe: %s (%s)", recipe, recipe_reason)
+    handle = RotvidHandle(pipe, config.with_(recipe=recipe), family, transformers,
+                          recipe_requested=config.recipe, recipe_reason=recipe_reason)
     try:
         _install(handle, exact_remove=exact_remove)
     except BaseException:
@@ -217,6 +226,19 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
     setattr(pipe, HANDLE_ATTR, handle)
     logger.info("rotvid applied: %r", handle)
     return handle
+
+
+def _execution_device(target, transformers: dict[str, nn.Module]) -> torch.device:
+    """Where the self-attention runs: the pipeline's execution device (CPU offload aware), else
+    the device of the first transformer parameter, else the CPU."""
+    if not isinstance(target, nn.Module):
+        dev = getattr(target, "_execution_device", None)
+        if dev is not None:
+            return torch.device(dev)
+    for transformer in transformers.values():
+        for param in transformer.parameters():
+            return param.device
+    return torch.device("cpu")
 
 
 def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:

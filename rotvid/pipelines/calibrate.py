@@ -30,7 +30,8 @@ from typing import Callable, Iterable
 import torch
 
 from rotvid.pipelines.adaptive_schedule import AccuracyTable, choose_fp16_cells, write_schedule
-from rotvid.pipelines.attach import apply, find_transformers, remove
+from rotvid.kernels.recipe_table import resolve_recipe
+from rotvid.pipelines.attach import _execution_device, apply, find_transformers, remove
 from rotvid.pipelines.capture import TEXT_POSITION_BY_TOKEN_ORDER, AccuracyProbe, DumpSpec, QKVCapture, latent_grid
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.schedule import Schedule
@@ -53,7 +54,8 @@ class CalibrationOptions:
             written to ``rotations_unconstrained.safetensors`` and cannot be installed).
         capture_steps: steps to capture (``None``: every step).
         max_tokens: tokens per call kept by the capture, and per block for learning.
-        recipe, backend: what the probe measures.
+        recipe, backend: what the probe measures (``recipe="auto"``: the GPU's recipe,
+            :func:`rotvid.kernels.recipe_table.resolve_recipe`).
         cosine_floor, target_int4_fraction: the adaptive schedule's rules (at least one).
         dump_dir: also write every captured call (batch row 0, full tensors) as a tensor dump
             for ``benchmarks/accuracy_study.py --dump``; needs ``video_size``.
@@ -67,7 +69,7 @@ class CalibrationOptions:
     unconstrained: bool = False
     capture_steps: set[int] | None = None
     max_tokens: int = 1024
-    recipe: str = "int4"
+    recipe: str = "auto"
     backend: str = "auto"
     cosine_floor: float | None = None
     target_int4_fraction: float | None = 0.8
@@ -96,6 +98,8 @@ class CalibrationResult:
     int4_fraction: float = math.nan
     schedule: Schedule | None = None
     dumps: list[Path] = field(default_factory=list)
+    recipe: str = ""  # the recipe the probe measured (``auto`` resolved)
+    recipe_reason: str = ""
 
     def summary_rows(self) -> list[dict]:
         return [
@@ -191,7 +195,9 @@ def calibrate(
     tmp.replace(rot_path)
 
     # Pass 2: probe the quantized recipe with the learned rotation at every (step, block).
-    probe = AccuracyProbe(recipe=opts.recipe, backend=opts.backend)
+    recipe, recipe_reason = resolve_recipe(opts.recipe, _execution_device(pipe, transformers))
+    say(f"probe recipe: {recipe} ({recipe_reason})")
+    probe = AccuracyProbe(recipe=recipe, backend=opts.backend)
     config = RotvidConfig(recipe="fp16", rotation=f"learned:{rot_path}", vo_hadamard=True, backend=opts.backend)
     _run_observed(pipe, config, probe, prompts, call, say, "probe")
 
@@ -209,6 +215,7 @@ def calibrate(
     result = CalibrationResult(
         rotations_path=rot_path, schedule_path=sched_path, blocks=result_blocks, fp16_cells=cells,
         int4_fraction=quant / total if total else math.nan, schedule=schedule, dumps=list(capture.dumps_written),
+        recipe=recipe, recipe_reason=recipe_reason,
     )
     _write_summary(out, result, opts)
     return result
@@ -262,6 +269,8 @@ def _write_summary(out: Path, result: CalibrationResult, opts: CalibrationOption
         "blocks": result.summary_rows(),
         "fp16_cells": {k: [list(c) for c in v] for k, v in result.fp16_cells.items()},
         "int4_fraction": result.int4_fraction,
+        "recipe": result.recipe,
+        "recipe_reason": result.recipe_reason,
     }
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(payload, indent=2, default=str))

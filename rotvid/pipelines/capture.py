@@ -158,7 +158,7 @@ class AccuracyProbe:
     backend: str = "auto"
     smooth_k: bool = True
     smooth_q: bool = False
-    smooth_v: bool = False
+    smooth_v: bool = True  # RotvidConfig's defaults: the probe measures what generation runs
     block_n: int | None = None
     tables: dict[str, AccuracyTable] = field(default_factory=dict)
 

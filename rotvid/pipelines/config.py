@@ -8,12 +8,14 @@ from pathlib import Path
 
 from rotvid.pipelines.schedule import Schedule, schedule_preset
 
-__all__ = ["RotvidConfig", "CONFIG_VERSION", "PIPELINE_RECIPES", "ROTATION_KINDS", "BACKENDS"]
+__all__ = ["RotvidConfig", "CONFIG_VERSION", "CONFIG_RECIPES", "PIPELINE_RECIPES", "ROTATION_KINDS", "BACKENDS"]
 
 CONFIG_VERSION = 1
 # "fp16" runs every self-attention through the model's own attention function (diffusers'
 # dispatcher / SDPA), on the rotated tensors: the exactness check of every fusion.
 PIPELINE_RECIPES = ("fp16", "int4", "int4-sym-p", "int8-fp8", "int4-fp8", "nvfp4")
+# "auto" is resolved once per apply from the GPU (rotvid.kernels.recipe_table.resolve_recipe).
+CONFIG_RECIPES = ("auto", *PIPELINE_RECIPES)
 ROTATION_KINDS = ("none", "interleaved", "half", "full")
 BACKENDS = ("auto", "reference", "cuda")
 
@@ -28,13 +30,18 @@ class RotvidConfig:
     """How rotvid runs the self-attention of a video pipeline.
 
     Attributes:
-        recipe: quantized recipe of the non-FP16 calls: ``int4`` (RotateAttention: INT4 Q/K/V,
+        recipe: quantized recipe of the non-FP16 calls: ``auto`` (default: chosen per GPU when
+            the config is applied, see :mod:`rotvid.kernels.recipe_table` — ``int8-fp8`` on
+            Hopper, ``int4`` on Ampere/Ada and the CPU), ``int4`` (RotateAttention: INT4 Q/K/V,
             range-optimized P), ``int4-sym-p``, ``int8-fp8``, ``int4-fp8``, ``nvfp4``, or ``fp16``
             (every call FP16 — the fusions alone).
         rotation: Q/K rotation: ``none``, ``interleaved``, ``half``, ``full`` (D×D Hadamard after
             RoPE) or ``learned:<file.safetensors>``.
         vo_hadamard: fuse a per-head Hadamard into W_v / W_o (exact; zero run-time cost).
-        smooth_k / smooth_q / smooth_v: smoothing switches passed to the kernel.
+        smooth_k / smooth_q / smooth_v: smoothing switches passed to the kernel. K and V are
+            smoothed by default (the CUDA INT4 kernel adds the V mean back in its epilogue);
+            Q smoothing (with the ΔS correction) is reference-only, so it is off by default: with
+            the CUDA backend a call that asks for it is recorded as a fallback with its reason.
         backend: ``auto`` (the CUDA kernel where it runs the call, else the reference; the run
             report says which), ``reference`` or ``cuda``.
         schedule: the FP16-fallback :class:`Schedule`.
@@ -42,12 +49,12 @@ class RotvidConfig:
         version: config format version (:data:`CONFIG_VERSION`).
     """
 
-    recipe: str = "int4"
+    recipe: str = "auto"
     rotation: str = "half"
     vo_hadamard: bool = True
     smooth_k: bool = True
     smooth_q: bool = False
-    smooth_v: bool = False
+    smooth_v: bool = True
     backend: str = "auto"
     schedule: Schedule = field(default_factory=Schedule)
     block_m: int | None = None
@@ -57,8 +64,8 @@ class RotvidConfig:
     def __post_init__(self) -> None:
         if self.version != CONFIG_VERSION:
             raise ValueError(f"version: expected {CONFIG_VERSION}, got {self.version!r}")
-        if self.recipe not in PIPELINE_RECIPES:
-            raise ValueError(f"recipe: expected one of {', '.join(PIPELINE_RECIPES)}, got {self.recipe!r}")
+        if self.recipe not in CONFIG_RECIPES:
+            raise ValueError(f"recipe: expected one of {', '.join(CONFIG_RECIPES)}, got {self.recipe!r}")
         if not isinstance(self.rotation, str) or not (
             self.rotation in ROTATION_KINDS or (self.rotation.startswith("learned:") and len(self.rotation) > 8)
         ):

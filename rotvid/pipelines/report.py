@@ -38,7 +38,9 @@ class RunReport:
     """Counts of self-attention calls since ``apply`` (or the last :meth:`reset`).
 
     Attributes:
-        recipe: the configured quantized recipe.
+        recipe: the quantized recipe that runs (``auto`` resolved).
+        recipe_requested: the configured recipe (``auto`` or the recipe itself).
+        recipe_reason: why ``recipe`` runs (the auto table's reason, or "as requested").
         backend_requested: the configured backend (``auto`` | ``reference`` | ``cuda``).
         per_block: ``{"<transformer>/<global block>": BlockCounts}``.
         fp16_reasons: ``{reason: count}`` for the planned FP16 calls (schedule rules).
@@ -48,6 +50,8 @@ class RunReport:
 
     recipe: str
     backend_requested: str
+    recipe_requested: str | None = None
+    recipe_reason: str = ""
     per_block: dict[str, BlockCounts] = field(default_factory=dict)
     fp16_reasons: dict[str, int] = field(default_factory=dict)
     fallbacks: dict[str, int] = field(default_factory=dict)
@@ -110,6 +114,8 @@ class RunReport:
     def to_dict(self) -> dict:
         return {
             "recipe": self.recipe,
+            "recipe_requested": self.recipe_requested or self.recipe,
+            "recipe_reason": self.recipe_reason,
             "backend_requested": self.backend_requested,
             "total_calls": self.total_calls,
             "quantized_calls": self.quantized_calls,
@@ -132,6 +138,8 @@ class RunReport:
             f"({100 * self.quantized_fraction:.1f}%)  fp16 (planned): {self.fp16_calls}  "
             f"fallback: {self.fallback_calls}",
         ]
+        if self.recipe_reason:
+            lines.append(f"  recipe {self.recipe}: {self.recipe_reason}")
         for name, n in sorted(self.backends.items()):
             lines.append(f"  backend {name}: {n} calls")
         for reason, n in sorted(self.fallbacks.items()):

@@ -78,3 +78,28 @@ def test_variant_specs():
 def test_bad_variants(text, match):
     with pytest.raises(ValueError, match=match):
         parse_variants(text)
+
+
+def test_int8_fp8_variants_and_their_table_columns():
+    spec = parse_variant("int8-fp8:half")
+    assert spec == VariantSpec("int8-fp8", "half") and spec.label == "int8-fp8_half"
+    assert spec.table_columns() == ("INT8/FP8", "–", "Half")
+    assert parse_variant("int8-fp8").rotation == "none"
+
+
+def test_auto_variants_resolve_to_the_devices_recipe(monkeypatch):
+    import torch
+
+    from rotvid.eval.variants import resolve_auto_variants
+    from rotvid.kernels import recipe_table
+
+    specs = parse_variants("auto:half,int4:none")
+    assert specs[0] == VariantSpec("auto", "half")
+    cpu, notes = resolve_auto_variants(specs, torch.device("cpu"))
+    assert [s.spec for s in cpu] == ["int4:half", "int4:none"] and "auto:half runs as int4:half" in notes[0]
+    monkeypatch.setattr(recipe_table, "_device_capability", lambda device: (9, 0) if device.type == "cuda" else None)
+    hopper, notes = resolve_auto_variants(specs, torch.device("cuda", 0))
+    assert [s.label for s in hopper] == ["int8-fp8_half", "int4_none"] and "sm90" in notes[0]
+    # auto:half is int4:half on the CPU: listing both is a duplicate
+    with pytest.raises(ValueError, match="listed more than once: int4_half"):
+        resolve_auto_variants(parse_variants("auto:half,int4:half"), torch.device("cpu"))

@@ -102,6 +102,52 @@ def hand_count(schedule_rule, steps, stacks, forwards_per_step):
     return counts
 
 
+@pytest.mark.parametrize("recipe", ["int8-fp8", "int4-sym-p", "int4-fp8", "nvfp4", "auto"])
+def test_schedule_applies_to_every_recipe(tiny, recipe):
+    """The step x block schedule is recipe-agnostic: the same hand count for every quantized recipe."""
+    pipe = tiny("wan")
+    steps = 4
+    sched = Schedule(fp16_first_steps=1, fp16_last_steps=1, fp16_first_blocks=1, fp16_last_blocks=0)
+    handle = apply(pipe, RotvidConfig(recipe=recipe, rotation="half", backend="reference", schedule=sched))
+    try:
+        run(pipe, "wan", num_inference_steps=steps)
+    finally:
+        remove(pipe)
+    expected = hand_count(lambda step, i, size: 1 <= step <= steps - 2 and i >= 1, steps, (4,), 2)
+    rep = handle.report
+    assert {int(k.split("/")[1]): c.quantized for k, c in rep.per_block.items()} == expected
+    assert rep.fallback_calls == 0 and rep.fp16_calls == rep.total_calls - sum(expected.values())
+    assert rep.recipe == handle.config.recipe == (recipe if recipe != "auto" else "int4")  # auto on the CPU
+
+
+def test_auto_recipe_is_resolved_once_at_apply_from_the_device(tiny, monkeypatch):
+    """apply asks the table for the pipeline's device: a (mocked) Hopper GPU runs int8-fp8, and the
+    report keeps the requested recipe and the reason."""
+    from rotvid.kernels import recipe_table
+
+    asked = []
+
+    def capability(device):
+        asked.append(device)
+        return (9, 0)
+
+    monkeypatch.setattr(recipe_table, "_device_capability", capability)
+    monkeypatch.setattr("rotvid.pipelines.attach._execution_device", lambda target, transformers: torch.device("cuda", 0))
+    pipe = tiny("wan")
+    handle = apply(pipe, RotvidConfig(rotation="half", backend="reference"))
+    try:
+        run(pipe, "wan")
+    finally:
+        remove(pipe)
+    assert asked == [torch.device("cuda", 0)]  # once, at apply; not per call
+    assert handle.config.recipe == "int8-fp8"
+    d = handle.report.to_dict()
+    assert d["recipe"] == "int8-fp8" and d["recipe_requested"] == "auto"
+    assert d["recipe_reason"].startswith("auto on sm90:") and "no INT4 tensor cores" in d["recipe_reason"]
+    assert handle.report.quantized_calls == handle.report.total_calls > 0
+    assert "recipe int8-fp8: auto on sm90" in handle.report.summary()
+
+
 @pytest.mark.parametrize(
     "family,stacks,forwards",
     [("wan", (4,), 2), ("hunyuan_video", (2, 2), 1), ("cogvideox", (4,), 1)],

@@ -101,3 +101,33 @@ def test_schedule_round_trip():
     assert Schedule.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     with pytest.raises(ValueError, match="unknown keys"):
         Schedule.from_dict({"fp16_steps": 3})
+
+
+# ---- recipe "auto" and the smoothing defaults (issues 12 and 13) -----------------------------
+
+
+def test_config_defaults_auto_recipe_and_k_v_smoothing():
+    cfg = RotvidConfig()
+    assert cfg.recipe == "auto"
+    assert (cfg.smooth_k, cfg.smooth_q, cfg.smooth_v) == (True, False, True)
+
+
+def test_config_json_round_trip_with_auto(tmp_path):
+    cfg = RotvidConfig(recipe="auto", schedule="paper-wan2.2-t2v")
+    d = json.loads(cfg.to_json())
+    assert d["recipe"] == "auto" and d["version"] == CONFIG_VERSION
+    assert RotvidConfig.from_json(cfg.to_json()) == cfg
+    cfg.to_json(tmp_path / "auto.json")
+    assert RotvidConfig.from_json(tmp_path / "auto.json").recipe == "auto"
+
+
+def test_config_json_written_before_auto_keeps_its_meaning():
+    """A version-1 file from before issue 13 names its recipe and smoothing: they are kept, not
+    replaced by the new defaults."""
+    old = {"version": 1, "recipe": "int4", "rotation": "half", "vo_hadamard": True, "smooth_k": True,
+           "smooth_q": False, "smooth_v": False, "backend": "auto", "block_m": None, "block_n": None,
+           "schedule": Schedule().to_dict()}
+    cfg = RotvidConfig.from_dict(old)
+    assert cfg.recipe == "int4" and cfg.smooth_v is False
+    # a hand-written file that names only some fields gets the defaults for the others
+    assert RotvidConfig.from_dict({"version": 1, "rotation": "full"}).recipe == "auto"

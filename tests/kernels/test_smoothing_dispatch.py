@@ -1,0 +1,100 @@
+"""Q smoothing and the CUDA backend, seen from the dispatcher and the pipeline runtime (CPU).
+
+The CUDA kernels smooth K and V but not Q (the ΔS correction is reference-only). A call that asks
+for Q smoothing must therefore never reach the CUDA kernel: ``backend="auto"`` picks the reference
+and says why; ``backend="cuda"`` refuses; inside a pipeline the call is recorded as a fallback
+with the CUDA backend's reason. The real :class:`CudaBackend` is asked, with its environment
+checks (GPU present, arch table, nvcc) stubbed and the CPU tensors presented as CUDA tensors.
+"""
+
+import pytest
+import torch
+
+from rotvid.kernels import cuda_backend, dispatch
+from rotvid.kernels.dispatch import select_backend
+from rotvid.pipelines.config import RotvidConfig
+from rotvid.pipelines.report import RunReport
+from rotvid.pipelines.runtime import AttentionSite, Runtime
+from rotvid.pipelines.step_tracker import StepTracker
+
+
+class _AsCuda:
+    """A CPU tensor presented as a contiguous, aligned tensor on cuda:0 (for the checks only)."""
+
+    def __init__(self, t: torch.Tensor):
+        self._t = t
+        self.is_cuda = True
+        self.device = torch.device("cuda", 0)
+        self.dtype = t.dtype
+        self.shape = t.shape
+
+    def stride(self, *dim):
+        return self._t.stride(*dim)
+
+    def data_ptr(self):
+        return 0
+
+
+class _CudaChecksOnCpu:
+    """The real CudaBackend's ``unsupported_reason`` on CPU tensors; never runs a kernel."""
+
+    name = "cuda"
+
+    def __init__(self):
+        self.real = cuda_backend.CudaBackend()
+
+    def unsupported_reason(self, q, k, v, **opts):
+        return self.real.unsupported_reason(_AsCuda(q), _AsCuda(k), _AsCuda(v), **opts)
+
+    def run(self, q, k, v, **opts):  # pragma: no cover - the tests must not get here
+        raise AssertionError("the CUDA kernel was asked to run a call it cannot take")
+
+
+@pytest.fixture
+def cuda_checks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda_backend, "arch_entry", lambda device=None: cuda_backend.ARCH_TABLE[(9, 0)])
+    monkeypatch.setattr(cuda_backend, "_nvcc", lambda: "nvcc")
+    monkeypatch.setitem(dispatch._BACKENDS, "cuda", _CudaChecksOnCpu())
+
+
+def bf16_qkv(n=128):
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(1, 2, n, 128, generator=g).to(torch.bfloat16) for _ in range(3))
+
+
+OPTS = dict(recipe="int4", layout="BHND", kv_lens=None, smooth_k=True, smooth_v=True)
+
+
+def test_cuda_backend_takes_k_and_v_smoothing_but_not_q(cuda_checks):
+    q, k, v = bf16_qkv()
+    backend = dispatch._BACKENDS["cuda"]
+    assert backend.unsupported_reason(q, k, v, smooth_q=False, **OPTS) is None
+    assert "smooth_q=True" in backend.unsupported_reason(q, k, v, smooth_q=True, **OPTS)
+
+
+def test_auto_backend_runs_q_smoothing_on_the_reference_and_says_why(cuda_checks):
+    q, k, v = bf16_qkv()
+    chosen, reason = select_backend(q, k, v, backend="auto", smooth_q=False, **OPTS)
+    assert chosen.name == "cuda"
+    chosen, reason = select_backend(q, k, v, backend="auto", smooth_q=True, **OPTS)
+    assert chosen.name == "reference" and "smooth_q=True" in reason
+    with pytest.raises(ValueError, match="smooth_q=True"):
+        select_backend(q, k, v, backend="cuda", smooth_q=True, **OPTS)
+
+
+def test_pipeline_runtime_records_q_smoothing_on_cuda_as_a_fallback(cuda_checks):
+    tracker = StepTracker()
+    tracker.begin(2)
+    tracker.set_step(0)
+    config = RotvidConfig(recipe="int4", backend="cuda", smooth_q=True)
+    report = RunReport(recipe="int4", backend_requested="cuda")
+    runtime = Runtime(config, tracker, report)
+    q, k, v = bf16_qkv()
+    sentinel = torch.zeros_like(q)
+    out = runtime.attend(AttentionSite("transformer", 0, 1, 0, 0, 1), q, k, v, mask=None,
+                         fp16_attention=lambda: sentinel)
+    assert out is sentinel
+    assert report.fallback_calls == 1 and report.quantized_calls == 0
+    (reason,) = report.fallbacks
+    assert "smooth_q=True" in reason and "reference-only" in reason
