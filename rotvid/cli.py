@@ -292,7 +292,8 @@ SmoothQOpt = Annotated[Optional[bool], typer.Option("--smooth-q/--no-smooth-q", 
                                                     "backend records such calls as fallbacks).")]
 SmoothVOpt = Annotated[Optional[bool], typer.Option("--smooth-v/--no-smooth-v", show_default=False,
                                                     help="Subtract the mean value, added back to the output "
-                                                    "(default: on).")]
+                                                    "(default: the recipe's: on for int4 / int4-sym-p, off for "
+                                                    "the FP8-V recipes int8-fp8 / int4-fp8).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace existing outputs.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary (for scripts).")]
 

@@ -1,6 +1,7 @@
 # Device script (session 4): default build, the int8-fp8 + INT4 wgmma GPU tests, kernel_bench with the peer.
 # Carry [".peers"] (the SageAttention2 binary, ../shared/peers/README.md). Env: TESTS (pytest -k), SHAPES.
 export PYTHONPATH=$PWD ROTVID_EXT_CACHE=/tmp/rext MAX_JOBS=16 PYTHONUNBUFFERED=1
+# (the device copy may carry a stale .git: name the commit in ROTVID_COMMIT)
 if ls .peers/sageattention2-*.tgz >/dev/null 2>&1; then
   mkdir -p /tmp/peers && tar -xzf .peers/sageattention2-*.tgz -C /tmp/peers && rm -rf /tmp/site/sageattention
   export PYTHONPATH=$PYTHONPATH:/tmp/peers

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from rotvid.kernels.recipe_table import resolve_recipe
-from rotvid.pipelines.config import RotvidConfig
+from rotvid.pipelines.config import RotvidConfig, smooth_v_for
 from rotvid.pipelines.model_table import BlockStack, ModelFamily, family_of_transformer
 from rotvid.pipelines.processors import PROCESSORS
 from rotvid.pipelines.qk_rotation import QKRotator
@@ -216,7 +216,8 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
     family, transformers = find_transformers(pipe)
     recipe, recipe_reason = resolve_recipe(config.recipe, _execution_device(pipe, transformers))
     logger.info("rotvid recipe: %s (%s)", recipe, recipe_reason)
-    handle = RotvidHandle(pipe, config.with_(recipe=recipe), family, transformers,
+    handle = RotvidHandle(pipe, config.with_(recipe=recipe, smooth_v=smooth_v_for(recipe, config.smooth_v)), family,
+                          transformers,
                           recipe_requested=config.recipe, recipe_reason=recipe_reason)
     try:
         _install(handle, exact_remove=exact_remove)

@@ -8,7 +8,10 @@ from pathlib import Path
 
 from rotvid.pipelines.schedule import Schedule, schedule_preset
 
-__all__ = ["RotvidConfig", "CONFIG_VERSION", "CONFIG_RECIPES", "PIPELINE_RECIPES", "ROTATION_KINDS", "BACKENDS"]
+__all__ = [
+    "RotvidConfig", "CONFIG_VERSION", "CONFIG_RECIPES", "PIPELINE_RECIPES", "ROTATION_KINDS", "BACKENDS",
+    "SMOOTH_V_BY_RECIPE", "smooth_v_for",
+]
 
 CONFIG_VERSION = 1
 # "fp16" runs every self-attention through the model's own attention function (diffusers'
@@ -18,6 +21,24 @@ PIPELINE_RECIPES = ("fp16", "int4", "int4-sym-p", "int8-fp8", "int4-fp8", "nvfp4
 CONFIG_RECIPES = ("auto", *PIPELINE_RECIPES)
 ROTATION_KINDS = ("none", "interleaved", "half", "full")
 BACKENDS = ("auto", "reference", "cuda")
+
+# V smoothing when a config leaves it unset (smooth_v=None), per recipe. The INT4 recipes smooth V (the paper;
+# their V scales are per key block, and the kernels add the mean back in the epilogue). The FP8-V recipes do not:
+# with one FP8 scale per channel over the whole sequence, subtracting the mean first cost cosine vs float64 at
+# video lengths on zero-mean V (int8-fp8: 0.99935 -> 0.99638 at 119K tokens, 0.99936 -> 0.99904 at 33K; CPU
+# reference, benchmarks/RESULTS.md 2026-11-23), and FP8 keeps a common offset to 3 significant bits anyway.
+SMOOTH_V_BY_RECIPE = {
+    "fp16": False, "int4": True, "int4-sym-p": True, "int8-fp8": False, "int4-fp8": False, "nvfp4": False,
+}
+
+
+def smooth_v_for(recipe: str, smooth_v: bool | None) -> bool:
+    """The V smoothing a call runs: ``smooth_v`` when set, else the recipe's default (:data:`SMOOTH_V_BY_RECIPE`)."""
+    if smooth_v is not None:
+        return smooth_v
+    if recipe not in SMOOTH_V_BY_RECIPE:
+        raise ValueError(f"recipe: expected one of {', '.join(SMOOTH_V_BY_RECIPE)} (resolve 'auto' first), got {recipe!r}")
+    return SMOOTH_V_BY_RECIPE[recipe]
 
 
 def _check_bool(name: str, value) -> None:
@@ -38,10 +59,12 @@ class RotvidConfig:
         rotation: Q/K rotation: ``none``, ``interleaved``, ``half``, ``full`` (D×D Hadamard after
             RoPE) or ``learned:<file.safetensors>``.
         vo_hadamard: fuse a per-head Hadamard into W_v / W_o (exact; zero run-time cost).
-        smooth_k / smooth_q / smooth_v: smoothing switches passed to the kernel. K and V are
-            smoothed by default (the CUDA INT4 kernel adds the V mean back in its epilogue);
-            Q smoothing (with the ΔS correction) is reference-only, so it is off by default: with
-            the CUDA backend a call that asks for it is recorded as a fallback with its reason.
+        smooth_k / smooth_q / smooth_v: smoothing switches passed to the kernel. K is smoothed by
+            default; V by the recipe's default when ``smooth_v`` is ``None`` (the default: on for the
+            INT4 recipes, off for the FP8-V recipes, :data:`SMOOTH_V_BY_RECIPE`; resolved with the
+            recipe when the config is applied); Q smoothing (with the ΔS correction) is
+            reference-only, so it is off by default: with the CUDA backend a call that asks for it
+            is recorded as a fallback with its reason.
         backend: ``auto`` (the CUDA kernel where it runs the call, else the reference; the run
             report says which), ``reference`` or ``cuda``.
         schedule: the FP16-fallback :class:`Schedule`.
@@ -54,7 +77,7 @@ class RotvidConfig:
     vo_hadamard: bool = True
     smooth_k: bool = True
     smooth_q: bool = False
-    smooth_v: bool = True
+    smooth_v: bool | None = None
     backend: str = "auto"
     schedule: Schedule = field(default_factory=Schedule)
     block_m: int | None = None
@@ -73,8 +96,10 @@ class RotvidConfig:
                 f"rotation: expected one of {', '.join(ROTATION_KINDS)} or 'learned:<file.safetensors>', "
                 f"got {self.rotation!r}"
             )
-        for name in ("vo_hadamard", "smooth_k", "smooth_q", "smooth_v"):
+        for name in ("vo_hadamard", "smooth_k", "smooth_q"):
             _check_bool(name, getattr(self, name))
+        if self.smooth_v is not None:
+            _check_bool("smooth_v", self.smooth_v)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if isinstance(self.schedule, str):

@@ -20,7 +20,7 @@ import torch
 
 import rotvid.kernels as kernels
 from rotvid.kernels.dispatch import validate_attention_inputs
-from rotvid.pipelines.config import RotvidConfig
+from rotvid.pipelines.config import RotvidConfig, smooth_v_for
 from rotvid.pipelines.report import RunReport
 from rotvid.pipelines.step_tracker import StepTracker
 
@@ -166,7 +166,7 @@ class Runtime:
             sm_scale=None,
             smooth_k=cfg.smooth_k,
             smooth_q=cfg.smooth_q,
-            smooth_v=cfg.smooth_v,
+            smooth_v=smooth_v_for(cfg.recipe, cfg.smooth_v),
             block_m=cfg.block_m,
             block_n=cfg.block_n,
         )

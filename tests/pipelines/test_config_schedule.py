@@ -5,6 +5,7 @@ import json
 import pytest
 
 from rotvid.pipelines import CONFIG_VERSION, RotvidConfig, Schedule, expected_quantized_fraction, schedule_preset
+from rotvid.pipelines.config import smooth_v_for
 
 
 def test_config_json_round_trip(tmp_path):
@@ -109,7 +110,16 @@ def test_schedule_round_trip():
 def test_config_defaults_auto_recipe_and_k_v_smoothing():
     cfg = RotvidConfig()
     assert cfg.recipe == "auto"
-    assert (cfg.smooth_k, cfg.smooth_q, cfg.smooth_v) == (True, False, True)
+    # V smoothing: the recipe's default (on for the INT4 recipes, off for the FP8-V ones)
+    assert (cfg.smooth_k, cfg.smooth_q, cfg.smooth_v) == (True, False, None)
+    assert smooth_v_for("int4", None) and smooth_v_for("int4-sym-p", None)
+    assert not smooth_v_for("int8-fp8", None) and not smooth_v_for("int4-fp8", None)
+    assert smooth_v_for("int8-fp8", True) and not smooth_v_for("int4", False)  # an explicit switch wins
+    with pytest.raises(ValueError, match="recipe"):
+        smooth_v_for("auto", None)
+    with pytest.raises(ValueError, match="smooth_v"):
+        RotvidConfig(smooth_v="yes")
+    assert RotvidConfig.from_json(RotvidConfig().to_json()).smooth_v is None
 
 
 def test_config_json_round_trip_with_auto(tmp_path):
