@@ -19,8 +19,8 @@ Instruction paths, chosen by compute capability from :data:`ARCH_TABLE`:
 
 On sm90 the default is ``"wgmma"`` (block size :func:`default_block_n`); elsewhere the arch path.
 
-The ``int8-fp8`` recipe (sm90 only, ``csrc/int8fp8_attention_wgmma.cuh``): per-token INT8 Q/K on the same
-s8 wgmma, P and V in FP8 e4m3 on the e4m3 wgmma (V one scale per channel, applied with 1/l in the
+The ``int8-fp8`` recipe (sm90 only, ``csrc/int8fp8_attention_wgmma.cuh``): INT8 Q per token and K per group
+of 32 keys per 128-key block (the keys one thread holds: one scale per thread and row) on the same s8 wgmma, P and V in FP8 e4m3 on the e4m3 wgmma (V one scale per channel, applied with 1/l in the
 epilogue), key blocks of 128; operands from :func:`preprocess_int8fp8_cuda` (``vt`` holds e4m3 bytes in the
 s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]).
 
@@ -314,7 +314,7 @@ def _(q, k, v, kv_lens, bnhd, smooth_k, smooth_v):
         q.new_empty((b, h, nq_pad, d), **i8),
         q.new_empty((b, h, nq_pad), **f32),
         q.new_empty((b, h, nkv_pad, d), **i8),
-        q.new_empty((b, h, nkv_pad), **f32),
+        q.new_empty((b, h, nkv_pad // INT8FP8_BLOCK_N, 4), **f32),
         q.new_empty((b, h, d, nkv_pad), **i8),
         q.new_empty((b, h, d), **f32),
         q.new_empty((b, h, d) if smooth_v else (0,), **f32),
@@ -563,12 +563,15 @@ def preprocess_int8fp8_cuda(
     smooth_k: bool = True,
     smooth_v: bool = False,
 ) -> KernelQKV:
-    """Pre-processing of the int8-fp8 recipe on an sm90 GPU: K/V smoothing, per-token INT8 Q/K, per-channel FP8 V.
+    """Pre-processing of the int8-fp8 recipe on an sm90 GPU: K/V smoothing, INT8 Q per token and K per group of
+    32 keys per 128-key block, per-channel FP8 V.
 
-    Inputs as :func:`preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose ``vt`` holds the e4m3 bytes of V̂
+    Inputs as :func:`preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose ``k_scale`` holds the K group
+    scales fp32 [B, H, Nkv_pad / 128, 4] (:func:`rotvid.kernels.quantize.quantize_k_groups_int8`), ``vt`` the e4m3 bytes of V̂
     (s8 V^T layout, ``Nkv_pad`` a multiple of 128) and whose ``vparams`` is ``v_scale`` fp32 [B, H, D]
     (= amax / 448 over the valid tokens, 1 for an all-zero channel). Equal to the reference's quantizers
-    (:func:`rotvid.kernels.quantize.quantize_per_token_int8`, :func:`~rotvid.kernels.quantize.quantize_per_channel_fp8`).
+    (:func:`~rotvid.kernels.quantize.quantize_per_token_int8`, :func:`~rotvid.kernels.quantize.quantize_k_groups_int8`,
+    :func:`~rotvid.kernels.quantize.quantize_per_channel_fp8`).
     """
     _check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     _check_int8fp8_device(q.device)
@@ -707,9 +710,14 @@ def pack_reference_int8fp8(
     smooth_v: bool = False,
 ) -> KernelQKV:
     """Kernel-layout int8-fp8 operands computed by the reference's quantizers (same values as the kernel's
-    pre-processing): smoothing as :func:`rotvid.kernels.reference.smooth_qkv`, per-token INT8 Q/K,
+    pre-processing): smoothing as :func:`rotvid.kernels.reference.smooth_qkv`, INT8 Q per token and K per group,
     per-channel FP8 V over the valid tokens, V^T as e4m3 bytes in the s8 permuted layout."""
-    from rotvid.kernels.quantize import key_valid_mask, quantize_per_channel_fp8, quantize_per_token_int8
+    from rotvid.kernels.quantize import (
+        key_valid_mask,
+        quantize_k_groups_int8,
+        quantize_per_channel_fp8,
+        quantize_per_token_int8,
+    )
     from rotvid.kernels.reference import smooth_qkv
 
     q, k, v = (to_bhnd(t, layout) for t in (q, k, v))
@@ -720,7 +728,7 @@ def pack_reference_int8fp8(
     n_kv = k.shape[2]
     nq_pad, nkv_pad = _pads(n_q, n_kv, INT8FP8_BLOCK_N)
     q_hat, q_scale = quantize_per_token_int8(q_s)
-    k_hat, k_scale = quantize_per_token_int8(k_s)
+    k_hat, _, k_groups = quantize_k_groups_int8(k_s, kv_lens)
     valid = key_valid_mask(n_kv, kv_lens, b, v.device)
     v_q, v_scale = quantize_per_channel_fp8(v_s, valid)
     v8 = _pad_rows(v_q.to(torch.float8_e4m3fn).view(torch.int8), nkv_pad)
@@ -735,7 +743,7 @@ def pack_reference_int8fp8(
         _pad_rows(q_hat, nq_pad),
         _pad_rows(q_scale.float(), nq_pad).reshape(b, h, nq_pad).contiguous(),
         _pad_rows(k_hat, nkv_pad),
-        _pad_rows(k_scale.float(), nkv_pad).reshape(b, h, nkv_pad).contiguous(),
+        k_groups.float().contiguous(),
         vt,
         v_scale.float().reshape(b, h, d).contiguous(),
         v_mean_t,

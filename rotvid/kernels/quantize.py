@@ -54,6 +54,41 @@ def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return _symmetric_quantize(x, amax, INT8_QMAX)
 
 
+K_GROUP_BLOCK = 128  # keys per block of the int8-fp8 kernel
+K_GROUPS = 4  # key groups per block: the keys one thread of the kernel's score fragment holds
+
+
+def k_group_of_key(j: torch.Tensor) -> torch.Tensor:
+    """The group (0-3) of key ``j`` inside its block of 128: ``(j mod 8) // 2``, the accumulator columns
+    8i + 2t, 8i + 2t + 1 (i = 0..15) that thread ``t`` of a quad holds in the kernel's score fragment."""
+    return (j % 8) // 2
+
+
+def quantize_k_groups_int8(
+    k: torch.Tensor, kv_lens: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """INT8 of ``k`` [B, H, N, D] with one scale per group of 32 keys (:func:`k_group_of_key`) per block of
+    128 keys (SageAttention2's per-thread granularity): the scale folds into one multiplier per thread and row.
+
+    amax over the group's valid keys (``j < kv_lens[b]``) and channels; masked keys are quantized with their
+    group's scale and clamped. Returns ``(k_hat int8 [B, H, N, D], scale per key [B, H, N, 1], group_scale
+    [B, H, ceil(N / 128), 4])``.
+    """
+    x = k.float() if k.dtype != torch.float64 else k
+    b, h, n, d = x.shape
+    nb = -(-n // K_GROUP_BLOCK)
+    valid = key_valid_mask(n, kv_lens, b, x.device).to(x.dtype)  # [B, 1, N, 1]
+    a = (x.abs() * valid).amax(dim=-1)  # [B, H, N]
+    a = torch.nn.functional.pad(a, (0, nb * K_GROUP_BLOCK - n))
+    g_amax = a.view(b, h, nb, K_GROUP_BLOCK // 8, K_GROUPS, 2).amax(dim=(3, 5))  # [B, H, nb, 4]
+    j = torch.arange(n, device=x.device)
+    per_key = g_amax[:, :, j // K_GROUP_BLOCK, k_group_of_key(j)].unsqueeze(-1)  # [B, H, N, 1]
+    k_hat, scale = _symmetric_quantize(x, per_key, INT8_QMAX)
+    q = torch.full_like(g_amax, INT8_QMAX)
+    g_scale = torch.where(g_amax == 0, torch.zeros_like(g_amax), g_amax / q)
+    return k_hat, scale, g_scale
+
+
 def pad_to_blocks(x: torch.Tensor, block: int, dim: int = -2) -> torch.Tensor:
     """Zero-pad ``x`` along ``dim`` to a multiple of ``block``."""
     n = x.shape[dim]

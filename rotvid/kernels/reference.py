@@ -29,8 +29,9 @@ arithmetic in float32 (float64 when the inputs are float64), ``rint`` = round ha
    ``l`` likewise; ``out = O / l (+ mean(v))``.
 
 Other recipes share steps 1, 3, 4 and 6 (with ``l_blk = rowsum(p)`` of the unquantized p): ``fp16`` (no quantization), ``int8-fp8``
-(SageAttention2-8b: INT8 per-token Q/K, P and V in FP8 e4m3 with V per channel and P scaled by
-448, one FP32 buffer per key block), ``int4-fp8`` (SageAttention2-4b: INT4 Q/K, FP8 P/V) and
+(SageAttention2-8b: INT8 Q per token and K per group of 32 keys per 128-key block -- the keys one
+kernel thread holds --, P and V in FP8 e4m3 with V per channel and P scaled by 448, one FP32 buffer per
+key block), ``int4-fp8`` (SageAttention2-4b: INT4 Q/K, FP8 P/V) and
 ``nvfp4`` (emulation: Q/K/P/V in e2m1 with 16-element e4m3 block scales; SageAttention3 /
 Attn-QAT).
 
@@ -52,6 +53,7 @@ from rotvid.kernels.quantize import (
     quant_p_fp8,
     quant_p_range_int4,
     quant_p_sym_int4,
+    quantize_k_groups_int8,
     quantize_nvfp4,
     quantize_per_channel_fp8,
     quantize_per_token_int4,
@@ -337,9 +339,12 @@ def _attention_generic(q, k, v, *, recipe, kv_lens, sm_scale, block_m, block_n, 
     if recipe == "fp16":
         qd, kd, vd = q_s, k_s, v_s
     elif recipe in ("int8-fp8", "int4-fp8"):
-        quant = quantize_per_token_int8 if recipe == "int8-fp8" else quantize_per_token_int4
-        q_hat, q_sc = quant(q_s)
-        k_hat, k_sc = quant(k_s)
+        if recipe == "int8-fp8":  # INT8 Q per token, K per group of 32 keys per 128-key block
+            q_hat, q_sc = quantize_per_token_int8(q_s)
+            k_hat, k_sc, _ = quantize_k_groups_int8(k_s, kv_lens)
+        else:
+            q_hat, q_sc = quantize_per_token_int4(q_s)
+            k_hat, k_sc = quantize_per_token_int4(k_s)
         qd, kd = q_hat.to(dt) * q_sc, k_hat.to(dt) * k_sc
         vd, v_sc = quantize_per_channel_fp8(v_s, valid)
         v_div = v_sc

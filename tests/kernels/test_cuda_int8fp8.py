@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rotvid.kernels import attention, metrics
+from rotvid.kernels.quantize import k_group_of_key
 from rotvid.kernels.reference import attention_int8fp8_from_quantized, attention_reference
 from tests.kernels.helpers import attention_fp64, random_qkv
 
@@ -54,10 +55,16 @@ def unpermute_v8(vt, n_kv):
     return v.view(torch.float8_e4m3fn).float().transpose(2, 3)[:, :, :n_kv]
 
 
+def key_scales(k_groups, n_kv):
+    """Per-key scales [B, H, n_kv, 1] from the kernel's K group scales [B, H, blocks, 4]."""
+    j = torch.arange(n_kv, device=k_groups.device)
+    return k_groups[:, :, j // 128, k_group_of_key(j)].unsqueeze(-1)
+
+
 def twin(kq, n_q, n_kv, kv_lens):
     """The reference twin on the kernel's own operands (padded rows dropped)."""
     return attention_int8fp8_from_quantized(
-        kq.q_hat[:, :, :n_q], kq.q_scale[:, :, :n_q, None], kq.k_hat[:, :, :n_kv], kq.k_scale[:, :, :n_kv, None],
+        kq.q_hat[:, :, :n_q], kq.q_scale[:, :, :n_q, None], kq.k_hat[:, :, :n_kv], key_scales(kq.k_scale, n_kv),
         unpermute_v8(kq.vt, n_kv), kq.vparams[:, :, None, :],
         v_mean=kq.v_mean[:, :, None, :] if kq.v_mean.numel() else None, kv_lens=kv_lens, block_n=128,
     )

@@ -70,6 +70,21 @@ def hand_per_token(x, qmax):
     return torch.round(x * (qmax / safe)).clamp(-qmax, qmax), amax / qmax
 
 
+def hand_k_groups(k, qmax, kv_lens):
+    """int8-fp8's K: one scale per group of keys {j : j // 128 = c, (j mod 8) // 2 = t} (the keys one kernel
+    thread holds), amax over the group's valid keys; masked keys take their group's scale (clamped)."""
+    n = k.shape[2]
+    key_amax = k.abs().amax(dim=-1) * valid_keys(kv_lens)[:, None, :]  # [B, H, N]
+    group = (torch.arange(n) // 128) * 4 + (torch.arange(n) % 8) // 2
+    amax = torch.zeros_like(key_amax)
+    for gid in group.unique():
+        sel = group == gid
+        amax[..., sel] = key_amax[..., sel].amax(dim=-1, keepdim=True)
+    amax = amax.unsqueeze(-1)
+    safe = torch.where(amax == 0, torch.ones_like(amax), amax)
+    return torch.round(k * (qmax / safe)).clamp(-qmax, qmax), amax / qmax
+
+
 # ---- fp16: smoothing is exact ------------------------------------------------------------------
 
 
@@ -117,13 +132,13 @@ def observed_scores(monkeypatch, q, k, v, **opts):
     return torch.cat(seen, dim=-1)
 
 
-def hand_scores(q, k, *, qmax, smooth_q):
+def hand_scores(q, k, *, qmax, smooth_q, k_groups=False):
     """q̂k̂ᵀ · s_q · s_k · (sm_scale · log2 e) + ΔS · (sm_scale · log2 e), K smoothed, masked -inf."""
     qk_scale = D**-0.5 * LOG2E
     k_s = k - hand_key_mean(k, KV_LENS)
     q_mean = hand_query_block_means(q) if smooth_q else torch.zeros_like(q)
     q_hat, s_q = hand_per_token(q - q_mean, qmax)
-    k_hat, s_k = hand_per_token(k_s, qmax)
+    k_hat, s_k = hand_k_groups(k_s, qmax, KV_LENS) if k_groups else hand_per_token(k_s, qmax)
     s = (q_hat @ k_hat.transpose(-1, -2)) * s_q * s_k.transpose(-1, -2) * qk_scale
     delta_s = (q_mean @ k_s.transpose(-1, -2)) * qk_scale
     s = s + delta_s
@@ -135,7 +150,7 @@ def hand_scores(q, k, *, qmax, smooth_q):
 def test_quantized_scores_equal_hand_computation(monkeypatch, recipe, qmax, smooth_q):
     q, k, v = biased_qkv(1)
     got = observed_scores(monkeypatch, q, k, v, recipe=recipe, smooth_k=True, smooth_q=smooth_q, smooth_v=True)
-    want, delta_s = hand_scores(q, k, qmax=qmax, smooth_q=smooth_q)
+    want, delta_s = hand_scores(q, k, qmax=qmax, smooth_q=smooth_q, k_groups=recipe == "int8-fp8")
     finite = torch.isfinite(want)
     assert torch.equal(finite, torch.isfinite(got))  # the same keys masked
     scale = want[finite].abs().max().item()

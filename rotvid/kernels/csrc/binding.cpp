@@ -212,9 +212,10 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   return out;
 }
 
-// The int8-fp8 recipe (Hopper): per-token INT8 Q/K (K smoothed by its token mean when asked), per-channel FP8 e4m3
-// V over the valid tokens (V smoothed when asked). Returns {q_hat, q_scale, k_hat, k_scale, vt (e4m3 bytes as
-// int8, [B,H,D,Nkv_pad]), v_scale fp32 [B,H,D], v_mean}; Nkv_pad a multiple of 128.
+// The int8-fp8 recipe (Hopper): INT8 Q per token, INT8 K per group of 32 keys per 128-key block (K smoothed by its
+// token mean when asked), per-channel FP8 e4m3 V over the valid tokens (V smoothed when asked). Returns {q_hat,
+// q_scale, k_hat, k_scale [B,H,Nkv_pad/128,4], vt (e4m3 bytes as int8, [B,H,D,Nkv_pad]), v_scale fp32 [B,H,D],
+// v_mean}; Nkv_pad a multiple of 128.
 std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const c10::optional<at::Tensor>& kv_lens, bool bnhd, bool smooth_k,
                                            bool smooth_v) {
@@ -244,7 +245,7 @@ std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor
   auto q_hat = at::empty({dq.B, dq.H, nq_pad, D}, i8);
   auto q_scale = at::empty({dq.B, dq.H, nq_pad}, f32);
   auto k_hat = at::empty({dk.B, dk.H, nkv_pad, D}, i8);
-  auto k_scale = at::empty({dk.B, dk.H, nkv_pad}, f32);
+  auto k_scale = at::empty({dk.B, dk.H, nkv_pad / 128, 4}, f32);  // per group of 32 keys per block
   auto vt = at::empty({dv.B, dv.H, D, nkv_pad}, i8);
   auto v_scale = at::empty({dv.B, dv.H, D}, f32);
   {
@@ -260,9 +261,10 @@ std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor
       k_mean = token_mean(k, dk, kv_lens, stream);
       p.mean = k_mean.data_ptr<float>();
     }
+    p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
     p.out = k_hat.data_ptr<int8_t>();
     p.scale = k_scale.data_ptr<float>();
-    check_cuda(rotvid::launch_quant_rows_int8(p, stream), "quant_rows_int8(k)");
+    check_cuda(rotvid::launch_quant_k_groups_int8(p, stream), "quant_k_groups_int8");
   }
   at::Tensor v_mean = at::empty({0}, f32);
   {
@@ -296,8 +298,8 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
                   q_scale.scalar_type() == at::kFloat, "q_scale: shape/dtype");
   TORCH_CHECK(k_hat.sizes() == at::IntArrayRef({B, H, nkv_pad, D}) && k_hat.is_contiguous() &&
                   k_hat.scalar_type() == at::kChar, "k_hat: shape/dtype");
-  TORCH_CHECK(k_scale.sizes() == at::IntArrayRef({B, H, nkv_pad}) && k_scale.is_contiguous() &&
-                  k_scale.scalar_type() == at::kFloat, "k_scale: shape/dtype");
+  TORCH_CHECK(k_scale.sizes() == at::IntArrayRef({B, H, nkv_pad / 128, 4}) && k_scale.is_contiguous() &&
+                  k_scale.scalar_type() == at::kFloat, "k_scale: fp32 [B,H,Nkv_pad/128,4] (group scales)");
   TORCH_CHECK(vt.sizes() == at::IntArrayRef({B, H, D, nkv_pad}) && vt.is_contiguous() && vt.scalar_type() == at::kChar,
               "vt: shape/dtype");
   TORCH_CHECK(v_scale.sizes() == at::IntArrayRef({B, H, D}) && v_scale.is_contiguous() &&

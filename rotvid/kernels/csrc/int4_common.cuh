@@ -91,8 +91,12 @@ cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, bool s4,
 // tokens (amax_bits: B*H*D zeroed uint32 work words), written as p.out = V8^T [BH, D, N_pad] (N_pad a multiple of
 // 128, keys permuted per 32 like the s8 path) and v_scale fp32 [BH, D] (= amax / 448, 1 where amax is 0).
 cudaError_t launch_quant_rows_int8(const PreprocessParams& p, cudaStream_t stream);
+// K: INT8 with one scale per group of 32 keys ((j mod 8) / 2) per 128-key block, over the valid keys (p.kv_lens);
+// p.out rows [BH, N_pad, D], p.scale [BH, N_pad / 128, 4].
+cudaError_t launch_quant_k_groups_int8(const PreprocessParams& p, cudaStream_t stream);
 cudaError_t launch_quant_v_fp8(const PreprocessParams& p, unsigned int* amax_bits, float* v_scale, cudaStream_t stream);
-// Attention on those operands: Int4AttnParams with vt = V8^T bytes, vparams = v_scale [BH, D], block_n 128, no split.
+// Attention on those operands: Int4AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
+// bytes, vparams = v_scale [BH, D], block_n 128.
 cudaError_t launch_int8fp8_attention_wgmma(const Int4AttnParams& p, int head_dim, cudaStream_t stream);
 
 }  // namespace rotvid

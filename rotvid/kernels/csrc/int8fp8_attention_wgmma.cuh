@@ -1,8 +1,9 @@
 // The int8-fp8 recipe on Hopper's warpgroup tensor cores (sm90a: wgmma, TMA, mbarriers): INT8 Q/K per token,
 // P and V in FP8 e4m3 (V one scale per channel), FP32 accumulation across key blocks. Numerics of
 // rotvid.kernels.reference (recipe "int8-fp8"), per key block of BN = 128 keys:
-//   S = Q^ K^T (s8 wgmma, int32, exact), x = float(S) * k_scale, m_blk = sq * max(x) (sq = q_scale * qk_scale),
-//   P8 = e4m3(448 * exp2(x sq - m_blk)) -- computed as ex2(x sq - (m_blk - log2 448)), so 448 is exact in
+//   S = Q^ K^T (s8 wgmma, int32, exact; K^ with one scale ks per group of 32 keys -- the keys one thread holds),
+//   m_blk = max over the row of float(S) * (sq ks) (sq = q_scale * qk_scale; the max taken on the integers),
+//   P8 = e4m3(448 * exp2(float(S) sq ks - m_blk)) -- computed as ex2(x sq - (m_blk - log2 448)), so 448 is exact in
 //   real arithmetic and within an ulp in float --, pv = P8 V8 (e4m3 wgmma, a fresh FP32 accumulator per
 //   block), l_blk = rowsum of the same 448 p in fp32 (the unquantized p, as the reference), then
 //   O = O a + c pv, l = l a + c l_blk (lazy reference max, rowmath::online_combine), and at the end
@@ -19,6 +20,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <type_traits>
 
 #include "int4_attention_wgmma.cuh"
@@ -45,7 +47,7 @@ struct Cfg {
   static constexpr int Q_BYTES = Shape<NWG>::BM * D;
   static constexpr int K_BYTES = BN * D;
   static constexpr int V_BYTES = D * BN;
-  static constexpr int KS_BYTES = BN * 4;
+  static constexpr int KS_BYTES = 16;  // the block's four K group scales
   static constexpr int STAGES = ST;
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
   // layout: [Q][K0 V0][K1 V1]...[KS0][KS1]...[barriers]
@@ -168,7 +170,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     if (warp == kConsumerWarps && lane == 0) {
       wg::mbar_expect_tx(q_bar, C::Q_BYTES);
       wg::tma_load_2d(s_q, &tm_q, 0, bh * p.Nq_pad + mb * kBM, q_bar);
-      const float* ksg = p.k_scale + (size_t)bh * p.Nkv_pad;
+      const float* ksg = p.k_scale + (size_t)bh * (p.Nkv_pad / kBN) * 4;
       const uint32_t small = base + C::TILES;
       for (int i = 0; i < nblk; ++i) {
         const int s = i % ST;
@@ -176,7 +178,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
         wg::mbar_expect_tx(full_bar(s), C::TX);
         wg::tma_load_2d(s_k(s), &tm_k, 0, bh * p.Nkv_pad + i * kBN, full_bar(s));
         wg::tma_load_2d(s_v(s), &tm_v, i * kBN, bh * D, full_bar(s));
-        wg::bulk_load(small + s * C::KS_BYTES, ksg + (size_t)i * kBN, C::KS_BYTES, full_bar(s));
+        wg::bulk_load(small + s * C::KS_BYTES, ksg + (size_t)i * 4, C::KS_BYTES, full_bar(s));
       }
     }
   } else {  // ---- consumers ----
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   uint32_t sacc[NT * 4];  // S of the current key block
   float pacc[D / 2];      // P8 V8 of the current key block
   uint32_t pf[PKS][4];    // P8 A fragments
-  float x[NT][4];
+  float sqk[2];  // sq * this thread's K group scale, for the block in flight
   float mblk[2];
   float c_fac[2];
 
@@ -235,28 +237,38 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   };
   if (PINGPONG != 0 && wg_i == 1 && nblk > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 
-  // scores, block max, online combine (the INT4 kernels' arithmetic)
+  // block max and online combine. Thread t holds the keys of K group t (columns 8j + 2t, 8j + 2t + 1), so one
+  // scale ks multiplies all its scores: the row max is taken on the exact integers (masked keys excluded), the
+  // scores enter the exponent as float(S) * (sq ks) in one FFMA.
   auto scores_max = [&](const int kb, const int s, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
-    const float* sks = ks_ptr(s);
+    const float ks = ks_ptr(s)[t];
+    int mi[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mi[i][0] = mi[i][1] = INT_MIN;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const float2 ksc = *reinterpret_cast<const float2*>(sks + 8 * j + 2 * t);
+      int a[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x[j][e] = __int2float_rn((int)sacc[4 * j + e]) * ((e & 1) ? ksc.y : ksc.x);
-    }
-    if constexpr (PARTIAL) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
+      for (int e = 0; e < 4; ++e) a[e] = (int)sacc[4 * j + e];
+      if constexpr (PARTIAL) {
         const int key = kb * kBN + 8 * j + 2 * t;
-        if (key >= kv_len) x[j][0] = x[j][2] = -INFINITY;
-        if (key + 1 >= kv_len) x[j][1] = x[j][3] = -INFINITY;
+        if (key >= kv_len) a[0] = a[2] = INT_MIN;
+        if (key + 1 >= kv_len) a[1] = a[3] = INT_MIN;
       }
+      mi[j & 3][0] = max(mi[j & 3][0], max(a[0], a[1]));
+      mi[j & 3][1] = max(mi[j & 3][1], max(a[2], a[3]));
     }
-    float xmax[2];
-    rowmath::block_row_max(x, xmax);
-    mblk[0] = sq[0] * xmax[0];
-    mblk[1] = sq[1] * xmax[1];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sqk[r] = sq[r] * ks;
+      const int m = max(max(mi[0][r], mi[1][r]), max(mi[2][r], mi[3][r]));
+      // (a thread whose keys are all masked offers -inf; a valid key is in every block)
+      float xm = m == INT_MIN ? -INFINITY : __int2float_rn(m) * sqk[r];
+      xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, 1));
+      xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, 2));
+      mblk[r] = xm;
+    }
     rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
   };
   // 448 p, its row sums and the e4m3 A fragments
@@ -273,7 +285,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
-          float v = rowmath::ex2(fmaf(x[j][e], sq[r], -mshift[r]));
+          float v = rowmath::ex2(fmaf(__int2float_rn((int)sacc[4 * j + e]), sqk[r], -mshift[r]));
           if constexpr (PARTIAL) {
             const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
             if (key >= kv_len) v = 0.f;

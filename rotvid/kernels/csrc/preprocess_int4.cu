@@ -311,6 +311,88 @@ cudaError_t rows_i8_type(const PreprocessParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// ---- the int8-fp8 recipe's K: INT8 with one scale per group of 32 keys per 128-key block ----
+// grid (N_pad / 128, BH), 256 threads (8 warps x 16 rows). Group of key j in its block: (j mod 8) / 2, the
+// columns one thread of the attention kernel's score fragment holds. amax over the group's valid keys
+// (j < kv_len) and channels; masked keys get their group's scale (clamped), padded rows zero. Writes the rows
+// [BH, N_pad, D] and scale [BH, N_pad / 128, 4] (= amax / 127, 0 for an all-zero group).
+template <typename T, int D>
+__global__ void __launch_bounds__(256) quant_k_groups_int8_kernel(const PreprocessParams p) {
+  constexpr int EPT = D / 32;
+  __shared__ float row_amax[128];
+  __shared__ float g_inv[4];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kb = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  int len = p.N;
+  if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
+  const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + lane * EPT;
+  float mu[EPT];
+#pragma unroll
+  for (int i = 0; i < EPT; ++i) mu[i] = p.mean != nullptr ? p.mean[(size_t)bh * D + lane * EPT + i] : 0.f;
+  float v[16][EPT];
+#pragma unroll
+  for (int rr = 0; rr < 16; ++rr) {
+    const int n = kb * 128 + warp * 16 + rr;
+    if (n < p.N) {
+      const RawRow<D> raw = *reinterpret_cast<const RawRow<D>*>(xb + (size_t)n * p.sn);
+      to_floats<T, D>(raw, v[rr]);
+#pragma unroll
+      for (int i = 0; i < EPT; ++i) v[rr][i] -= mu[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < EPT; ++i) v[rr][i] = 0.f;
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < 16; ++rr) {
+    const int n = kb * 128 + warp * 16 + rr;
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) amax = fmaxf(amax, fabsf(v[rr][i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) row_amax[warp * 16 + rr] = n < len ? amax : 0.f;
+  }
+  __syncthreads();
+  if (threadIdx.x < 4) {
+    const int t = threadIdx.x;
+    float a = 0.f;
+    for (int r = 2 * t; r < 128; r += 8) a = fmaxf(a, fmaxf(row_amax[r], row_amax[r + 1]));
+    g_inv[t] = a == 0.f ? 0.f : __fdiv_rn(127.0f, a);
+    p.scale[((size_t)bh * (p.N_pad / 128) + kb) * 4 + t] = a == 0.f ? 0.f : __fdiv_rn(a, 127.0f);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int rr = 0; rr < 16; ++rr) {
+    const int r = warp * 16 + rr;
+    const float inv = g_inv[(r & 7) >> 1];
+    int qv[EPT];
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) qv[i] = quant7<127>(v[rr][i], inv);
+    int8_t* out = p.out + ((size_t)bh * p.N_pad + kb * 128 + r) * D;
+    if constexpr (EPT == 4) {
+      const uint32_t w = (qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8) | ((qv[2] & 0xFF) << 16) | ((uint32_t)(qv[3] & 0xFF) << 24);
+      *reinterpret_cast<uint32_t*>(out + lane * 4) = w;
+    } else {
+      *reinterpret_cast<uint16_t*>(out + lane * 2) = (uint16_t)((qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8));
+    }
+  }
+}
+
+template <typename T>
+cudaError_t k_groups_type(const PreprocessParams& p, cudaStream_t stream) {
+  if (p.N_pad % 128 != 0) return cudaErrorInvalidValue;
+  const dim3 grid(p.N_pad / 128, p.B * p.H);
+  if (p.D == 128) {
+    quant_k_groups_int8_kernel<T, 128><<<grid, 256, 0, stream>>>(p);
+  } else if (p.D == 64) {
+    quant_k_groups_int8_kernel<T, 64><<<grid, 256, 0, stream>>>(p);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
 // ---- the int8-fp8 recipe's V: one FP8 e4m3 scale per channel over the valid tokens ----
 
 // grid (splits, BH), 256 threads: amax_bits[bh, d] = max over this split's valid tokens of |v - mean| as float
@@ -437,6 +519,10 @@ cudaError_t v_fp8_type(const PreprocessParams& p, unsigned int* amax_bits, float
 
 cudaError_t launch_quant_rows_int8(const PreprocessParams& p, cudaStream_t stream) {
   return p.is_bf16 ? pre::rows_i8_type<__nv_bfloat16>(p, stream) : pre::rows_i8_type<__half>(p, stream);
+}
+
+cudaError_t launch_quant_k_groups_int8(const PreprocessParams& p, cudaStream_t stream) {
+  return p.is_bf16 ? pre::k_groups_type<__nv_bfloat16>(p, stream) : pre::k_groups_type<__half>(p, stream);
 }
 
 cudaError_t launch_quant_v_fp8(const PreprocessParams& p, unsigned int* amax_bits, float* v_scale,
