@@ -107,3 +107,9 @@ def test_gpus_argument_errors(tiny_wan, tmp_path):
         assert r.exit_code == 1
     r = runner.invoke(app, ["eval", str(tmp_path / "ref.mp4"), str(tmp_path / "c.mp4"), "--gpus", "2"])
     assert_fails(r, "--gpus 2", "only when eval generates")
+
+
+def test_parallel_bench_help_runs_on_cpu():
+    bench = REPO / "benchmarks" / "parallel_bench.py"
+    r = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--gpus" in r.stdout and "all-to-all" in r.stdout, r.stderr
