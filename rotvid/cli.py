@@ -190,16 +190,23 @@ def _run_device(device: str):
     return torch.device(device)
 
 
-def _load(model: str, dtype: str, device: str):
+def _load(model: str, dtype: str, device: str, worker=None):
+    """Load the pipeline; in a --gpus worker, on its device and under context parallelism."""
     import torch
 
     from rotvid.pipelines.loading import load_pipeline
 
-    if device == "auto":
+    if worker is not None:
+        device = worker.device  # "cuda": the worker's GPU is the current device
+    elif device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     _quiet_library_bars()
     pipe = load_pipeline(model, dtype=dtype, device=device)
     pipe.set_progress_bar_config(disable=True)  # rotvid's own bar counts the steps
+    if worker is not None:
+        from rotvid.distributed_run import parallelize_pipeline
+
+        parallelize_pipeline(pipe, worker.world_size)
     return pipe
 
 
@@ -296,10 +303,62 @@ SmoothVOpt = Annotated[Optional[bool], typer.Option("--smooth-v/--no-smooth-v", 
                                                     "the FP8-V recipes int8-fp8 / int4-fp8).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace existing outputs.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary (for scripts).")]
+GpusOpt = Annotated[int, typer.Option("--gpus", help="Processes to spread each forward over (Ulysses context "
+                                      "parallelism, Wan): one GPU each over NCCL, or CPU processes over gloo with "
+                                      "--device cpu. Launches torchrun; rank 0 writes the outputs.")]
+
+
+def _cli_args_of_this_command(ctx: typer.Context) -> list[str]:
+    """The current command's arguments, rebuilt from the parsed values (for the torchrun workers)."""
+    args = ["--verbose"] if _STATE["verbose"] else []
+    args.append(ctx.info_name)
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None:
+            continue
+        if param.param_type_name == "argument":
+            args.extend(str(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+        elif getattr(param, "is_flag", False):
+            if value:
+                args.append(param.opts[0])
+        else:
+            args.extend([param.opts[0], str(value)])
+    return args
+
+
+def _launch_workers(ctx: typer.Context, gpus: int, device: str) -> bool:
+    """With --gpus N > 1 in the launching process: run this command on N torchrun workers (True)."""
+    from rotvid.distributed_run import check_gpus, in_launched_worker, launch
+
+    check_gpus(gpus, device)
+    if gpus == 1 or in_launched_worker():
+        return False
+    rc = launch(gpus, _cli_args_of_this_command(ctx))
+    if rc != 0:
+        typer.echo(f"Error: --gpus {gpus}: the worker processes failed (torchrun exit code {rc}; their messages "
+                   "are above)", err=True)
+        raise typer.Exit(1)
+    return True
+
+
+def _join_workers(gpus: int, device: str):
+    """Inside a torchrun worker: join the process group (WorkerInfo); single process: None."""
+    from rotvid.distributed_run import init_worker
+
+    if gpus == 1:
+        return None
+    import atexit
+
+    from rotvid.distributed_run import shutdown_worker
+
+    worker = init_worker(gpus, device)
+    atexit.register(shutdown_worker)
+    return worker
 
 
 @app.command()
 def generate(
+    ctx: typer.Context,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The text prompt.")] = None,
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="Text file, one prompt per "
                                                         "line: one video each.")] = None,
@@ -333,6 +392,7 @@ def generate(
                                                 "prompts) [default: rotvid.mp4 / rotvid-videos].")] = None,
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
+    gpus: GpusOpt = 1,
 ) -> None:
     """Generate video(s) with INT4 self-attention; writes an H.264 mp4 and a JSON sidecar per prompt."""
     with _user_errors():
@@ -362,10 +422,14 @@ def generate(
                                  schedule=_schedule(schedule), backend=backend,
                                  smoothing=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v))
         cfg = factory.check()
+        if _launch_workers(ctx, gpus, device):
+            return
+        worker = _join_workers(gpus, device)
+        quiet = quiet or (worker is not None and worker.rank != 0)  # progress from rank 0 only
 
         with _Progress(quiet) as bar:
             bar.log(f"loading {model} ...")
-            pipe = _load(model, dtype, device)
+            pipe = _load(model, dtype, device, worker)
             _note_if_cpu(bar, pipe)
             call_kwargs(pipe, replace(template, prompt=prompts[0]))  # --image vs the pipeline, before any work
             if cfg is not None:
@@ -456,6 +520,7 @@ class _EvalEvents:
 
 @app.command("eval")
 def eval_(
+    ctx: typer.Context,
     reference: Annotated[Optional[Path], typer.Argument(help="Reference video, or folder of videos.",
                                                         show_default=False)] = None,
     candidates: Annotated[Optional[list[Path]], typer.Argument(help="Candidate video(s) or folder(s), matched "
@@ -495,6 +560,7 @@ def eval_(
     samples: Annotated[int, typer.Option(help="Frames per row of comparison.png.")] = 4,
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
+    gpus: GpusOpt = 1,
 ) -> None:
     """Compare videos with the FP16 reference: PSNR, SSIM, cosine, MSE (and VBench); writes a report folder.
 
@@ -521,10 +587,18 @@ def eval_(
 
             vb = VBenchRequest(dimensions=parse_dimensions(vbench), python=resolve_vbench_python(vbench_python),
                                device=vbench_device, cache_dir=vbench_cache_dir())
+        worker = None
+        if gpus != 1:
+            if not generating:
+                raise ValueError(f"--gpus {gpus}: only when eval generates (--prompt-file/--variants)")
+            if _launch_workers(ctx, gpus, device):
+                return
+            worker = _join_workers(gpus, device)
+            quiet = quiet or worker.rank != 0  # progress and the summary from rank 0 only
         with _Progress(quiet) as bar:
             if generating:
                 report, written = _eval_generated(
-                    bar, prompt_file=prompt_file, variants=variants, model=model, image=image, schedule=schedule,
+                    worker, bar, prompt_file=prompt_file, variants=variants, model=model, image=image, schedule=schedule,
                     backend=backend, smoothing=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v),
                     steps=steps, height=height, width=width, frames=frames,
                     guidance_scale=guidance_scale, negative_prompt=negative_prompt,
@@ -535,12 +609,13 @@ def eval_(
                     raise ValueError("CANDIDATE: expected at least one candidate video or folder after REFERENCE")
                 report, written = evaluate_paths(reference, candidates, out, overwrite=overwrite, vbench=vb,
                                                  samples=samples, on_video=_EvalEvents(bar).measuring)
-        if not quiet:
+        if not quiet and report is not None:
             typer.echo(summary_table(report))
             typer.echo(f"report: {written['markdown']}")
 
 
-def _eval_generated(bar, *, prompt_file, variants, model, image, schedule, backend, smoothing, steps, height, width, frames,
+def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedule, backend, smoothing, steps, height,
+                    width, frames,
                     guidance_scale, negative_prompt, max_sequence_length, seed, fps, dtype, device, out, vbench,
                     samples, overwrite):
     from rotvid.eval.generated import evaluate_generated
@@ -570,7 +645,7 @@ def _eval_generated(bar, *, prompt_file, variants, model, image, schedule, backe
 
     def load():
         if "pipe" not in state:
-            state["pipe"] = _load(model, dtype, device)
+            state["pipe"] = _load(model, dtype, device, worker)
         return state["pipe"]
 
     def make_config(spec):

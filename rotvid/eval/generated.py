@@ -99,8 +99,11 @@ def evaluate_generated(
     """Generate what is missing, then measure every variant against the reference.
 
     ``load()`` returns the pipeline (called at most once, only if something must be generated);
-    ``make_config(spec)`` builds the :class:`RotvidConfig` of a variant.
+    ``make_config(spec)`` builds the :class:`RotvidConfig` of a variant. In a multi-process run
+    (``rotvid eval --gpus N``) every rank generates; rank 0 alone measures and returns the report
+    (the others return ``(None, {})``).
     """
+    from rotvid.distributed_run import barrier, is_main_process
     from rotvid.eval.vbench_runner import check_weights
 
     ev = events or GenerationEvents()
@@ -112,6 +115,7 @@ def evaluate_generated(
     if vbench is not None:
         check_weights(vbench.dimensions, vbench.cache_dir)
     plan = plan_videos(out, prompts, variants, template, model=model, make_config=make_config, overwrite=overwrite)
+    barrier()  # every rank plans before rank 0 writes anything (the same plan on every rank)
     todo = [p for p in plan if not p.done]
     pipe = None
     if todo:
@@ -128,6 +132,8 @@ def evaluate_generated(
         generate_video(pipe, item.request, item.path, model=model, config=config, overwrite=overwrite,
                        on_step=ev.step, extra={"eval_variant": label})
         ev.video_done(item.path, False)
+    if not is_main_process():  # multi-process generation: rank 0 alone measures and writes the report
+        return None, {}
     sets = []
     ref_paths = {p.index: p.path for p in plan if p.variant is None}
     for v in variants:

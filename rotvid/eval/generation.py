@@ -347,6 +347,7 @@ def generate_video(
     (``rotvid.pipelines.apply`` before, ``remove`` after), or ``None`` for the untouched pipeline
     (FP16 reference). ``on_step(done, total)`` is called after every denoising step.
     """
+    from rotvid.distributed_run import is_main_process, merge_run_reports
     from rotvid.pipelines.attach import apply, remove
 
     out = Path(out)
@@ -388,12 +389,16 @@ def generate_video(
     finally:
         if handle is not None:
             remove(pipe)
+    # multi-process runs (rotvid generate --gpus N): one report for all ranks, files from rank 0 only
+    run_report = merge_run_reports(run_report)
+    writer = is_main_process()
     frames = result.frames[0] if hasattr(result, "frames") else result[0][0]
     video = to_uint8_frames(frames)
     # the video is complete under a staging name, then its sidecar is written, then the video is
     # renamed into place: a video under its final name always has its sidecar
     staged = out.with_name(f".{out.stem}.staged{out.suffix}")
-    write_video(staged, video, fps, overwrite=True)
+    if writer:
+        write_video(staged, video, fps, overwrite=True)
     t_end = time.perf_counter()
     config_dict = config.to_dict() if config is not None else None
     side = {
@@ -429,6 +434,8 @@ def generate_video(
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **(extra or {}),
     }
+    if not writer:
+        return side
     try:
         write_sidecar(out, side)
         os.replace(staged, out)

@@ -11,7 +11,8 @@
    keeping a CPU copy of every touched parameter so that ``remove`` restores them bit for bit;
 4. builds the Q/K rotation per block (:func:`rotvid.rope.rotations.make_rotation`; per-block
    learned files are ``select``-ed by block index);
-5. wraps the scheduler for the step tracker and hooks the transformers' forwards (counts);
+5. wraps the scheduler for the step tracker and hooks the transformers' forwards (counts;
+   and the context-parallel checks when ``enable_parallelism`` came after ``apply``);
 6. returns a :class:`RotvidHandle` with the run report.
 
 ``remove`` undoes all of it: original processors, original weights (bit-identical), no hooks.
@@ -27,6 +28,7 @@ from torch import nn
 
 from rotvid.kernels.recipe_table import resolve_recipe
 from rotvid.pipelines.config import RotvidConfig, smooth_v_for
+from rotvid.pipelines.context_parallel import check_context_parallel
 from rotvid.pipelines.model_table import BlockStack, ModelFamily, family_of_transformer
 from rotvid.pipelines.processors import PROCESSORS
 from rotvid.pipelines.qk_rotation import QKRotator
@@ -181,9 +183,6 @@ def _check_attn(attn: nn.Module, where: str) -> None:
         raise ValueError(
             f"pipe: {where} has fused QKV projections; call transformer.unfuse_qkv_projections() before apply"
         )
-    proc = getattr(attn, "processor", None)
-    if getattr(proc, "_parallel_config", None) is not None:
-        raise ValueError(f"pipe: {where} runs context-parallel attention, which rotvid does not support")
 
 
 def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True) -> RotvidHandle:
@@ -206,7 +205,9 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
 
     Raises:
         ValueError: unsupported pipeline, rotvid already applied, fused QKV projections,
-            context-parallel attention, a rotation that does not fit the model.
+            context parallelism rotvid cannot run (a family without a diffusers ``_cp_plan``, ring
+            attention, heads not divisible by ``ulysses_degree``: see
+            :mod:`rotvid.pipelines.context_parallel`), a rotation that does not fit the model.
     """
     config = RotvidConfig() if config is None else config
     if not isinstance(config, RotvidConfig):
@@ -246,6 +247,7 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
     config, family = handle.config, handle.family
     for expert, (tname, transformer) in enumerate(handle.transformers.items()):
         head_dim = int(transformer.config.attention_head_dim)
+        check_context_parallel(family, transformer, tname)
         stacks = []
         for stack in family.stacks:
             blocks = getattr(transformer, stack.attr, None)
@@ -282,7 +284,7 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
                     inst.vo_fused = True
                 attn.set_processor(PROCESSORS[stack.processor_kind](handle.runtime, site, rotator, inst.original_processor))
                 block += 1
-        hook = transformer.register_forward_pre_hook(_count_forward_hook(handle, tname))
+        hook = transformer.register_forward_pre_hook(_count_forward_hook(handle, tname, family))
         handle._hooks.append(hook)
     scheduler = None if isinstance(handle.target, nn.Module) else getattr(handle.target, "scheduler", None)
     if scheduler is not None:
@@ -294,8 +296,10 @@ def _lacks_to_out(attn: nn.Module) -> bool:
     return getattr(attn, "to_out", None) is None
 
 
-def _count_forward_hook(handle: RotvidHandle, name: str):
+def _count_forward_hook(handle: RotvidHandle, name: str, family: ModelFamily):
     def hook(module, args):
+        # context parallelism enabled after apply: the same checks as apply's
+        check_context_parallel(family, module, name)
         sched = handle._scheduler
         if sched is not None and getattr(handle.target, "scheduler", None) is not sched:
             raise RuntimeError(

@@ -92,6 +92,10 @@ class ModelFamily:
             says so in its :class:`ModelEntry`.
         float32_components: pipeline components kept in float32 by :func:`load_pipeline`
             (Wan's VAE, as the Wan model cards recommend).
+        context_parallel: diffusers ships a context-parallel plan (``_cp_plan``) for the family's
+            transformer, so rotvid runs it under Ulysses context parallelism
+            (:mod:`rotvid.pipelines.context_parallel`): Wan in diffusers 0.42.1; HunyuanVideo and
+            CogVideoX have none.
     """
 
     name: str
@@ -104,6 +108,7 @@ class ModelFamily:
     cfg_mode: str
     fps: int
     float32_components: tuple[str, ...] = ()
+    context_parallel: bool = False
 
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -127,6 +132,7 @@ FAMILIES: dict[str, ModelFamily] = {
         cfg_mode="separate",
         fps=16,
         float32_components=("vae",),
+        context_parallel=True,
     ),
     "hunyuan_video": ModelFamily(
         name="hunyuan_video",

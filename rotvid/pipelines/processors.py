@@ -12,6 +12,11 @@ for two steps:
   original processor's backend for Wan / HunyuanVideo, ``F.scaled_dot_product_attention`` for
   CogVideoX, exactly as diffusers does).
 
+Under diffusers' context parallelism (Wan) the attention call is wrapped in rotvid's own Ulysses
+all-to-all (:func:`rotvid.pipelines.context_parallel.ulysses_attend`): each call gets its
+sequence shard, rotates it, exchanges it for the full sequence of H/P heads, attends, and
+exchanges back.
+
 The V/O Hadamard lives in the weights (fused by ``apply``), so nothing here touches V.
 Processors are installed with ``attn.set_processor`` on self-attention modules only; their
 ``__call__`` signatures are the originals' (diffusers' ``Attention.forward`` filters keyword
@@ -24,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 
+from rotvid.pipelines.context_parallel import ulysses_attend, ulysses_group
 from rotvid.pipelines.qk_rotation import QKRotator
 from rotvid.pipelines.runtime import AttentionSite, Runtime
 
@@ -50,8 +56,25 @@ class RotvidProcessorBase:
         self.rotator = rotator
         self.original = original
 
+    @property
+    def _parallel_config(self):
+        """The diffusers parallel config, kept on the replaced processor.
+
+        ``enable_parallelism`` after ``apply`` sets it through here, so the processor ``remove``
+        restores has it too.
+        """
+        return getattr(self.original, "_parallel_config", None)
+
+    @_parallel_config.setter
+    def _parallel_config(self, value):
+        self.original._parallel_config = value
+
     def _dispatch_fp16(self, q, k, v, mask):
-        """diffusers' own attention on BHND q/k/v (it takes BNHD); returns BHND."""
+        """diffusers' own attention on BHND q/k/v (it takes BNHD); returns BHND.
+
+        No parallel config is passed: under context parallelism the tensors are already the
+        full sequence (rotvid's Ulysses exchange ran before).
+        """
         out = dispatch_attention_fn(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -60,7 +83,7 @@ class RotvidProcessorBase:
             dropout_p=0.0,
             is_causal=False,
             backend=getattr(self.original, "_attention_backend", None),
-            parallel_config=getattr(self.original, "_parallel_config", None),
+            parallel_config=None,
         )
         return out.transpose(1, 2)
 
@@ -77,7 +100,19 @@ class RotvidProcessorBase:
         q = self.rotator.rotate(q, rope, span)
         k = self.rotator.rotate(k, rope, span)
         fp16 = self._dispatch_fp16 if fp16 is None else fp16
-        return self.runtime.attend(self.site, q, k, v, mask=mask, fp16_attention=lambda: fp16(q, k, v, mask))
+
+        def attend(q, k, v, mask):
+            return self.runtime.attend(self.site, q, k, v, mask=mask, fp16_attention=lambda: fp16(q, k, v, mask))
+
+        group = ulysses_group(self._parallel_config)
+        if group is None:
+            return attend(q, k, v, mask)
+        if self.runtime.observers:
+            raise ValueError(
+                f"parallel_config: {self.site.key} runs context-parallel; calibration observers (rotvid calibrate) "
+                "would see only this rank's heads — calibrate on one process"
+            )
+        return ulysses_attend(group, q, k, v, mask, attend)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(site={self.site.key}, rotation={self.rotator.kind})"

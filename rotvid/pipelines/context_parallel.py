@@ -1,0 +1,298 @@
+"""Ulysses context parallelism around rotvid's self-attention (diffusers' ``ContextParallelConfig``).
+
+diffusers 0.42.1 runs a transformer over P processes with
+``transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=P))``: the model's
+``_cp_plan`` (Wan: split ``hidden_states`` along the sequence at ``blocks.0`` and the RoPE table
+the same way, gather at ``proj_out``) hooks the forward so that every block sees 1/P of the
+tokens with all H heads. Its own processors then call ``dispatch_attention_fn`` with the
+parallel config, which does the Ulysses all-to-all inside diffusers' templated attention.
+
+rotvid's processors replace that attention call, so they do the Ulysses exchange themselves
+(:func:`ulysses_attend`), in the processor, around :meth:`~rotvid.pipelines.runtime.Runtime.attend`:
+
+1. Q/K/V projections, QK norm and RoPE·R run on the local sequence shard (all per token: the
+   plan splits the RoPE table exactly like the tokens);
+2. **all-to-all** (:func:`sequence_to_heads`): ``[B, H, N/P, D]`` → ``[B, H/P, N, D]`` — the full
+   sequence for this rank's H/P heads (an attention mask over the local keys is all-gathered to
+   the full key sequence, as diffusers' own Ulysses does);
+3. ``Runtime.attend`` on those tensors, unchanged: the schedule's decision, the FP16 cells on the
+   model's own attention (diffusers' dispatcher *without* the parallel config — SDPA for the
+   ``native`` backend — since the tensors are already whole), or the quantized recipe;
+4. **inverse all-to-all** (:func:`heads_to_sequence`): ``[B, H/P, N, D]`` → ``[B, H, N/P, D]``.
+
+Smoothing stays equal to the single-GPU result because it is computed **after** the all-to-all,
+on the full sequence: the K (and optional V) means are per head over all valid keys, the Q means
+per block of ``block_m`` query rows, and each rank holds every token of its heads, in the
+original order. The per-token / per-group quantization that follows is per head too, so running
+it after the exchange gives the same numbers as one GPU (no all-reduce is needed). The price is
+that the exchange carries the model's dtype (bf16), not INT4 codes.
+
+Supported: Ulysses only (``ring_degree == 1``), equal shards (no ``ulysses_anything``), heads
+divisible by ``ulysses_degree``, families whose diffusers transformer ships a ``_cp_plan``
+(:attr:`~rotvid.pipelines.model_table.ModelFamily.context_parallel`: Wan). Anything else is one
+clear ``ValueError``.
+
+:func:`enable_context_parallel` is the one call that puts a transformer under context
+parallelism on GPUs (``enable_parallelism``) and on CPUs with gloo, where diffusers 0.42.1's
+``enable_parallelism`` cannot run (it divides by ``torch.accelerator.device_count()``, 0 there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rotvid.pipelines.model_table import ModelFamily
+
+__all__ = [
+    "UlyssesGroup",
+    "ulysses_group",
+    "check_context_parallel",
+    "sequence_to_heads",
+    "heads_to_sequence",
+    "gather_key_mask",
+    "ulysses_attend",
+    "enable_context_parallel",
+]
+
+
+@dataclass(frozen=True)
+class UlyssesGroup:
+    """The process group one Ulysses exchange runs over.
+
+    Attributes:
+        group: the ``torch.distributed`` process group (diffusers' ulysses mesh dimension).
+        degree: number of ranks P in it.
+        rank: this process's rank in it (= index of its sequence shard).
+    """
+
+    group: object
+    degree: int
+    rank: int
+
+
+def _cp_config(parallel_config):
+    """The ``ContextParallelConfig`` inside a diffusers ``ParallelConfig`` (or ``None``)."""
+    if parallel_config is None:
+        return None
+    return getattr(parallel_config, "context_parallel_config", None)
+
+
+def ulysses_group(parallel_config) -> UlyssesGroup | None:
+    """The Ulysses group of a diffusers ``ParallelConfig``, or ``None`` when it runs no context parallelism.
+
+    Raises:
+        ValueError: ring attention (``ring_degree > 1``), ``ulysses_anything`` / ``ring_anything``,
+            or a config that was never set up (no ``enable_parallelism``).
+    """
+    cp = _cp_config(parallel_config)
+    if cp is None:
+        return None
+    if cp.ring_degree > 1:
+        raise ValueError(
+            f"parallel_config: rotvid supports Ulysses context parallelism only; got ring_degree={cp.ring_degree} "
+            f"(use ContextParallelConfig(ulysses_degree=N))"
+        )
+    if cp.ulysses_anything or cp.ring_anything:
+        raise ValueError(
+            "parallel_config: rotvid needs equal sequence shards; ulysses_anything / ring_anything is not supported"
+        )
+    if cp.ulysses_degree == 1:
+        return None
+    if cp._ulysses_mesh is None:
+        raise ValueError(
+            "parallel_config: the ContextParallelConfig was not set up; call transformer.enable_parallelism "
+            "(or rotvid.pipelines.context_parallel.enable_context_parallel) first"
+        )
+    group = cp._ulysses_mesh.get_group()
+    return UlyssesGroup(group=group, degree=int(cp.ulysses_degree), rank=dist.get_rank(group))
+
+
+def _check_heads(heads: int, degree: int, where: str) -> None:
+    if heads % degree != 0:
+        raise ValueError(
+            f"ulysses_degree: {where} has {heads} attention heads, which {degree} ranks cannot split evenly "
+            f"(Ulysses needs heads divisible by ulysses_degree; {heads} % {degree} = {heads % degree})"
+        )
+
+
+def check_context_parallel(family: ModelFamily, transformer: nn.Module, where: str) -> UlyssesGroup | None:
+    """Check that rotvid can run ``transformer`` under its context-parallel config (if any).
+
+    Returns:
+        The :class:`UlyssesGroup`, or ``None`` when the transformer is not context-parallel.
+
+    Raises:
+        ValueError: the family has no diffusers ``_cp_plan``, ring / uneven parallelism, or
+            heads not divisible by ``ulysses_degree``.
+    """
+    parallel_config = getattr(transformer, "_parallel_config", None)
+    if _cp_config(parallel_config) is None:
+        return None
+    if not family.context_parallel:
+        raise ValueError(
+            f"pipe: {where} ({type(transformer).__name__}) runs context-parallel, but diffusers 0.42.1 ships no "
+            f"context-parallel plan (_cp_plan) for {family.name}; rotvid supports context parallelism for "
+            f"{', '.join(_families_with_cp())} only"
+        )
+    cp = _cp_config(parallel_config)
+    _check_heads(int(transformer.config.num_attention_heads), int(cp.ulysses_degree), where)
+    return ulysses_group(parallel_config)
+
+
+def _families_with_cp() -> list[str]:
+    from rotvid.pipelines.model_table import FAMILIES
+
+    return [name for name, fam in FAMILIES.items() if fam.context_parallel]
+
+
+def _exchange(x: torch.Tensor, group: UlyssesGroup) -> torch.Tensor:
+    """all-to-all over dim 0 (size P): chunk j goes to rank j; chunk i of the result came from rank i."""
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group.group)
+    return out
+
+
+def sequence_to_heads(x: torch.Tensor, group: UlyssesGroup) -> torch.Tensor:
+    """All-to-all ``[B, H, N/P, D]`` (this rank's sequence shard, all heads; BHND) → ``[B, H/P, N, D]``.
+
+    Rank r receives heads ``r·H/P .. (r+1)·H/P - 1`` of every shard, shards in rank order (the
+    order diffusers' sharder split the sequence in), so the result is the full sequence.
+    """
+    b, h, n_local, d = x.shape
+    p = group.degree
+    _check_heads(h, p, "the self-attention")
+    chunks = x.reshape(b, p, h // p, n_local, d).transpose(0, 1).contiguous()  # [P, B, H/P, N/P, D]
+    got = _exchange(chunks, group)  # [P (sequence shard), B, H/P, N/P, D]
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h // p, p * n_local, d)
+
+
+def heads_to_sequence(x: torch.Tensor, group: UlyssesGroup) -> torch.Tensor:
+    """The inverse of :func:`sequence_to_heads`: ``[B, H/P, N, D]`` → ``[B, H, N/P, D]`` (BHND)."""
+    b, h_local, n, d = x.shape
+    p = group.degree
+    if n % p != 0:
+        raise ValueError(f"x: sequence length {n} is not divisible by ulysses_degree {p}")
+    chunks = x.reshape(b, h_local, p, n // p, d).permute(2, 0, 1, 3, 4).contiguous()  # [P (shard), B, H/P, N/P, D]
+    got = _exchange(chunks, group)  # [P (head chunk), B, H/P, N/P, D]
+    return got.transpose(0, 1).reshape(b, p * h_local, n // p, d)
+
+
+def gather_key_mask(mask: torch.Tensor | None, n_kv_local: int, group: UlyssesGroup) -> torch.Tensor | None:
+    """An attention mask over the local keys (last dim ``N/P``), all-gathered to the full key sequence.
+
+    A mask whose last dim is already the full length ``N`` is returned as it is.
+
+    Raises:
+        ValueError: a mask whose last dim is neither ``N/P`` nor ``N``.
+    """
+    if mask is None:
+        return None
+    n_last = mask.shape[-1]
+    if n_last == n_kv_local * group.degree:
+        return mask
+    if n_last != n_kv_local:
+        raise ValueError(
+            f"attention_mask: last dim {n_last} is neither the local key count {n_kv_local} nor the full "
+            f"{n_kv_local * group.degree} (ulysses_degree {group.degree})"
+        )
+    mask = mask.contiguous()
+    parts = [torch.empty_like(mask) for _ in range(group.degree)]
+    dist.all_gather(parts, mask, group=group.group)
+    return torch.cat(parts, dim=-1)
+
+
+def ulysses_attend(
+    group: UlyssesGroup,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+) -> torch.Tensor:
+    """Ulysses self-attention of one sequence shard.
+
+    Args:
+        group: the :class:`UlyssesGroup`.
+        q, k, v: ``[B, H, N/P, D]`` (BHND), this rank's shard, already rotated (RoPE·R).
+        mask: attention mask over the local keys (``[..., N/P]``) or the full keys, or ``None``.
+        attend: ``attend(q, k, v, mask)`` on ``[B, H/P, N, D]`` (full sequence, H/P heads) with the
+            full-key mask; returns ``[B, H/P, N, D]``. Smoothing and quantization happen inside
+            it, on the full sequence (see the module docstring).
+
+    Returns:
+        ``[B, H, N/P, D]``: this shard's attention output, all heads.
+    """
+    n_kv_local = k.shape[2]
+    full_mask = gather_key_mask(mask, n_kv_local, group)
+    qf, kf, vf = (sequence_to_heads(t, group) for t in (q, k, v))
+    out = attend(qf, kf, vf, full_mask)
+    return heads_to_sequence(out, group)
+
+
+def enable_context_parallel(transformer: nn.Module, ulysses_degree: int):
+    """Put ``transformer`` under diffusers' Ulysses context parallelism over ``ulysses_degree`` ranks.
+
+    Needs ``torch.distributed`` initialized with ``ulysses_degree`` ranks (``torchrun`` /
+    ``rotvid generate --gpus N``). On a machine with an accelerator this is exactly
+    ``transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=N))`` (set
+    ``torch.cuda.set_device(local_rank)`` and move the model first). On a CPU-only machine it does
+    the same steps by hand with a CPU device mesh, because diffusers 0.42.1's
+    ``enable_parallelism`` computes ``rank % torch.accelerator.device_count()``, which is a
+    division by zero there: record the set-up ``ParallelConfig`` on the model and on every
+    attention processor that has a ``_parallel_config``, then install the model's ``_cp_plan``
+    hooks (``diffusers.hooks.apply_context_parallel``).
+
+    Call it before or after :func:`rotvid.pipelines.apply` (rotvid's processors hand the config
+    to the diffusers processors they replaced).
+
+    Returns:
+        The diffusers ``ParallelConfig`` now on the transformer.
+
+    Raises:
+        ValueError: ``ulysses_degree`` is not an int ≥ 2, differs from the world size, does not
+            divide the heads, or the model has no ``_cp_plan``; torch.distributed not initialized.
+    """
+    from diffusers import ContextParallelConfig
+
+    if isinstance(ulysses_degree, bool) or not isinstance(ulysses_degree, int) or ulysses_degree < 2:
+        raise ValueError(f"ulysses_degree: expected an int >= 2, got {ulysses_degree!r}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("ulysses_degree: torch.distributed is not initialized (launch with torchrun)")
+    world = dist.get_world_size()
+    if world != ulysses_degree:
+        raise ValueError(f"ulysses_degree: expected the world size {world}, got {ulysses_degree}")
+    heads = getattr(getattr(transformer, "config", None), "num_attention_heads", None)
+    if heads is not None:
+        _check_heads(int(heads), ulysses_degree, type(transformer).__name__)
+    if getattr(transformer, "_cp_plan", None) is None:
+        raise ValueError(f"transformer: {type(transformer).__name__} has no _cp_plan in this diffusers version")
+    cp = ContextParallelConfig(ulysses_degree=ulysses_degree)
+    if torch.accelerator.device_count() > 0:
+        transformer.enable_parallelism(config=cp)
+        return transformer._parallel_config
+    return _enable_on_cpu(transformer, cp)
+
+
+def _enable_on_cpu(transformer: nn.Module, cp):
+    """``enable_parallelism``'s steps with a CPU device mesh (see :func:`enable_context_parallel`)."""
+    from diffusers import ParallelConfig
+    from diffusers.hooks import apply_context_parallel
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if getattr(transformer, "_parallel_config", None) is not None:
+        raise ValueError(f"transformer: parallelism is already enabled on this {type(transformer).__name__}")
+    mesh = init_device_mesh("cpu", cp.mesh_shape, mesh_dim_names=cp.mesh_dim_names)
+    config = ParallelConfig(context_parallel_config=cp)
+    config.setup(dist.get_rank(), dist.get_world_size(), torch.device("cpu"), mesh=mesh)
+    transformer._parallel_config = config
+    for module in transformer.modules():
+        processor = getattr(module, "processor", None)
+        if processor is not None and hasattr(processor, "_parallel_config"):
+            processor._parallel_config = config
+    apply_context_parallel(transformer, cp, transformer._cp_plan)
+    return config
