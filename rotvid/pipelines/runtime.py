@@ -169,6 +169,8 @@ class Runtime:
         self._interned: dict[tuple, tuple] = {}
         tracker.add_listener(self._on_step_change)
         self.refresh_plan()
+        # Import the optional kernel backends now, not on the first call (inside a compiled graph).
+        kernels.dispatch.registered_backends()
 
     # ---- sites, plan, counts (outside the graph) ----------------------------------------------
     def add_site(self, site: AttentionSite, attn: nn.Module, rotator=None) -> None:
@@ -323,7 +325,7 @@ class Runtime:
             )
             backend, why = kernels.select_backend(q, k, v, backend=cfg.backend, **opts)
         except ValueError as e:
-            counters.add("fallback", f"kernel cannot take this call: {e}")
+            counters.add("fallback", "kernel cannot take this call: " + e.args[0])
             return fp16_attention()
         if ok is None:
             counters.add("quantized", why)
