@@ -95,11 +95,13 @@ def evaluate_generated(
     vbench: VBenchRequest | None = None,
     samples: int = 4,
     events: GenerationEvents | None = None,
+    compile: bool = False,
 ) -> tuple[EvalReport, dict[str, Path]]:
     """Generate what is missing, then measure every variant against the reference.
 
     ``load()`` returns the pipeline (called at most once, only if something must be generated);
-    ``make_config(spec)`` builds the :class:`RotvidConfig` of a variant.
+    ``make_config(spec)`` builds the :class:`RotvidConfig` of a variant. ``compile``: every video
+    (the reference too) runs with its transformer(s) under ``torch.compile``.
     """
     from rotvid.eval.vbench_runner import check_weights
 
@@ -126,7 +128,7 @@ def evaluate_generated(
             continue
         config = None if item.variant is None else configs[item.variant.label]
         generate_video(pipe, item.request, item.path, model=model, config=config, overwrite=overwrite,
-                       on_step=ev.step, extra={"eval_variant": label})
+                       on_step=ev.step, extra={"eval_variant": label}, compile=compile)
         ev.video_done(item.path, False)
     sets = []
     ref_paths = {p.index: p.path for p in plan if p.variant is None}
