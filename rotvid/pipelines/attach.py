@@ -300,15 +300,17 @@ def _forward_pre_hook(handle: RotvidHandle):
                 "rotvid: pipe.scheduler was replaced after apply; the step tracker follows the old one. "
                 "Call rotvid.pipelines.remove(pipe) and apply again."
             )
-        handle.runtime.begin_forward()
+        handle.runtime.clear_forward_state()
         return None
 
     return hook
 
 
 def _forward_post_hook(handle: RotvidHandle):
+    """Clears per-forward state again, so that a compiled graph leaves none behind (no extra outputs)."""
+
     def hook(module, args, output):
-        handle.runtime.begin_forward()
+        handle.runtime.clear_forward_state()
         return None
 
     return hook

@@ -59,8 +59,10 @@ class SiteCounters:
         if hasattr(module, COUNTS_BUFFER):
             raise ValueError(f"pipe: {key} already has a {COUNTS_BUFFER!r} buffer (rotvid applied twice?)")
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
-        module.register_buffer(COUNTS_BUFFER, torch.zeros(SLOTS_PER_SITE, dtype=torch.int64, device=device),
-                               persistent=False)
+        # A normal tensor even when apply runs under inference_mode: the pipeline (no_grad) updates it.
+        with torch.inference_mode(False):
+            counts = torch.zeros(SLOTS_PER_SITE, dtype=torch.int64, device=device)
+        module.register_buffer(COUNTS_BUFFER, counts, persistent=False)
         return cls(key, module)
 
     def uninstall(self) -> None:

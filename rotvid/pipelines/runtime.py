@@ -237,8 +237,8 @@ class Runtime:
 
         SiteCounters.drain(list(self.counters.values()), sink)
 
-    def begin_forward(self) -> None:
-        """Forget per-forward state (the rotators' in-graph table memo); hooked on each forward."""
+    def clear_forward_state(self) -> None:
+        """Forget per-forward state (the rotators' in-graph table memo); hooked before and after each forward."""
         for rotator in self.rotators:
             rotator.end_forward()
 

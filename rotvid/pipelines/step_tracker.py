@@ -40,7 +40,8 @@ class StepTracker:
         num_steps: step count of the current run, ``None`` before the first run.
         runs: number of runs begun (``set_timesteps`` calls).
         forwards_per_step: transformer forwards seen in each step of the current run, as
-            ``{step: {transformer_name: count}}`` (filled by the handle's forward hook).
+            ``{step: {transformer_name: count}}`` (filled by the runtime from the calls of each
+            transformer's first self-attention, when the step changes or the report is read).
     """
 
     def __init__(self) -> None:

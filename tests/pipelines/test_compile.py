@@ -39,6 +39,7 @@ class GraphCounter:
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     yield
     torch._dynamo.reset()
 
@@ -152,6 +153,7 @@ def test_aot_eager_with_a_mask_equals_eager(tiny):
         out = run(pipe, "hunyuan_video", steps=3)
     finally:
         remove(pipe)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # all-FP16 and mixed plans
     assert torch.equal(out, ref)
     assert handle.report.fallback_calls == 0 and handle.report.quantized_calls == 1 * 2  # step 1, 1 block per stack
 
@@ -175,6 +177,7 @@ def test_inductor_matches_eager(tiny):
         out = run(pipe, "wan", steps=2)
     finally:
         remove(pipe)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # it did compile, once
     assert (out - ref).abs().max().item() <= 2e-5 * ref.abs().max().item()
     assert handle.report.fp16_calls == handle.report.total_calls == 2 * 2 * 2
 
@@ -264,3 +267,15 @@ def test_compile_argument_is_checked():
         compile_options({"modee": "x"})
     with pytest.raises(ValueError, match="compile: expected True, False or a dict"):
         compile_options("yes")
+
+
+def test_apply_under_inference_mode_then_a_no_grad_run_counts(tiny):
+    """The counters are normal tensors even when apply runs under inference_mode (pipelines use no_grad)."""
+    pipe = tiny("wan", num_layers=2)
+    with torch.inference_mode():
+        handle = apply(pipe, RotvidConfig(recipe="fp16"))
+    try:
+        run(pipe, "wan", steps=1)
+    finally:
+        remove(pipe)
+    assert handle.report.fp16_calls == 1 * 2 * 2
