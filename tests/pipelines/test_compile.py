@@ -279,3 +279,29 @@ def test_apply_under_inference_mode_then_a_no_grad_run_counts(tiny):
     finally:
         remove(pipe)
     assert handle.report.fp16_calls == 1 * 2 * 2
+
+
+def test_compile_true_compiles_both_experts_of_wan22(tiny):
+    pipe = tiny("wan2.2", num_layers=2)
+    cfg = RotvidConfig(recipe="int4", backend="reference", schedule=MIXED)
+    apply(pipe, cfg)
+    try:
+        ref = run(pipe, "wan2.2", steps=4)
+    finally:
+        remove(pipe)
+    counter = GraphCounter()
+    handle = apply(pipe, cfg, compile={"backend": counter})
+    try:
+        assert handle.compiled == ["transformer", "transformer_2"]
+        assert all(t._compiled_call_impl is not None for t in (pipe.transformer, pipe.transformer_2))
+        out = run(pipe, "wan2.2", steps=4)
+        forwards = dict(handle.tracker.forwards_per_step)
+    finally:
+        remove(pipe)
+    assert all(t._compiled_call_impl is None for t in (pipe.transformer, pipe.transformer_2))
+    assert torch.equal(out, ref)
+    # Boundary 0.875: transformer runs steps 0-1, transformer_2 steps 2-3 (cond + uncond each).
+    assert forwards == {0: {"transformer": 2}, 1: {"transformer": 2}, 2: {"transformer_2": 2}, 3: {"transformer_2": 2}}
+    # One graph per (expert, plan): transformer all-FP16 (step 0) and mixed (1); transformer_2
+    # mixed (2) and all-FP16 (3).
+    assert counter.graphs == 4
