@@ -55,7 +55,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rotvid import kernels  # noqa: E402
-from rotvid.pipelines import RotvidConfig, Schedule, apply, expected_quantized_fraction, remove, schedule_preset  # noqa: E402,E501
+from rotvid.pipelines import (  # noqa: E402
+    RotvidConfig, Schedule, apply, expected_quantized_fraction, remove, schedule_preset,
+)
 from rotvid.pipelines.compiling import compile_transformers, uncompile_transformers  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -259,7 +261,8 @@ def sdpa_row(model, inputs, timer: RowTimer) -> dict:
         ms, peak, cs = timer.measure(model, inputs)
     finally:
         uncompile_transformers({"transformer": model}, compiled)
-    name = "bf16 SDPA" if timer.setup.dtype == torch.bfloat16 else f"{str(timer.setup.dtype).removeprefix('torch.')} SDPA"
+    dtype = str(timer.setup.dtype).removeprefix("torch.")
+    name = "bf16 SDPA" if timer.setup.dtype == torch.bfloat16 else f"{dtype} SDPA"
     return dict(method=name, ms=ms, peak=peak, compile_s=cs, note="")
 
 
@@ -319,7 +322,9 @@ def sage_row(model, inputs, timer: RowTimer, sage) -> dict:
     for attn, _ in originals:
         attn.set_processor(SageSelfAttention(sage))
     # Not fullgraph: the extension call is opaque to dynamo (a graph break around each call).
-    compiled = compile_transformers({"transformer": model}, timer.compile_options(fullgraph=False)) if timer.compiled else []
+    compiled = []
+    if timer.compiled:
+        compiled = compile_transformers({"transformer": model}, timer.compile_options(fullgraph=False))
     try:
         ms, peak, cs = timer.measure(model, inputs)
     finally:
@@ -401,9 +406,10 @@ def markdown(results: list[tuple[Setup, list[dict]]], args) -> str:
             vs_eager = None if r["ms"] is None or eager_base is None else eager_base / r["ms"]
             vs_mode = None if r["ms"] is None else base / r["ms"]
             cs = r["compile_s"] if r["mode"] == "compiled" else None
+            ratios = [_fmt(x, ".3f") + ("×" if x is not None else "") for x in (vs_eager, vs_mode)]
             lines.append(
-                f"| {r['mode']} | {r['method']} | {_fmt(r['ms'], '.1f')} | {_fmt(vs_eager, '.3f')}{'×' if vs_eager else ''} "
-                f"| {_fmt(vs_mode, '.3f')}{'×' if vs_mode else ''} | {_fmt(r['peak'], '.1f')} | {_fmt(cs, '.1f')} | {r['note']} |"
+                f"| {r['mode']} | {r['method']} | {_fmt(r['ms'], '.1f')} | {ratios[0]} | {ratios[1]} "
+                f"| {_fmt(r['peak'], '.1f')} | {_fmt(cs, '.1f')} | {r['note']} |"
             )
         lines.append("")
         for mode in args.modes:

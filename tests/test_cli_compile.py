@@ -59,7 +59,9 @@ def test_generate_compile_equals_eager_and_says_it_compiles(tiny_wan, tmp_path, 
     assert side_c["run_report"] == side_e["run_report"]
 
 
-def test_eval_compile_generates_compiled_and_needs_the_generating_form(tiny_wan, tmp_path, counting_compile):  # noqa: F811
+def test_eval_compile_generates_compiled_and_needs_the_generating_form(
+    tiny_wan, tmp_path, counting_compile,  # noqa: F811
+):
     pf = tmp_path / "prompts.txt"
     pf.write_text("a red cat runs\n")
     out = tmp_path / "ev"

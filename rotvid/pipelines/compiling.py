@@ -42,7 +42,9 @@ def compile_options(compile) -> dict | None:
     if isinstance(compile, dict):
         unknown = sorted(set(compile) - set(_OPTION_KEYS))
         if unknown:
-            raise ValueError(f"compile: unknown torch.compile options {unknown}; expected a subset of {list(_OPTION_KEYS)}")
+            raise ValueError(
+                f"compile: unknown torch.compile options {unknown}; expected a subset of {list(_OPTION_KEYS)}"
+            )
         return {"fullgraph": True, **compile}
     raise ValueError(f"compile: expected True, False or a dict of torch.compile options, got {compile!r}")
 

@@ -22,15 +22,16 @@ reason (``schedule: first 2 steps``, ...) is attached when the counts are draine
 at every step change, before the plan changes. ``torch.compile`` therefore guards on the
 plan's booleans, not on the step: a run compiles one graph per *distinct* plan — two for the
 paper's presets (every block FP16 in the steps at either end; the mixed steps), one for
-``recipe="fp16"`` or a schedule without FP16 steps — and reuses it for every step with that plan. (A hand-made ``fp16_cells`` table that differs at every
-step compiles one graph per distinct step; past ``torch._dynamo.config.recompile_limit`` dynamo
-stops compiling those steps.)
+``recipe="fp16"`` or a schedule without FP16 steps — and reuses it for every step with that
+plan. (A hand-made ``fp16_cells`` table that differs at every step compiles one graph per
+distinct step; past ``torch._dynamo.config.recompile_limit`` dynamo stops compiling those steps.)
 
 The shape-, dtype- and backend-dependent checks of step 2 are decided while tracing (the graph
 is specialized on them anyway). The mask check depends on the mask's values: in eager mode it is
 decided on the host; under ``torch.compile`` it becomes a device-side flag, the two paths are
 joined by ``torch.cond`` and both outcomes are counted with the flag, so a fallback is still
-counted and never silent.
+counted and never silent. (``torch.cond`` reads the flag on the host when it runs: one sync per
+masked quantized call — HunyuanVideo's text padding — and no CUDA graph around it.)
 """
 
 from __future__ import annotations

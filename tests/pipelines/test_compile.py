@@ -120,7 +120,8 @@ def test_compiled_run_equals_eager_with_one_graph_per_plan_and_the_same_report(t
     assert counter.graphs == 2  # the second run reuses both graphs
     assert report == ref_report and forwards == ref_forwards
     assert report["quantized_calls"] > 0 and report["fp16_calls"] > 0
-    assert set(report["fp16_reasons"]) == {"schedule: first 1 steps", "schedule: last 1 steps", "schedule: first 1 blocks"}
+    reasons = {"schedule: first 1 steps", "schedule: last 1 steps", "schedule: first 1 blocks"}
+    assert set(report["fp16_reasons"]) == reasons
 
 
 def test_graph_count_is_the_number_of_distinct_plans(tiny):
