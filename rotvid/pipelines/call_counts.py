@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-__all__ = ["COUNTS_BUFFER", "SLOTS_PER_SITE", "OUTCOMES", "SiteCounters", "outcome_slot"]
+__all__ = ["COUNTS_BUFFER", "PLANNED_BUFFER", "SLOTS_PER_SITE", "OUTCOMES", "SiteCounters", "outcome_slot"]
 
 COUNTS_BUFFER = "rotvid_call_counts"
+# The site's entry of the current plan as data (True: FP16), for schedules with many distinct plans.
+PLANNED_BUFFER = "rotvid_fp16_planned"
 # Distinct (outcome, detail) pairs one self-attention can record: a few schedule reasons, one
 # backend, a few fallback reasons. Exceeding it is an error, not a silent drop.
 SLOTS_PER_SITE = 32
@@ -42,6 +44,9 @@ OUTCOMES = ("quantized", "fp16", "fallback")
 @dataclass
 class SiteCounters:
     """The counter tensor of one self-attention and the meaning of its slots.
+
+    Also holds the site's planned-FP16 flag (a 0-d bool buffer, :data:`PLANNED_BUFFER`), which the
+    runtime sets at each step when the plan is passed to the graph as data.
 
     Attributes:
         key: the site's report key (``"<transformer>/<global block>"``).
@@ -62,12 +67,22 @@ class SiteCounters:
         # A normal tensor even when apply runs under inference_mode: the pipeline (no_grad) updates it.
         with torch.inference_mode(False):
             counts = torch.zeros(SLOTS_PER_SITE, dtype=torch.int64, device=device)
+            planned = torch.zeros((), dtype=torch.bool, device=device)
         module.register_buffer(COUNTS_BUFFER, counts, persistent=False)
+        module.register_buffer(PLANNED_BUFFER, planned, persistent=False)
         return cls(key, module)
 
     def uninstall(self) -> None:
-        if COUNTS_BUFFER in self.module._buffers:
-            del self.module._buffers[COUNTS_BUFFER]
+        for name in (COUNTS_BUFFER, PLANNED_BUFFER):
+            self.module._buffers.pop(name, None)
+
+    @property
+    def planned(self) -> torch.Tensor:
+        """0-d bool: the plan keeps this site in FP16 at the current step (set outside the graph)."""
+        return getattr(self.module, PLANNED_BUFFER)
+
+    def set_planned(self, fp16: bool) -> None:
+        self.planned.fill_(fp16)
 
     @property
     def counts(self) -> torch.Tensor:

@@ -23,8 +23,16 @@ at every step change, before the plan changes. ``torch.compile`` therefore guard
 plan's booleans, not on the step: a run compiles one graph per *distinct* plan — two for the
 paper's presets (every block FP16 in the steps at either end; the mixed steps), one for
 ``recipe="fp16"`` or a schedule without FP16 steps — and reuses it for every step with that
-plan. (A hand-made ``fp16_cells`` table that differs at every step compiles one graph per
-distinct step; past ``torch._dynamo.config.recompile_limit`` dynamo stops compiling those steps.)
+plan.
+
+A schedule with more than :data:`MAX_PLANS_PER_RUN` distinct plans in a run (a calibrated
+``fp16_cells`` table that differs from step to step) would compile that many graphs — and fail
+at ``torch._dynamo.config.recompile_limit`` under ``fullgraph=True``. For such a run the plan
+goes to the graph *as data* instead: each site's entry is a 0-d bool buffer on its attention
+module, set outside the graph at every step, and the call chooses FP16 or the quantized recipe
+with ``torch.cond`` on it (counting both outcomes with the flag). One graph serves every step;
+the price is the flag's host read at each call (a sync on a GPU) and no CUDA graphs around those
+calls. Which way a run goes is decided when it begins (:attr:`Runtime.plan_as_data`) and logged.
 
 The shape-, dtype- and backend-dependent checks of step 2 are decided while tracing (the graph
 is specialized on them anyway). The mask check depends on the mask's values: in eager mode it is
@@ -36,11 +44,11 @@ masked quantized call — HunyuanVideo's text padding — and no CUDA graph arou
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-
 from torch import nn
 
 import rotvid.kernels as kernels
@@ -52,6 +60,10 @@ from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
 
 __all__ = ["AttentionSite", "Runtime", "key_padding_lengths", "key_padding_lengths_on_device"]
 
+logger = logging.getLogger(__name__)
+
+# Above this many distinct plans in a run, compiled graphs read the plan as data (module docstring).
+MAX_PLANS_PER_RUN = 4
 PLANNED = "planned"  # an FP16 call of the schedule, counted without its reason (see the module docstring)
 MASK_NOT_PADDING = (
     "attention mask is not a key-padding mask with at least one valid key per batch row "
@@ -167,7 +179,11 @@ class Runtime:
         # {transformer: (FP16 reason or None, per block)}: the reasons behind self.plan.
         self.plan_reasons: dict[str, tuple[str | None, ...]] = {}
         self.plan_problem: str = "rotvid: the denoising step is unknown"
+        self.step_known = False
+        # True: compiled graphs read each site's planned-FP16 flag buffer instead of self.plan.
+        self.plan_as_data = False
         self._interned: dict[tuple, tuple] = {}
+        self._run_plans: tuple | None = None  # (num_steps, number of sites, [(plan, reasons) per step])
         tracker.add_listener(self._on_step_change)
         self.refresh_plan()
         # Import the optional kernel backends now, not on the first call (inside a compiled graph).
@@ -180,6 +196,7 @@ class Runtime:
         self.counters[site.key] = SiteCounters.install(site.key, attn)
         if rotator is not None and all(r is not rotator for r in self.rotators):
             self.rotators.append(rotator)
+        self._run_plans = None
         self.refresh_plan()
 
     def remove_sites(self) -> None:
@@ -193,7 +210,8 @@ class Runtime:
         self.tracker.remove_listener(self._on_step_change)
 
     def refresh_plan(self) -> None:
-        """Recompute :attr:`plan` from the tracker's current step (never called inside the graph)."""
+        """Set :attr:`plan` for the tracker's current step (never called inside the graph)."""
+        self.step_known = False
         if self.config.recipe == "fp16":
             self.plan, self.plan_reasons = None, {}  # every call: "recipe fp16", no step needed
             return
@@ -202,6 +220,22 @@ class Runtime:
         except StepUnknownError as err:
             self.plan, self.plan_reasons, self.plan_problem = None, {}, str(err)
             return
+        if self._run_plans is None or self._run_plans[:2] != (num_steps, len(self.sites)):
+            plans = [self._plan_at(s, num_steps) for s in range(num_steps)]
+            self._run_plans = (num_steps, len(self.sites), plans)
+            distinct = len({id(plan) for plan, _ in plans})
+            self.plan_as_data = distinct > MAX_PLANS_PER_RUN
+            if self.plan_as_data:
+                logger.info("rotvid: %d distinct plans in this %d-step run (> %d): compiled graphs read the plan "
+                            "as data", distinct, num_steps, MAX_PLANS_PER_RUN)
+        self.plan, self.plan_reasons = self._run_plans[2][step]
+        self.step_known = True
+        if self.plan_as_data:
+            for site in self.sites:
+                self.counters[site.key].set_planned(self.plan[site.transformer][site.block])
+
+    def _plan_at(self, step: int, num_steps: int) -> tuple[dict, dict]:
+        """(interned plan, reasons) of ``step``."""
         sched = self.config.schedule
         per: dict[str, list[str | None]] = {}
         for site in self.sites:
@@ -215,8 +249,7 @@ class Runtime:
             key = tuple(r is not None for r in reasons)
             plan[name] = self._interned.setdefault(key, key)
         key = ("plan",) + tuple(sorted(plan.items()))
-        self.plan = self._interned.setdefault(key, plan)
-        self.plan_reasons = {name: tuple(reasons) for name, reasons in per.items()}
+        return self._interned.setdefault(key, plan), {name: tuple(reasons) for name, reasons in per.items()}
 
     def _on_step_change(self, phase: str) -> None:
         if phase == "leave":
@@ -296,23 +329,28 @@ class Runtime:
             for observer in self.observers:
                 observer(site, step, num_steps, q, k, v, obs_kv_lens, fp16_attention)
         counters = self.counters[site.key]
-        reason = self.planned_fp16(site)
-        if reason is not None:
-            counters.add("fp16", reason)
-            return fp16_attention()
+        # ``run``: None, or a 0-d bool the device decides with (the quantized path is taken where True).
+        run = None
+        if compiling and self.plan_as_data and self.config.recipe != "fp16":
+            if not self.step_known:
+                raise StepUnknownError(self.plan_problem)
+            planned = counters.planned
+            counters.add("fp16", PLANNED, planned)
+            run = ~planned
+        else:
+            reason = self.planned_fp16(site)
+            if reason is not None:
+                counters.add("fp16", reason)
+                return fp16_attention()
         ok = None
         if compiling and mask is not None:
             kv_lens, ok, problem = key_padding_lengths_on_device(mask, k.shape[0], k.shape[2])
         else:
             kv_lens, problem = self.kv_lens_for(mask, k.shape[0], k.shape[2])
-        if problem is not None:
-            counters.add("fallback", problem)
-            return fp16_attention()
         cfg = self.config
         opts = dict(
             recipe=cfg.recipe,
             layout="BHND",
-            kv_lens=kv_lens,
             sm_scale=None,
             smooth_k=cfg.smooth_k,
             smooth_q=cfg.smooth_q,
@@ -320,24 +358,32 @@ class Runtime:
             block_m=cfg.block_m,
             block_n=cfg.block_n,
         )
-        try:
-            validate_attention_inputs(
-                q, k, v, recipe=cfg.recipe, layout="BHND", kv_lens=kv_lens, block_m=cfg.block_m, block_n=cfg.block_n
-            )
-            backend, why = kernels.select_backend(q, k, v, backend=cfg.backend, **opts)
-        except ValueError as e:
-            counters.add("fallback", "kernel cannot take this call: " + e.args[0])
+        if problem is None:
+            try:
+                validate_attention_inputs(
+                    q, k, v, recipe=cfg.recipe, layout="BHND", kv_lens=kv_lens, block_m=cfg.block_m,
+                    block_n=cfg.block_n,
+                )
+                backend, why = kernels.select_backend(q, k, v, backend=cfg.backend, kv_lens=kv_lens, **opts)
+            except ValueError as e:
+                problem = "kernel cannot take this call: " + e.args[0]
+        if problem is not None:
+            counters.add("fallback", problem, 1 if run is None else run)
             return fp16_attention()
-        if ok is None:
+        if run is None and ok is None:
             counters.add("quantized", why)
-            return kernels.attention(q, k, v, backend=backend.name, **opts)
-        # Compiled, with a mask: the device decides between the two paths, and counts both ways.
-        counters.add("quantized", why, ok)
-        counters.add("fallback", MASK_NOT_PADDING, ~ok)
-        del opts["kv_lens"]
-        return torch.cond(
-            ok,
-            lambda q, k, v, lens: kernels.attention(q, k, v, backend=backend.name, kv_lens=lens, **opts),
-            lambda q, k, v, lens: fp16_attention(),
-            (q, k, v, kv_lens),
-        )
+            return kernels.attention(q, k, v, backend=backend.name, kv_lens=kv_lens, **opts)
+        # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.
+        take = run if ok is None else (ok if run is None else run & ok)
+        counters.add("quantized", why, take)
+        if ok is not None:
+            counters.add("fallback", MASK_NOT_PADDING, ~ok if run is None else run & ~ok)
+        operands = (q, k, v) if kv_lens is None else (q, k, v, kv_lens)
+
+        def quantized(q, k, v, *lens):
+            return kernels.attention(q, k, v, backend=backend.name, kv_lens=lens[0] if lens else None, **opts)
+
+        def fp16(q, k, v, *lens):
+            return fp16_attention()
+
+        return torch.cond(take, quantized, fp16, operands)

@@ -140,6 +140,38 @@ def test_graph_count_is_the_number_of_distinct_plans(tiny):
     assert handle.report.fp16_reasons == {"schedule: first 1 steps": 4 * 2, "schedule: table": 2}
 
 
+@pytest.mark.parametrize("family", ["hunyuan_video", "cogvideox"])
+def test_a_table_with_many_distinct_plans_reads_the_plan_as_data_in_one_graph(tiny, family):
+    """A calibrated-style table whose FP16 blocks change every step: 8 distinct plans in 8 steps.
+
+    One graph per plan would hit dynamo's recompile limit (8) and fail under fullgraph; the plan
+    goes to the graph as data instead (one graph), with the same output and counts as eager.
+    HunyuanVideo also has its text-padding mask checked on the device in the same torch.cond.
+    """
+    pipe = tiny(family)
+    steps = 8
+    cells = tuple((s, b) for s in range(steps) for b in range(4) if (s + 1) >> b & 1)  # block b FP16: bit b of s+1
+    cfg = RotvidConfig(recipe="int4", backend="reference", schedule=Schedule(fp16_cells=cells))
+    handle = apply(pipe, cfg)
+    try:
+        ref = run(pipe, family, steps)
+        ref_report = handle.report.to_dict()
+    finally:
+        remove(pipe)
+    counter = GraphCounter()
+    handle = apply(pipe, cfg, compile={"backend": counter})
+    try:
+        out = run(pipe, family, steps)
+        assert handle.runtime.plan_as_data
+    finally:
+        remove(pipe)
+    assert counter.graphs == 1
+    assert torch.equal(out, ref)
+    report = handle.report.to_dict()
+    assert report == ref_report
+    assert report["fp16_reasons"] == {"schedule: table": sum(bin(s + 1).count("1") for s in range(steps))}
+
+
 def test_aot_eager_with_a_mask_equals_eager(tiny):
     """HunyuanVideo passes a text-padding mask: under compile it takes the torch.cond path."""
     pipe = tiny("hunyuan_video")
