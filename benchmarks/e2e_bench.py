@@ -1,30 +1,41 @@
-"""End-to-end benchmark: one Wan2.1-1.3B transformer forward at 480p / 81 frames, bf16 SDPA vs rotvid.
+"""End-to-end benchmark: Wan transformer forwards, eager and ``torch.compile``, bf16 SDPA vs rotvid.
 
-Speed does not depend on the weights' values, so the full-size architecture is built with random
-weights (``WanTransformer3DModel`` with the released Wan2.1-T2V-1.3B config: 30 blocks, 12 heads
-of 128, ffn 8960, text_dim 4096) and fed random inputs of the real shapes: latents
-[1, 16, 21, 60, 104] (480x832, 81 frames -> 21 x 30 x 52 = 32760 video tokens) and a 512-token
-UMT5 text embedding.
+Speed does not depend on the weights' values, so full-size architectures are built with random
+weights and fed random inputs of the real shapes:
 
-Rows (median of CUDA-event timings after warm-up, same process):
+* ``wan2.1-1.3b 480p`` — ``WanTransformer3DModel`` with the released Wan2.1-T2V-1.3B config (30
+  blocks, 12 heads of 128, ffn 8960, text_dim 4096); latents [1, 16, 21, 60, 104] (480x832, 81
+  frames -> 32760 video tokens) and a 512-token UMT5 text embedding;
+* ``wan14b 720p slice`` — a slice of ``--slice-layers`` blocks (default 4) of the Wan2.1/2.2-14B
+  config (40 heads of 128 = 5120 wide, ffn 13824); latents [1, 16, 21, 90, 160] (720x1280, 81
+  frames -> 75600 video tokens). The slice stands for middle blocks: the paper schedule's block
+  rule (first/last 2 blocks FP16) is left out there, its step rule kept.
+
+Rows, each in ``eager`` and ``compiled`` mode (``torch.compile(fullgraph=True)``, ``--compile-mode``;
+rotvid compiled through ``apply(model, config, compile=...)``):
 
 * ``bf16 SDPA`` — the untouched transformer (diffusers' own attention);
-* ``rotvid fp16 step`` — rotvid applied (half rotation + V/O Hadamard), a step the schedule keeps
-  in FP16 (every block runs SDPA on the rotated tensors: the cost of rotvid's Q/K path alone);
-* ``rotvid mixed step`` — a middle step of the paper's Wan T2V schedule (FP16 for the first and last
-  2 steps and blocks): blocks 2..27 run the quantized recipe on the ``cuda`` backend.
+* ``rotvid int4, all calls`` — the default recipe (``RotvidConfig()``: int4, half rotation, V/O
+  Hadamard) with schedule ``none``: every self-attention call quantized;
+* ``rotvid int4, paper schedule`` — ``--schedule`` (default the paper's Wan T2V one): the time of a
+  forward averaged over the ``--steps`` steps of a run (FP16 steps and mixed steps each timed);
+* ``SageAttention2-8b`` — ``sageattn_qk_int8_pv_fp8_cuda_sm90`` on every self-attention call,
+  when the ``sageattention`` package can be imported (never a dependency). Its compiled row is
+  not fullgraph (the extension is opaque to dynamo).
 
-The 50-step estimate multiplies per-step transformer time by 2 forwards (cond + uncond) and the
-schedule's step counts (2 + 2 FP16 steps, 46 mixed); VAE and text encoder are not included.
-Peak GPU memory is ``torch.cuda.max_memory_allocated`` during each row's forwards.
+Columns: median ms per forward (CUDA events, after warm-up, same process), ratio to the eager and
+to the same-mode SDPA row, peak GPU memory (``torch.cuda.max_memory_allocated`` during the timed
+forwards), and compile time (first forward(s) of a compiled row minus its steady forward time; one
+first forward per distinct plan). The N-step estimate multiplies per-forward times by 2 forwards
+(cond + uncond); VAE and text encoder are not included.
 
-When the CUDA kernel cannot run the shape (not built yet, no nvcc, unsupported GPU), the rotvid
-mixed row is left empty with the dispatcher's reason — the PyTorch reference is an exact model of
-the kernels, not a fast path — unless ``--allow-reference`` is given.
+When the CUDA kernel cannot run the shape (not built, no nvcc, unsupported GPU), the rotvid rows
+are left empty with the dispatcher's reason — the PyTorch reference is an exact model of the
+kernels, not a fast path — unless ``--allow-reference`` is given.
 
-    python benchmarks/e2e_bench.py                       # full size on a GPU, appends to benchmarks/RESULTS.md
-    python benchmarks/e2e_bench.py --no-append
-    python benchmarks/e2e_bench.py --tiny                # CPU smoke run (tiny model, reference backend)
+    python benchmarks/e2e_bench.py                       # both setups, eager + compiled; appends to RESULTS.md
+    python benchmarks/e2e_bench.py --setups wan2.1-1.3b-480p --modes compiled --no-append
+    python benchmarks/e2e_bench.py --tiny --modes eager  # CPU smoke run (tiny model, reference backend)
 """
 
 from __future__ import annotations
@@ -44,7 +55,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rotvid import kernels  # noqa: E402
-from rotvid.pipelines import RotvidConfig, apply, remove, schedule_preset  # noqa: E402
+from rotvid.pipelines import (  # noqa: E402
+    RotvidConfig, Schedule, apply, expected_quantized_fraction, remove, schedule_preset,
+)
+from rotvid.pipelines.compiling import compile_transformers, uncompile_transformers  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -53,11 +67,18 @@ WAN21_13B = dict(
     text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", eps=1e-6,
 )
+WAN_14B = dict(
+    patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6,
+)
 TINY = dict(
     patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64, in_channels=4, out_channels=4,
     text_dim=32, freq_dim=32, ffn_dim=64, num_layers=6, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
     eps=1e-6, rope_max_seq_len=64,
 )
+SETUPS = ("wan2.1-1.3b-480p", "wan14b-720p-slice")
+MODES = ("eager", "compiled")
 
 
 @dataclass(frozen=True)
@@ -70,10 +91,17 @@ class Setup:
     dtype: torch.dtype
     steps: int = 50
     forwards_per_step: int = 2  # classifier-free guidance: cond + uncond
+    middle_slice: bool = False  # a slice of middle blocks: no block rule in the schedule
 
 
-def full_setup(steps: int) -> Setup:
-    return Setup("wan2.1-1.3b 480p 81f", WAN21_13B, (1, 16, 21, 60, 104), 512, "cuda", torch.bfloat16, steps)
+def make_setup(name: str, steps: int, slice_layers: int) -> Setup:
+    if name == "wan2.1-1.3b-480p":
+        return Setup("wan2.1-1.3b 480p 81f", WAN21_13B, (1, 16, 21, 60, 104), 512, "cuda", torch.bfloat16, steps)
+    if name == "wan14b-720p-slice":
+        cfg = dict(WAN_14B, num_layers=slice_layers)
+        return Setup(f"wan 14B 720p 81f, {slice_layers}-block slice", cfg, (1, 16, 21, 90, 160), 512, "cuda",
+                     torch.bfloat16, steps, middle_slice=True)
+    raise ValueError(f"--setups: expected names among {', '.join(SETUPS)}, got {name!r}")
 
 
 def tiny_setup(steps: int) -> Setup:
@@ -109,6 +137,16 @@ def build(setup: Setup, seed: int):
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def first_forward_s(model, inputs, device: str) -> float:
+    """Seconds of one forward from cold (for a compiled model: tracing and code generation included)."""
+    with torch.inference_mode():
+        sync(device)
+        t0 = time.perf_counter()
+        model(**inputs)
+        sync(device)
+    return time.perf_counter() - t0
 
 
 def time_forward(model, inputs, device: str, warmup: int, iters: int) -> tuple[float, float | None]:
@@ -150,60 +188,175 @@ def kernel_probe(setup: Setup, recipe: str, backend: str) -> tuple[str, str]:
     return chosen.name, why
 
 
-def run(args) -> tuple[list[dict], Setup, dict]:
-    setup = tiny_setup(args.steps) if args.tiny else full_setup(args.steps)
-    if setup.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("e2e_bench: the full-size run needs a CUDA GPU (use --tiny for a CPU smoke run)")
-    backend = "reference" if args.tiny and setup.device == "cpu" else args.backend
-    model, inputs = build(setup, args.seed)
-    schedule = schedule_preset(args.schedule)
+# ---- SageAttention2-8b (optional peer; never a dependency) -------------------------------------
+
+
+def sage_function():
+    """``sageattn_qk_int8_pv_fp8_cuda_sm90`` if the ``sageattention`` package imports, else None."""
+    try:
+        from sageattention import sageattn_qk_int8_pv_fp8_cuda_sm90
+    except ImportError:
+        return None
+    return sageattn_qk_int8_pv_fp8_cuda_sm90
+
+
+class SageSelfAttention:
+    """Wan self-attention (``attn1``) with SageAttention2-8b in place of SDPA; the rest as diffusers."""
+
+    def __init__(self, sage):
+        self.sage = sage
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        from rotvid.rope.tables import apply_rope_interleaved
+
+        q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1)).transpose(1, 2)
+        k = attn.norm_k(attn.to_k(hidden_states)).unflatten(2, (attn.heads, -1)).transpose(1, 2)
+        v = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1)).transpose(1, 2)
+        if rotary_emb is not None:
+            q, k = apply_rope_interleaved(q, *rotary_emb), apply_rope_interleaved(k, *rotary_emb)
+        out = self.sage(q.contiguous(), k.contiguous(), v.contiguous(), tensor_layout="HND",
+                        qk_quant_gran="per_thread", pv_accum_dtype="fp32+fp32")
+        out = out.transpose(1, 2).flatten(2, 3).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+# ---- rows -------------------------------------------------------------------------------------
+
+
+def paper_schedule(setup: Setup, name: str) -> Schedule:
+    sched = schedule_preset(name)
+    if setup.middle_slice:
+        return Schedule(sched.fp16_first_steps, sched.fp16_last_steps, 0, 0, name=f"{name}, steps only (slice)")
+    return sched
+
+
+def step_mix(schedule: Schedule, steps: int) -> tuple[int, int]:
+    """(FP16 steps, mixed steps) of a run: the steps every block runs FP16, and the others."""
+    fp16 = sum(1 for s in range(steps) if s < schedule.fp16_first_steps or s >= steps - schedule.fp16_last_steps)
+    return fp16, steps - fp16
+
+
+class RowTimer:
+    """Times one row in one mode; ``compiled`` rows also report their compile time."""
+
+    def __init__(self, setup: Setup, args, compiled: bool):
+        self.setup, self.args, self.compiled = setup, args, compiled
+
+    def measure(self, model, inputs) -> tuple[float, float | None, float]:
+        """(ms, peak GB, compile s): the first forward is timed apart (the compile for a compiled row)."""
+        first = first_forward_s(model, inputs, self.setup.device)
+        ms, peak = time_forward(model, inputs, self.setup.device, self.args.warmup, self.args.iters)
+        return ms, peak, max(0.0, first - ms / 1e3) if self.compiled else 0.0
+
+    def compile_options(self, fullgraph: bool = True) -> dict:
+        opts = {"fullgraph": fullgraph}
+        if self.args.compile_mode != "default":
+            opts["mode"] = self.args.compile_mode
+        return opts
+
+
+def sdpa_row(model, inputs, timer: RowTimer) -> dict:
+    compiled = compile_transformers({"transformer": model}, timer.compile_options()) if timer.compiled else []
+    try:
+        ms, peak, cs = timer.measure(model, inputs)
+    finally:
+        uncompile_transformers({"transformer": model}, compiled)
+    dtype = str(timer.setup.dtype).removeprefix("torch.")
+    name = "bf16 SDPA" if timer.setup.dtype == torch.bfloat16 else f"{dtype} SDPA"
+    return dict(method=name, ms=ms, peak=peak, compile_s=cs, note="")
+
+
+def rotvid_rows(model, inputs, timer: RowTimer, backend: str, available: str | None) -> list[dict]:
+    """``rotvid int4, all calls`` and ``rotvid int4, paper schedule`` (None ms when no kernel runs)."""
+    setup, args = timer.setup, timer.args
     num_blocks = setup.config["num_layers"]
+    methods = ("rotvid int4, all calls", "rotvid int4, paper schedule")
+    if available is not None:
+        return [dict(method=m, ms=None, peak=None, compile_s=None, note=f"CUDA kernel not available ({available})")
+                for m in methods]
+    compile_arg = timer.compile_options() if timer.compiled else False
     rows = []
-
-    ms, peak = time_forward(model, inputs, setup.device, args.warmup, args.iters)
-    rows.append(dict(method="bf16 SDPA" if setup.dtype == torch.bfloat16 else f"{setup.dtype} SDPA", ms=ms, peak=peak, note=""))
-
-    # Which backend runs the quantized blocks: the CUDA kernel if it takes this shape, else
-    # (only when asked, or for --tiny) the PyTorch reference, else nothing (row left empty).
-    name, why = kernel_probe(setup, args.recipe, backend)
-    run_mixed = name == "cuda" or args.tiny or args.allow_reference
-    effective = backend if name == "cuda" else "reference"
-    cfg = RotvidConfig(recipe=args.recipe, rotation=args.rotation, vo_hadamard=True, backend=effective, schedule=schedule)
-    handle = apply(model, cfg)
+    # Every call quantized: the default recipe, schedule none (one plan, one graph).
+    cfg = RotvidConfig(recipe=args.recipe, rotation=args.rotation, backend=backend, schedule="none")
+    handle = apply(model, cfg, compile=compile_arg)
+    try:
+        handle.tracker.begin(setup.steps)
+        handle.tracker.set_step(setup.steps // 2)
+        ms, peak, cs = timer.measure(model, inputs)
+        rep = handle.report
+        per_fwd = round(rep.quantized_calls / max(1, rep.total_calls) * num_blocks)
+        note = f"{args.recipe} on {per_fwd}/{num_blocks} blocks, backend {', '.join(sorted(rep.backends)) or 'none'}"
+        if rep.fallbacks:
+            note += f"; FALLBACKS: {rep.fallbacks}"
+        rows.append(dict(method=methods[0], ms=ms, peak=peak, compile_s=cs, note=note))
+    finally:
+        remove(model)
+    # The paper schedule: an FP16 step and a mixed step (two plans, two graphs), weighted by the run.
+    sched = paper_schedule(setup, args.schedule)
+    fp16_steps, mixed_steps = step_mix(sched, setup.steps)
+    handle = apply(model, RotvidConfig(recipe=args.recipe, rotation=args.rotation, backend=backend, schedule=sched),
+                   compile=compile_arg)
     try:
         handle.tracker.begin(setup.steps)
         handle.tracker.set_step(0)
-        ms, peak = time_forward(model, inputs, setup.device, args.warmup, args.iters)
-        rows.append(dict(method="rotvid fp16 step", ms=ms, peak=peak, note=f"{args.rotation} rotation + V/O Hadamard, SDPA"))
-        if not run_mixed:
-            rows.append(dict(method="rotvid mixed step", ms=None, peak=None,
-                             note=f"CUDA kernel not available ({why}); row left for it"))
-        else:
-            handle.tracker.set_step(setup.steps // 2)
-            handle.reset_report()
-            ms, peak = time_forward(model, inputs, setup.device, args.warmup, args.iters)
-            rep = handle.report
-            per_fwd_q = rep.quantized_calls / max(1, rep.total_calls) * num_blocks
-            used = ", ".join(sorted(rep.backends)) or "none"
-            rows.append(dict(method="rotvid mixed step", ms=ms, peak=peak,
-                             note=f"{args.recipe} on {int(round(per_fwd_q))}/{num_blocks} blocks, backend {used}"))
-            if rep.fallbacks:
-                rows[-1]["note"] += f"; FALLBACKS: {rep.fallbacks}"
+        ms_fp16, peak_fp16, cs_fp16 = timer.measure(model, inputs)
+        handle.tracker.set_step(sched.fp16_first_steps if mixed_steps else 0)
+        handle.reset_report()
+        ms_mixed, peak_mixed, cs_mixed = timer.measure(model, inputs)
+        rep = handle.report
+        per_fwd_q = round(rep.quantized_calls / max(1, rep.total_calls) * num_blocks)
     finally:
         remove(model)
+    ms = (ms_fp16 * fp16_steps + ms_mixed * mixed_steps) / setup.steps
+    peaks = [p for p in (peak_fp16, peak_mixed) if p is not None]
+    frac = expected_quantized_fraction(sched, setup.steps, (num_blocks,))
+    note = (f"{sched.name}: {fp16_steps} FP16 steps ({ms_fp16:.1f} ms) + {mixed_steps} mixed steps ({ms_mixed:.1f} ms, "
+            f"{args.recipe} on {per_fwd_q}/{num_blocks} blocks); INT4 fraction {100 * frac:.1f}%")
+    rows.append(dict(method=methods[1], ms=ms, peak=max(peaks) if peaks else None, compile_s=cs_fp16 + cs_mixed,
+                     note=note, fp16_steps=fp16_steps, mixed_steps=mixed_steps, int4_fraction=frac))
+    return rows
 
-    # 50-step estimate under the schedule.
-    fp16_steps = sum(1 for s in range(setup.steps) if s < schedule.fp16_first_steps or s >= setup.steps - schedule.fp16_last_steps)
-    mixed_steps = setup.steps - fp16_steps
-    base = rows[0]["ms"] * setup.steps * setup.forwards_per_step / 1e3
-    est = {"baseline_s": base, "fp16_steps": fp16_steps, "mixed_steps": mixed_steps}
-    if rows[2]["ms"] is not None:
-        est["rotvid_s"] = (rows[1]["ms"] * fp16_steps + rows[2]["ms"] * mixed_steps) * setup.forwards_per_step / 1e3
-        est["speedup"] = base / est["rotvid_s"]
-    from rotvid.pipelines import expected_quantized_fraction
 
-    est["int4_fraction"] = expected_quantized_fraction(schedule, setup.steps, (num_blocks,))
-    return rows, setup, est
+def sage_row(model, inputs, timer: RowTimer, sage) -> dict:
+    originals = [(blk.attn1, blk.attn1.processor) for blk in model.blocks]
+    for attn, _ in originals:
+        attn.set_processor(SageSelfAttention(sage))
+    # Not fullgraph: the extension call is opaque to dynamo (a graph break around each call).
+    compiled = []
+    if timer.compiled:
+        compiled = compile_transformers({"transformer": model}, timer.compile_options(fullgraph=False))
+    try:
+        ms, peak, cs = timer.measure(model, inputs)
+    finally:
+        uncompile_transformers({"transformer": model}, compiled)
+        for attn, proc in originals:
+            attn.set_processor(proc)
+    return dict(method="SageAttention2-8b", ms=ms, peak=peak, compile_s=cs,
+                note="sageattn_qk_int8_pv_fp8_cuda_sm90 (per_thread, fp32+fp32) on every self-attention call")
+
+
+def run_setup(setup: Setup, args) -> list[dict]:
+    """Every row of one setup, in every mode asked for (``mode`` key on each row)."""
+    backend = "reference" if setup.device == "cpu" else args.backend
+    name, why = kernel_probe(setup, args.recipe, backend)
+    available = None if name == "cuda" or args.tiny or args.allow_reference else why
+    backend = backend if name == "cuda" else "reference"
+    sage = sage_function() if setup.device == "cuda" else None
+    model, inputs = build(setup, args.seed)
+    rows = []
+    for mode in args.modes:
+        torch._dynamo.reset()  # each mode and setup compiles from scratch (no shape-generalized graphs)
+        timer = RowTimer(setup, args, compiled=mode == "compiled")
+        mode_rows = [sdpa_row(model, inputs, timer), *rotvid_rows(model, inputs, timer, backend, available)]
+        if sage is not None:
+            mode_rows.append(sage_row(model, inputs, timer, sage))
+        for r in mode_rows:
+            r["mode"] = mode
+        rows += mode_rows
+    del model, inputs
+    if setup.device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
 
 
 def device_name(setup: Setup) -> str:
@@ -223,46 +376,68 @@ def git_commit() -> str:
         return "unknown"
 
 
-def markdown(rows: list[dict], setup: Setup, est: dict, args) -> str:
+def _fmt(value, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def markdown(results: list[tuple[Setup, list[dict]]], args) -> str:
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    b, c, f, h, w = setup.latent
+    first = results[0][0]
     lines = [
-        f"### e2e_bench: {device_name(setup)}, {date}, commit {git_commit()}",
+        f"### e2e_bench: {device_name(first)}, {date}, commit {git_commit()}",
         "",
-        f"torch {torch.__version__}; {setup.name}, random weights; latents {b}x{c}x{f}x{h}x{w}, text {setup.text_len} "
-        f"tokens, {setup.dtype}; schedule {args.schedule}, rotation {args.rotation}, recipe {args.recipe}; "
-        f"median of {args.iters} forwards after {args.warmup} warm-up; ratio = SDPA time / row time (same run).",
+        f"torch {torch.__version__}; random weights; text {first.text_len} tokens, {first.dtype}; rotation "
+        f"{args.rotation}, recipe {args.recipe}, schedule {args.schedule}; compile mode {args.compile_mode}; median "
+        f"of {args.iters} forwards after {args.warmup} warm-up (and one first forward, timed apart); ratios = SDPA "
+        "time / row time (same run).",
         "",
-        "| method | ms / forward | vs SDPA | peak GB | note |",
-        "| --- | --- | --- | --- | --- |",
     ]
-    base = rows[0]["ms"]
-    for r in rows:
-        if r["ms"] is None:
-            lines.append(f"| {r['method']} | — | — | — | {r['note']} |")
-            continue
-        peak = f"{r['peak']:.1f}" if r["peak"] is not None else "—"
-        lines.append(f"| {r['method']} | {r['ms']:.1f} | {base / r['ms']:.3f}× | {peak} | {r['note']} |")
-    lines.append("")
-    line = (
-        f"{setup.steps}-step estimate (x{setup.forwards_per_step} forwards for CFG, transformer only): "
-        f"SDPA {est['baseline_s']:.1f} s"
-    )
-    if "rotvid_s" in est:
-        line += (
-            f"; rotvid {est['rotvid_s']:.1f} s ({est['fp16_steps']} FP16 + {est['mixed_steps']} mixed steps) "
-            f"= {est['speedup']:.3f}×"
-        )
-    else:
-        line += "; rotvid: — (no CUDA kernel in this run)"
-    line += f"; INT4 fraction of self-attention calls {100 * est['int4_fraction']:.1f}%."
-    lines.append(line)
-    return "\n".join(lines) + "\n"
+    for setup, rows in results:
+        b, c, f, h, w = setup.latent
+        lines += [
+            f"**{setup.name}** (latents {b}x{c}x{f}x{h}x{w})",
+            "",
+            "| mode | method | ms / forward | vs eager SDPA | vs same-mode SDPA | peak GB | compile s | note |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        eager_base = next((r["ms"] for r in rows if r["mode"] == "eager" and r["method"].endswith("SDPA")), None)
+        for r in rows:
+            base = next(x["ms"] for x in rows if x["mode"] == r["mode"] and x["method"].endswith("SDPA"))
+            vs_eager = None if r["ms"] is None or eager_base is None else eager_base / r["ms"]
+            vs_mode = None if r["ms"] is None else base / r["ms"]
+            cs = r["compile_s"] if r["mode"] == "compiled" else None
+            ratios = [_fmt(x, ".3f") + ("×" if x is not None else "") for x in (vs_eager, vs_mode)]
+            lines.append(
+                f"| {r['mode']} | {r['method']} | {_fmt(r['ms'], '.1f')} | {ratios[0]} | {ratios[1]} "
+                f"| {_fmt(r['peak'], '.1f')} | {_fmt(cs, '.1f')} | {r['note']} |"
+            )
+        lines.append("")
+        for mode in args.modes:
+            base = next(r for r in rows if r["mode"] == mode and r["method"].endswith("SDPA"))
+            paper = next(r for r in rows if r["mode"] == mode and r["method"] == "rotvid int4, paper schedule")
+            total = setup.steps * setup.forwards_per_step / 1e3
+            line = (f"{mode}: {setup.steps}-step estimate (x{setup.forwards_per_step} forwards for CFG, transformer "
+                    f"only): SDPA {base['ms'] * total:.1f} s")
+            if paper["ms"] is not None:
+                line += (f"; rotvid paper schedule {paper['ms'] * total:.1f} s ({paper['fp16_steps']} FP16 + "
+                         f"{paper['mixed_steps']} mixed steps) = {base['ms'] / paper['ms']:.3f}×; INT4 fraction of "
+                         f"self-attention calls {100 * paper['int4_fraction']:.1f}%.")
+            else:
+                line += "; rotvid: — (no CUDA kernel in this run)."
+            lines.append(line)
+        lines.append("")
+    return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> str:
+def parse_args(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU (or the GPU if present): a smoke run")
+    ap.add_argument("--setups", default=",".join(SETUPS),
+                    help=f"comma-separated full-size setups (default {','.join(SETUPS)}; ignored with --tiny)")
+    ap.add_argument("--slice-layers", type=int, default=4, help="blocks in the Wan 14B 720p slice (default 4)")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated: eager, compiled (default both)")
+    ap.add_argument("--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune"),
+                    help="torch.compile mode of the compiled rows (default: default)")
     ap.add_argument("--steps", type=int, default=50, help="denoising steps of the estimate (default 50)")
     ap.add_argument("--schedule", default="paper-wan2.2-t2v", help="schedule preset (default paper-wan2.2-t2v)")
     ap.add_argument("--rotation", default="half", help="Q/K rotation (default half)")
@@ -279,12 +454,31 @@ def main(argv: list[str] | None = None) -> str:
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error("--steps: expected a positive int")
+    if args.slice_layers < 1:
+        ap.error("--slice-layers: expected a positive int")
+    args.modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not args.modes or any(m not in MODES for m in args.modes):
+        ap.error(f"--modes: expected a comma-separated subset of {', '.join(MODES)}, got {','.join(args.modes)!r}")
+    args.setups = tuple(s.strip() for s in args.setups.split(",") if s.strip())
+    if not args.tiny and (not args.setups or any(s not in SETUPS for s in args.setups)):
+        ap.error(f"--setups: expected a comma-separated subset of {', '.join(SETUPS)}, got {','.join(args.setups)!r}")
     if args.warmup is None:
         args.warmup = 1 if args.tiny else 2
     if args.iters is None:
         args.iters = 2 if args.tiny else 5
-    rows, setup, est = run(args)
-    md = markdown(rows, setup, est, args)
+    return args
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parse_args(argv)
+    if args.tiny:
+        setups = [tiny_setup(args.steps)]
+    else:
+        setups = [make_setup(name, args.steps, args.slice_layers) for name in args.setups]
+        if not torch.cuda.is_available():
+            sys.exit("e2e_bench: the full-size run needs a CUDA GPU (use --tiny for a CPU smoke run)")
+    results = [(setup, run_setup(setup, args)) for setup in setups]
+    md = markdown(results, args)
     print(md)
     target = args.append if args.append is not None else (None if args.tiny else RESULTS)
     if target is not None and not args.no_append:

@@ -354,6 +354,8 @@ def _join_workers(gpus: int, device: str):
     worker = init_worker(gpus, device)
     atexit.register(shutdown_worker)
     return worker
+CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer(s) (fullgraph; the first "
+                                          "step of each video compiles, about two graphs per run).")]
 
 
 @app.command()
@@ -393,6 +395,7 @@ def generate(
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
     gpus: GpusOpt = 1,
+    compile: CompileOpt = False,
 ) -> None:
     """Generate video(s) with INT4 self-attention; writes an H.264 mp4 and a JSON sidecar per prompt."""
     with _user_errors():
@@ -436,8 +439,12 @@ def generate(
                 cfg = factory.build(pipe=pipe)
             for i, (p, o) in enumerate(zip(prompts, outputs)):
                 bar.start(f"[{i + 1}/{len(prompts)}] {o.name}")
+                if compile:
+                    from rotvid.pipelines.compiling import COMPILE_MESSAGE
+
+                    bar.log(COMPILE_MESSAGE)
                 side = generate_video(pipe, replace(template, prompt=p), o, model=model, config=cfg,
-                                      overwrite=overwrite, on_step=bar.step)
+                                      overwrite=overwrite, on_step=bar.step, compile=compile)
                 if not quiet:
                     t = side["timing"]
                     bar.log(f"wrote {o} ({side['frames']} frames {side['width']}x{side['height']}, "
@@ -497,14 +504,19 @@ class _NeedsPipeline(ValueError):
 
 
 class _EvalEvents:
-    def __init__(self, bar: _Progress):
+    def __init__(self, bar: _Progress, compiling: bool = False):
         self.bar = bar
+        self.compiling = compiling
 
     def loading(self, model: str) -> None:
         self.bar.log(f"loading {model} ...")
 
     def video_started(self, label: str, name: str, index: int, total: int) -> None:
         self.bar.start(f"[{index + 1}/{total}] {label}/{name[:28]}")
+        if self.compiling:
+            from rotvid.pipelines.compiling import COMPILE_MESSAGE
+
+            self.bar.log(COMPILE_MESSAGE)
 
     def step(self, done: int, total: int) -> None:
         self.bar.step(done, total)
@@ -561,6 +573,7 @@ def eval_(
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
     gpus: GpusOpt = 1,
+    compile: CompileOpt = False,
 ) -> None:
     """Compare videos with the FP16 reference: PSNR, SSIM, cosine, MSE (and VBench); writes a report folder.
 
@@ -603,8 +616,10 @@ def eval_(
                     steps=steps, height=height, width=width, frames=frames,
                     guidance_scale=guidance_scale, negative_prompt=negative_prompt,
                     max_sequence_length=max_sequence_length, seed=seed, fps=fps, dtype=dtype, device=device,
-                    out=out, vbench=vb, samples=samples, overwrite=overwrite)
+                    out=out, vbench=vb, samples=samples, overwrite=overwrite, compile=compile)
             else:
+                if compile:
+                    raise ValueError("--compile: only with --prompt-file/--variants (eval generates nothing here)")
                 if not candidates:
                     raise ValueError("CANDIDATE: expected at least one candidate video or folder after REFERENCE")
                 report, written = evaluate_paths(reference, candidates, out, overwrite=overwrite, vbench=vb,
@@ -617,7 +632,7 @@ def eval_(
 def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedule, backend, smoothing, steps, height,
                     width, frames,
                     guidance_scale, negative_prompt, max_sequence_length, seed, fps, dtype, device, out, vbench,
-                    samples, overwrite):
+                    samples, overwrite, compile=False):
     from rotvid.eval.generated import evaluate_generated
     from rotvid.eval.variants import parse_variants, resolve_auto_variants
 
@@ -655,7 +670,8 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
             return factory.build(pipe=load(), recipe=spec.recipe, rotation=spec.rotation)
 
     return evaluate_generated(prompts, specs, out, template, model=model, load=load, make_config=make_config,
-                              overwrite=overwrite, vbench=vbench, samples=samples, events=_EvalEvents(bar))
+                              overwrite=overwrite, vbench=vbench, samples=samples,
+                              events=_EvalEvents(bar, compiling=compile), compile=compile)
 
 
 # ---- VBench environment -----------------------------------------------------------------------

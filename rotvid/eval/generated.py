@@ -95,11 +95,13 @@ def evaluate_generated(
     vbench: VBenchRequest | None = None,
     samples: int = 4,
     events: GenerationEvents | None = None,
+    compile: bool = False,
 ) -> tuple[EvalReport, dict[str, Path]]:
     """Generate what is missing, then measure every variant against the reference.
 
     ``load()`` returns the pipeline (called at most once, only if something must be generated);
-    ``make_config(spec)`` builds the :class:`RotvidConfig` of a variant. In a multi-process run
+    ``make_config(spec)`` builds the :class:`RotvidConfig` of a variant. ``compile``: every video
+    (the reference too) runs with its transformer(s) under ``torch.compile``. In a multi-process run
     (``rotvid eval --gpus N``) every rank generates; rank 0 alone measures and returns the report
     (the others return ``(None, {})``).
     """
@@ -130,7 +132,7 @@ def evaluate_generated(
             continue
         config = None if item.variant is None else configs[item.variant.label]
         generate_video(pipe, item.request, item.path, model=model, config=config, overwrite=overwrite,
-                       on_step=ev.step, extra={"eval_variant": label})
+                       on_step=ev.step, extra={"eval_variant": label}, compile=compile)
         ev.video_done(item.path, False)
     if not is_main_process():  # multi-process generation: rank 0 alone measures and writes the report
         return None, {}

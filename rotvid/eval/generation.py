@@ -340,15 +340,20 @@ def generate_video(
     overwrite: bool = False,
     on_step: StepCallback | None = None,
     extra: dict | None = None,
+    compile: bool = False,
 ) -> dict:
     """Generate one video to ``out`` (mp4) and write its sidecar; returns the sidecar dict.
 
     ``config``: a :class:`~rotvid.pipelines.config.RotvidConfig` applied for this call only
     (``rotvid.pipelines.apply`` before, ``remove`` after), or ``None`` for the untouched pipeline
     (FP16 reference). ``on_step(done, total)`` is called after every denoising step.
+    ``compile``: ``torch.compile`` the transformer(s) for this call (``apply(..., compile=True)``;
+    the untouched pipeline's transformers are compiled the same way, then un-compiled). The first
+    step of each distinct plan pays for compiling, in every video (``apply`` makes new processors).
     """
     from rotvid.distributed_run import is_main_process, merge_run_reports
-    from rotvid.pipelines.attach import apply, remove
+    from rotvid.pipelines.attach import apply, find_transformers, remove
+    from rotvid.pipelines.compiling import compile_options, compile_transformers, uncompile_transformers
 
     out = Path(out)
     check_outputs(out, overwrite=overwrite)
@@ -376,7 +381,10 @@ def generate_video(
         return {}
 
     noise: dict = {}
-    handle = apply(pipe, config) if config is not None else None
+    handle = apply(pipe, config, compile=compile) if config is not None else None
+    compiled_plain: list[str] = []
+    if compile and handle is None:
+        compiled_plain = compile_transformers(find_transformers(pipe)[1], compile_options(True))
     try:
         with _record_initial_latents(pipe, noise), torch.inference_mode():
             t0 = time.perf_counter()
@@ -389,6 +397,7 @@ def generate_video(
     finally:
         if handle is not None:
             remove(pipe)
+        uncompile_transformers(find_transformers(pipe)[1], compiled_plain)
     # multi-process runs (rotvid generate --gpus N): one report for all ranks, files from rank 0 only
     run_report = merge_run_reports(run_report)
     writer = is_main_process()
@@ -411,6 +420,7 @@ def generate_video(
         "model": {"name": str(model), "pipeline": type(pipe).__name__, "family": family, "task": task},
         "device": str(device),
         "device_name": device_description(device),
+        "compiled": bool(compile),
         "dtype": str(getattr(pipe.transformer, "dtype", "unknown")).removeprefix("torch."),
         "frames": int(video.shape[0]),
         "height": int(video.shape[1]),

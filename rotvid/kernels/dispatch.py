@@ -109,9 +109,12 @@ def validate_attention_inputs(q, k, v, *, recipe, layout, kv_lens, block_m=None,
             raise ValueError(f"kv_lens: expected an integer tensor of shape [{qb}] (one per batch), got {kv_lens!r}")
         if kv_lens.dtype.is_floating_point or kv_lens.dtype == torch.bool:
             raise ValueError(f"kv_lens: expected an integer dtype, got {kv_lens.dtype}")
-        lo, hi = int(kv_lens.min()), int(kv_lens.max())
-        if lo < 1 or hi > kn:
-            raise ValueError(f"kv_lens: expected values in [1, {kn}] (N_kv), got min {lo}, max {hi}")
+        # The value range needs a host sync: checked in eager mode only. Under torch.compile
+        # the caller checks it on the device (rotvid.pipelines.runtime.key_padding_lengths_on_device).
+        if not torch.compiler.is_compiling():
+            lo, hi = int(kv_lens.min()), int(kv_lens.max())
+            if lo < 1 or hi > kn:
+                raise ValueError(f"kv_lens: expected values in [1, {kn}] (N_kv), got min {lo}, max {hi}")
     for name, val in (("block_m", block_m), ("block_n", block_n)):
         if val is not None and (not isinstance(val, int) or val < 1):
             raise ValueError(f"{name}: expected a positive int, got {val!r}")
@@ -186,7 +189,8 @@ def attention(
         smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m, block_n=block_n,
     )
     chosen, reason = select_backend(q, k, v, backend=backend, **opts)
-    logger.debug("attention backend: %s", reason)
+    if not torch.compiler.is_compiling():  # a logging call would break a compiled graph
+        logger.debug("attention backend: %s", reason)
     return chosen.run(q, k, v, **opts)
 
 

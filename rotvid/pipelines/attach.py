@@ -11,11 +11,13 @@
    keeping a CPU copy of every touched parameter so that ``remove`` restores them bit for bit;
 4. builds the Q/K rotation per block (:func:`rotvid.rope.rotations.make_rotation`; per-block
    learned files are ``select``-ed by block index);
-5. wraps the scheduler for the step tracker and hooks the transformers' forwards (counts;
-   and the context-parallel checks when ``enable_parallelism`` came after ``apply``);
-6. returns a :class:`RotvidHandle` with the run report.
+5. wraps the scheduler for the step tracker and hooks the transformers' forwards (and the context-parallel
+   checks when ``enable_parallelism`` came after ``apply``);
+6. with ``compile=...``, compiles the transformers in place (:mod:`rotvid.pipelines.compiling`);
+7. returns a :class:`RotvidHandle` with the run report.
 
-``remove`` undoes all of it: original processors, original weights (bit-identical), no hooks.
+``remove`` undoes all of it: original processors, original weights (bit-identical), no hooks,
+no call counters, and no compile when ``apply`` compiled.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from torch import nn
 
 from rotvid.kernels.recipe_table import resolve_recipe
+from rotvid.pipelines.compiling import compile_options, compile_transformers, uncompile_transformers
 from rotvid.pipelines.config import RotvidConfig, smooth_v_for
 from rotvid.pipelines.context_parallel import check_context_parallel
 from rotvid.pipelines.model_table import BlockStack, ModelFamily, family_of_transformer
@@ -68,7 +71,8 @@ class RotvidHandle:
         transformers: ``{pipeline attribute: transformer}`` rotvid is attached to.
         tracker: the :class:`StepTracker` (call ``tracker.begin(n)`` / ``set_step(i)`` when
             driving a bare transformer).
-        report: the :class:`RunReport` (counts since apply or :meth:`reset_report`).
+        report: the :class:`RunReport` (counts since apply or :meth:`reset_report`; reading it
+            brings it up to date with the device-side counters).
     """
 
     def __init__(self, target, config: RotvidConfig, family: ModelFamily, transformers: dict[str, nn.Module],
@@ -78,13 +82,20 @@ class RotvidHandle:
         self.family = family
         self.transformers = transformers
         self.tracker = StepTracker()
-        self.report = RunReport(recipe=config.recipe, backend_requested=config.backend,
-                                recipe_requested=recipe_requested or config.recipe, recipe_reason=recipe_reason)
-        self.runtime = Runtime(config, self.tracker, self.report)
+        self._report = RunReport(recipe=config.recipe, backend_requested=config.backend,
+                                 recipe_requested=recipe_requested or config.recipe, recipe_reason=recipe_reason)
+        self.runtime = Runtime(config, self.tracker, self._report)
         self._installed: list[_Installed] = []
         self._hooks: list = []
         self._scheduler = None
+        self.compiled: list[str] = []  # transformers apply compiled (remove un-compiles them)
         self.active = True
+
+    @property
+    def report(self) -> RunReport:
+        if self.active:
+            self.runtime.drain_counts()
+        return self._report
 
     @property
     def int4_fraction(self) -> float:
@@ -92,7 +103,7 @@ class RotvidHandle:
         return self.report.quantized_fraction
 
     def reset_report(self) -> None:
-        self.report.reset()
+        self.report.reset()  # drains first: the pending counts are dropped too
 
     def remove(self) -> None:
         """Same as :func:`remove` on the pipeline."""
@@ -185,7 +196,7 @@ def _check_attn(attn: nn.Module, where: str) -> None:
         )
 
 
-def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True) -> RotvidHandle:
+def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True, compile=False) -> RotvidHandle:
     """Attach rotvid to a pipeline (or a bare transformer) in place.
 
     Args:
@@ -199,6 +210,10 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
         exact_remove: keep a CPU copy of every weight the V/O Hadamard rewrites so that
             :func:`remove` restores them bit for bit (memory: W_v and W_o of every block). With
             ``False``, ``remove`` un-fuses arithmetically (exact up to the weights' rounding).
+        compile: ``True`` compiles every transformer rotvid is attached to in place with
+            ``torch.compile(fullgraph=True)``; a dict passes ``torch.compile`` options
+            (``mode``, ``backend``, ``dynamic``, ``options``, ``fullgraph``). See
+            :mod:`rotvid.pipelines.compiling`.
 
     Returns:
         The :class:`RotvidHandle`.
@@ -210,6 +225,7 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
             :mod:`rotvid.pipelines.context_parallel`), a rotation that does not fit the model.
     """
     config = RotvidConfig() if config is None else config
+    options = compile_options(compile)
     if not isinstance(config, RotvidConfig):
         raise ValueError(f"config: expected a RotvidConfig, got {type(config).__name__}")
     if getattr(pipe, HANDLE_ATTR, None) is not None:
@@ -222,6 +238,8 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
                           recipe_requested=config.recipe, recipe_reason=recipe_reason)
     try:
         _install(handle, exact_remove=exact_remove)
+        if options is not None:
+            handle.compiled = compile_transformers(handle.transformers, options)
     except BaseException:
         _uninstall(handle)
         raise
@@ -282,10 +300,11 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
                     with torch.no_grad():
                         fuse_v_hadamard(attn, head_dim, output_projection=out_proj)
                     inst.vo_fused = True
+                handle.runtime.add_site(site, attn, rotator)
                 attn.set_processor(PROCESSORS[stack.processor_kind](handle.runtime, site, rotator, inst.original_processor))
                 block += 1
-        hook = transformer.register_forward_pre_hook(_count_forward_hook(handle, tname, family))
-        handle._hooks.append(hook)
+        handle._hooks.append(transformer.register_forward_pre_hook(_forward_pre_hook(handle, tname, family)))
+        handle._hooks.append(transformer.register_forward_hook(_forward_post_hook(handle)))
     scheduler = None if isinstance(handle.target, nn.Module) else getattr(handle.target, "scheduler", None)
     if scheduler is not None:
         handle.tracker.attach(scheduler)
@@ -296,7 +315,10 @@ def _lacks_to_out(attn: nn.Module) -> bool:
     return getattr(attn, "to_out", None) is None
 
 
-def _count_forward_hook(handle: RotvidHandle, name: str, family: ModelFamily):
+def _forward_pre_hook(handle: RotvidHandle, name: str, family: ModelFamily):
+    """Checks the scheduler and context parallelism, clears per-forward state; traced by torch.compile, so no
+    step reads."""
+
     def hook(module, args):
         # context parallelism enabled after apply: the same checks as apply's
         check_context_parallel(family, module, name)
@@ -306,13 +328,26 @@ def _count_forward_hook(handle: RotvidHandle, name: str, family: ModelFamily):
                 "rotvid: pipe.scheduler was replaced after apply; the step tracker follows the old one. "
                 "Call rotvid.pipelines.remove(pipe) and apply again."
             )
-        handle.tracker.count_forward(name)
+        handle.runtime.clear_forward_state()
+        return None
+
+    return hook
+
+
+def _forward_post_hook(handle: RotvidHandle):
+    """Clears per-forward state again, so that a compiled graph leaves none behind (no extra outputs)."""
+
+    def hook(module, args, output):
+        handle.runtime.clear_forward_state()
         return None
 
     return hook
 
 
 def _uninstall(handle: RotvidHandle) -> None:
+    handle.runtime.remove_sites()
+    uncompile_transformers(handle.transformers, handle.compiled)
+    handle.compiled = []
     for hook in handle._hooks:
         hook.remove()
     handle._hooks = []

@@ -17,6 +17,12 @@ forwards (cond / uncond, steps) the new cos/sin are compared with the cached one
 [N, D, 4] floats (67 MB in float32 for Wan 480p), so only a rotation shared by all blocks uses
 one; per-block (learned) rotations take the equivalent two-step path, RoPE then ``rotation.apply``
 (``fuse=False``), instead of keeping one table per block.
+
+Under ``torch.compile`` the table is built inside the graph from that forward's cos/sin, once per
+forward (the blocks after the first find it by the identity of cos/sin while tracing), and the
+cross-forward cache is not used: comparing tables with ``torch.equal`` is a host decision on
+the data. The runtime clears that per-forward memo (:meth:`QKRotator.end_forward`) at the start
+and the end of every transformer forward, so no graph reads a table of an earlier forward.
 """
 
 from __future__ import annotations
@@ -51,13 +57,28 @@ class QKRotator:
         self._cache_key: tuple | None = None  # (cos, sin) objects of the cached table
         self._cache_table: GeneralizedRopeTable | None = None
         self._cache_dtype: torch.dtype | None = None
+        self._forward_memo: tuple | None = None  # (cos, sin, dtype, table) of this forward, compiled only
 
     @property
     def is_identity(self) -> bool:
         return self.kind == "none"
 
     # ---- table cache -----------------------------------------------------------------------
+    def end_forward(self) -> None:
+        """Drop the per-forward table of a compiled forward (see the module docstring)."""
+        self._forward_memo = None
+
+    def _table_this_forward(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> GeneralizedRopeTable:
+        memo = self._forward_memo
+        if memo is not None and memo[0] is cos and memo[1] is sin and memo[2] == dtype:
+            return memo[3]
+        table = fuse_rope_and_rotation(cos.detach(), sin.detach(), self.rotation).to(dtype=dtype)
+        self._forward_memo = (cos, sin, dtype, table)
+        return table
+
     def _table(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> GeneralizedRopeTable:
+        if torch.compiler.is_compiling():
+            return self._table_this_forward(cos, sin, dtype)
         key = self._cache_key
         if key is not None and self._cache_dtype == dtype:
             if key[0] is cos and key[1] is sin:

@@ -37,6 +37,9 @@ class BlockCounts:
 class RunReport:
     """Counts of self-attention calls since ``apply`` (or the last :meth:`reset`).
 
+    The calls count on the device (:mod:`rotvid.pipelines.call_counts`, right under
+    ``torch.compile``); read the report through ``handle.report``, which brings it up to date.
+
     Attributes:
         recipe: the quantized recipe that runs (``auto`` resolved).
         recipe_requested: the configured recipe (``auto`` or the recipe itself).
@@ -63,19 +66,26 @@ class RunReport:
             self.per_block[site] = BlockCounts()
         return self.per_block[site]
 
-    def record_quantized(self, site: str, backend: str) -> None:
-        self._block(site).quantized += 1
-        self.backends[backend] = self.backends.get(backend, 0) + 1
+    def record_quantized(self, site: str, backend: str, n: int = 1) -> None:
+        self._block(site).quantized += n
+        self.backends[backend] = self.backends.get(backend, 0) + n
 
-    def record_fp16(self, site: str, reason: str) -> None:
-        self._block(site).fp16 += 1
-        self.fp16_reasons[reason] = self.fp16_reasons.get(reason, 0) + 1
+    def record_fp16(self, site: str, reason: str, n: int = 1) -> None:
+        self._block(site).fp16 += n
+        self.fp16_reasons[reason] = self.fp16_reasons.get(reason, 0) + n
 
-    def record_fallback(self, site: str, reason: str) -> None:
-        self._block(site).fallback += 1
+    def record_fallback(self, site: str, reason: str, n: int = 1) -> None:
+        self._block(site).fallback += n
         if reason not in self.fallbacks:
             logger.warning("rotvid: self-attention falls back to FP16 at %s: %s", site, reason)
-        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + n
+
+    def record(self, site: str, outcome: str, detail: str, n: int = 1) -> None:
+        """Count ``n`` calls of ``outcome`` (``quantized`` / ``fp16`` / ``fallback``) with its backend or reason."""
+        recorders = {"quantized": self.record_quantized, "fp16": self.record_fp16, "fallback": self.record_fallback}
+        if outcome not in recorders:
+            raise ValueError(f"outcome: expected one of {', '.join(recorders)}, got {outcome!r}")
+        recorders[outcome](site, detail, n)
 
     def reset(self) -> None:
         self.per_block.clear()

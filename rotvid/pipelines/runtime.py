@@ -3,28 +3,72 @@
 For each self-attention call a processor hands over rotated Q, K and V (BHND) and a function
 that runs the model's own FP16 attention on them. :meth:`Runtime.attend` then
 
-1. asks the schedule (through the step tracker) whether this (step, block) runs quantized;
-2. if so, checks the call can take the quantized recipe — the mask must be a key-padding mask
-   (per-batch valid key lengths), the kernel must accept the inputs, the backend must run them —
-   and otherwise runs FP16 and records the reason as a *fallback*;
+1. looks the call up in the current *plan* — for each self-attention of each transformer, the
+   reason the schedule keeps it in FP16 at the current denoising step, or ``None``;
+2. if it runs quantized, checks the call can take the quantized recipe — the mask must be a
+   key-padding mask (per-batch valid key lengths), the kernel must accept the inputs, the
+   backend must run them — and otherwise runs FP16 and records the reason as a *fallback*;
 3. calls ``rotvid.kernels.attention(q, k, v, recipe=..., layout="BHND", backend=..., kv_lens=...)``;
-4. records the outcome in the :class:`~rotvid.pipelines.report.RunReport`.
+4. counts the outcome (:mod:`rotvid.pipelines.call_counts`).
+
+Schedule under ``torch.compile``
+--------------------------------
+The plan — for each self-attention of each transformer, FP16 or not at the current step — is
+computed in Python *outside* the transformer, whenever the step tracker changes step (the
+scheduler's ``step`` / ``set_timesteps``, or ``tracker.set_step``), and interned: equal plans
+are the same tuple of booleans. Inside the transformer only the plan entry of each call is read,
+never the step number, and a planned FP16 call is counted as "planned" without its reason; the
+reason (``schedule: first 2 steps``, ...) is attached when the counts are drained, which happens
+at every step change, before the plan changes. ``torch.compile`` therefore guards on the
+plan's booleans, not on the step: a run compiles one graph per *distinct* plan — two for the
+paper's presets (every block FP16 in the steps at either end; the mixed steps), one for
+``recipe="fp16"`` or a schedule without FP16 steps — and reuses it for every step with that
+plan.
+
+A schedule with more than :data:`MAX_PLANS_PER_RUN` distinct plans in a run (a calibrated
+``fp16_cells`` table that differs from step to step) would compile that many graphs — and fail
+at ``torch._dynamo.config.recompile_limit`` under ``fullgraph=True``. For such a run the plan
+goes to the graph *as data* instead: each site's entry is a 0-d bool buffer on its attention
+module, set outside the graph at every step, and the call chooses FP16 or the quantized recipe
+with ``torch.cond`` on it (counting both outcomes with the flag). One graph serves every step;
+the price is the flag's host read at each call (a sync on a GPU) and no CUDA graphs around those
+calls. Which way a run goes is decided when it begins (:attr:`Runtime.plan_as_data`) and logged.
+
+The shape-, dtype- and backend-dependent checks of step 2 are decided while tracing (the graph
+is specialized on them anyway). The mask check depends on the mask's values: in eager mode it is
+decided on the host; under ``torch.compile`` it becomes a device-side flag, the two paths are
+joined by ``torch.cond`` and both outcomes are counted with the flag, so a fallback is still
+counted and never silent. (``torch.cond`` reads the flag on the host when it runs: one sync per
+masked quantized call — HunyuanVideo's text padding — and no CUDA graph around it.)
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch import nn
 
 import rotvid.kernels as kernels
 from rotvid.kernels.dispatch import validate_attention_inputs
+from rotvid.pipelines.call_counts import SiteCounters
 from rotvid.pipelines.config import RotvidConfig, smooth_v_for
 from rotvid.pipelines.report import RunReport
-from rotvid.pipelines.step_tracker import StepTracker
+from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
 
-__all__ = ["AttentionSite", "Runtime", "key_padding_lengths"]
+__all__ = ["AttentionSite", "Runtime", "key_padding_lengths", "key_padding_lengths_on_device"]
+
+logger = logging.getLogger(__name__)
+
+# Above this many distinct plans in a run, compiled graphs read the plan as data (module docstring).
+MAX_PLANS_PER_RUN = 4
+PLANNED = "planned"  # an FP16 call of the schedule, counted without its reason (see the module docstring)
+MASK_NOT_PADDING = (
+    "attention mask is not a key-padding mask with at least one valid key per batch row "
+    "(checked on the device under torch.compile)"
+)
 
 
 @dataclass(frozen=True)
@@ -87,8 +131,36 @@ def key_padding_lengths(mask: torch.Tensor | None, batch: int, n_kv: int) -> tup
     return lens.to(torch.int32), None
 
 
+def key_padding_lengths_on_device(
+    mask: torch.Tensor, batch: int, n_kv: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None, str | None]:
+    """:func:`key_padding_lengths` without a host sync, for a compiled graph.
+
+    Returns:
+        ``(kv_lens int32 [B], ok bool 0-d, None)`` where ``ok`` says (on the device) whether the
+        mask is a prefix key-padding mask with at least one valid key per row — ``kv_lens`` is
+        only meaningful where ``ok`` holds — or ``(None, None, reason)`` when the mask's shape or
+        dtype alone rules it out.
+    """
+    shape = tuple(mask.shape)
+    if mask.dim() not in (2, 3, 4) or shape[0] != batch or shape[-1] != n_kv or any(s != 1 for s in shape[1:-1]):
+        return None, None, f"attention mask of shape {shape} is not a per-batch key-padding mask [B, 1, 1, N_kv]"
+    m = mask.reshape(batch, n_kv)
+    if m.dtype == torch.bool:
+        valid, ok = m, torch.ones((), dtype=torch.bool, device=m.device)
+    elif m.dtype.is_floating_point:
+        valid = m == 0
+        ok = ~((m != 0) & torch.isfinite(m)).any()
+    else:
+        return None, None, f"attention mask of dtype {m.dtype} (expected bool or float)"
+    lens = valid.sum(dim=-1)
+    prefix = torch.arange(n_kv, device=m.device).unsqueeze(0) < lens.unsqueeze(1)
+    ok = ok & (prefix == valid).all() & (lens >= 1).all()
+    return lens.to(torch.int32), ok, None
+
+
 class Runtime:
-    """Shared state of one ``apply``: config, step tracker, report, mask cache."""
+    """Shared state of one ``apply``: config, step tracker, report, plan, counters, mask cache."""
 
     def __init__(self, config: RotvidConfig, tracker: StepTracker, report: RunReport):
         self.config = config
@@ -99,7 +171,112 @@ class Runtime:
         # Calibration observers (rotvid.pipelines.capture): called on every self-attention call,
         # before the schedule decides, as observer(site, step, num_steps, q, k, v, kv_lens, fp16_attention).
         self.observers: list[Callable] = []
+        self.sites: list[AttentionSite] = []
+        self.counters: dict[str, SiteCounters] = {}
+        self.rotators: list = []
+        # {transformer: (FP16 or not, per block)} for the current step; None: no step known.
+        self.plan: dict[str, tuple[bool, ...]] | None = None
+        # {transformer: (FP16 reason or None, per block)}: the reasons behind self.plan.
+        self.plan_reasons: dict[str, tuple[str | None, ...]] = {}
+        self.plan_problem: str = "rotvid: the denoising step is unknown"
+        self.step_known = False
+        # True: compiled graphs read each site's planned-FP16 flag buffer instead of self.plan.
+        self.plan_as_data = False
+        self._interned: dict[tuple, tuple] = {}
+        self._run_plans: tuple | None = None  # (num_steps, number of sites, [(plan, reasons) per step])
+        tracker.add_listener(self._on_step_change)
+        self.refresh_plan()
+        # Import the optional kernel backends now, not on the first call (inside a compiled graph).
+        kernels.dispatch.registered_backends()
 
+    # ---- sites, plan, counts (outside the graph) ----------------------------------------------
+    def add_site(self, site: AttentionSite, attn: nn.Module, rotator=None) -> None:
+        """Register a self-attention (its counters live on ``attn``) and its rotator (a ``QKRotator``)."""
+        self.sites.append(site)
+        self.counters[site.key] = SiteCounters.install(site.key, attn)
+        if rotator is not None and all(r is not rotator for r in self.rotators):
+            self.rotators.append(rotator)
+        self._run_plans = None
+        self.refresh_plan()
+
+    def remove_sites(self) -> None:
+        """Count what is pending into the report, then take the counter buffers off."""
+        self.drain_counts()
+        for counters in self.counters.values():
+            counters.uninstall()
+        self.counters = {}
+        self.sites = []
+        self.rotators = []
+        self.tracker.remove_listener(self._on_step_change)
+
+    def refresh_plan(self) -> None:
+        """Set :attr:`plan` for the tracker's current step (never called inside the graph)."""
+        self.step_known = False
+        if self.config.recipe == "fp16":
+            self.plan, self.plan_reasons = None, {}  # every call: "recipe fp16", no step needed
+            return
+        try:
+            step, num_steps = self.tracker.current()
+        except StepUnknownError as err:
+            self.plan, self.plan_reasons, self.plan_problem = None, {}, str(err)
+            return
+        if self._run_plans is None or self._run_plans[:2] != (num_steps, len(self.sites)):
+            plans = [self._plan_at(s, num_steps) for s in range(num_steps)]
+            self._run_plans = (num_steps, len(self.sites), plans)
+            distinct = len({id(plan) for plan, _ in plans})
+            self.plan_as_data = distinct > MAX_PLANS_PER_RUN
+            if self.plan_as_data:
+                logger.info("rotvid: %d distinct plans in this %d-step run (> %d): compiled graphs read the plan "
+                            "as data", distinct, num_steps, MAX_PLANS_PER_RUN)
+        self.plan, self.plan_reasons = self._run_plans[2][step]
+        self.step_known = True
+        if self.plan_as_data:
+            for site in self.sites:
+                self.counters[site.key].set_planned(self.plan[site.transformer][site.block])
+
+    def _plan_at(self, step: int, num_steps: int) -> tuple[dict, dict]:
+        """(interned plan, reasons) of ``step``."""
+        sched = self.config.schedule
+        per: dict[str, list[str | None]] = {}
+        for site in self.sites:
+            reasons = per.setdefault(site.transformer, [None] * site.num_blocks)
+            reasons[site.block] = sched.fp16_reason(
+                step=step, num_steps=num_steps, block=site.block, num_blocks=site.num_blocks,
+                block_in_stack=site.block_in_stack, stack_size=site.stack_size,
+            )
+        plan = {}
+        for name, reasons in per.items():
+            key = tuple(r is not None for r in reasons)
+            plan[name] = self._interned.setdefault(key, key)
+        key = ("plan",) + tuple(sorted(plan.items()))
+        return self._interned.setdefault(key, plan), {name: tuple(reasons) for name, reasons in per.items()}
+
+    def _on_step_change(self, phase: str) -> None:
+        if phase == "leave":
+            self.drain_counts()
+        else:
+            self.refresh_plan()
+
+    def drain_counts(self) -> None:
+        """Move the device counters into the report (and block 0's calls into the tracker's forwards)."""
+        block_of = {site.key: site for site in self.sites}
+
+        def sink(key: str, outcome: str, detail: str, n: int) -> None:
+            site = block_of[key]
+            if outcome == "fp16" and detail == PLANNED:
+                detail = self.plan_reasons[site.transformer][site.block]
+            self.report.record(key, outcome, detail, n)
+            if site.block == 0:
+                self.tracker.count_forward(site.transformer, n)
+
+        SiteCounters.drain(list(self.counters.values()), sink)
+
+    def clear_forward_state(self) -> None:
+        """Forget per-forward state (the rotators' in-graph table memo); hooked before and after each forward."""
+        for rotator in self.rotators:
+            rotator.end_forward()
+
+    # ---- per call -----------------------------------------------------------------------------
     def kv_lens_for(self, mask: torch.Tensor | None, batch: int, n_kv: int) -> tuple[torch.Tensor | None, str | None]:
         """:func:`key_padding_lengths`, cached on the mask object (one per transformer forward)."""
         if mask is None:
@@ -110,19 +287,17 @@ class Runtime:
         self._mask_key, self._mask_value = mask, value
         return value
 
-    def planned_fp16_reason(self, site: AttentionSite) -> str | None:
-        """Why the schedule keeps this call in FP16 (None: run the quantized recipe)."""
+    def planned_fp16(self, site: AttentionSite) -> str | None:
+        """The detail to count when the plan keeps this call in FP16 (None: run the quantized recipe).
+
+        ``"recipe fp16"``, or :data:`PLANNED`, which :meth:`drain_counts` replaces by the schedule's reason.
+        """
         if self.config.recipe == "fp16":
             return "recipe fp16"
-        step, num_steps = self.tracker.current()
-        return self.config.schedule.fp16_reason(
-            step=step,
-            num_steps=num_steps,
-            block=site.block,
-            num_blocks=site.num_blocks,
-            block_in_stack=site.block_in_stack,
-            stack_size=site.stack_size,
-        )
+        plan = self.plan
+        if plan is None:
+            raise StepUnknownError(self.plan_problem)
+        return PLANNED if plan[site.transformer][site.block] else None
 
     def attend(
         self,
@@ -145,24 +320,37 @@ class Runtime:
         Returns:
             [B, H, N_q, D] in q's dtype.
         """
+        compiling = torch.compiler.is_compiling()
         if self.observers:
+            if compiling:
+                raise RuntimeError("rotvid: calibration observers cannot run under torch.compile; calibrate eagerly")
             step, num_steps = self.tracker.current()
             obs_kv_lens, _ = self.kv_lens_for(mask, k.shape[0], k.shape[2])
             for observer in self.observers:
                 observer(site, step, num_steps, q, k, v, obs_kv_lens, fp16_attention)
-        reason = self.planned_fp16_reason(site)
-        if reason is not None:
-            self.report.record_fp16(site.key, reason)
-            return fp16_attention()
+        counters = self.counters[site.key]
+        # ``run``: None, or a 0-d bool the device decides with (the quantized path is taken where True).
+        run = None
+        if compiling and self.plan_as_data and self.config.recipe != "fp16":
+            if not self.step_known:
+                raise StepUnknownError(self.plan_problem)
+            planned = counters.planned
+            counters.add("fp16", PLANNED, planned)
+            run = ~planned
+        else:
+            reason = self.planned_fp16(site)
+            if reason is not None:
+                counters.add("fp16", reason)
+                return fp16_attention()
+        ok = None
+        if compiling and mask is not None:
+            kv_lens, ok, problem = key_padding_lengths_on_device(mask, k.shape[0], k.shape[2])
+        else:
+            kv_lens, problem = self.kv_lens_for(mask, k.shape[0], k.shape[2])
         cfg = self.config
-        kv_lens, problem = self.kv_lens_for(mask, k.shape[0], k.shape[2])
-        if problem is not None:
-            self.report.record_fallback(site.key, problem)
-            return fp16_attention()
         opts = dict(
             recipe=cfg.recipe,
             layout="BHND",
-            kv_lens=kv_lens,
             sm_scale=None,
             smooth_k=cfg.smooth_k,
             smooth_q=cfg.smooth_q,
@@ -170,14 +358,32 @@ class Runtime:
             block_m=cfg.block_m,
             block_n=cfg.block_n,
         )
-        try:
-            validate_attention_inputs(
-                q, k, v, recipe=cfg.recipe, layout="BHND", kv_lens=kv_lens, block_m=cfg.block_m, block_n=cfg.block_n
-            )
-            backend, why = kernels.select_backend(q, k, v, backend=cfg.backend, **opts)
-        except ValueError as e:
-            self.report.record_fallback(site.key, f"kernel cannot take this call: {e}")
+        if problem is None:
+            try:
+                validate_attention_inputs(
+                    q, k, v, recipe=cfg.recipe, layout="BHND", kv_lens=kv_lens, block_m=cfg.block_m,
+                    block_n=cfg.block_n,
+                )
+                backend, why = kernels.select_backend(q, k, v, backend=cfg.backend, kv_lens=kv_lens, **opts)
+            except ValueError as e:
+                problem = "kernel cannot take this call: " + e.args[0]
+        if problem is not None:
+            counters.add("fallback", problem, 1 if run is None else run)
             return fp16_attention()
-        out = kernels.attention(q, k, v, backend=backend.name, **opts)
-        self.report.record_quantized(site.key, why)
-        return out
+        if run is None and ok is None:
+            counters.add("quantized", why)
+            return kernels.attention(q, k, v, backend=backend.name, kv_lens=kv_lens, **opts)
+        # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.
+        take = run if ok is None else (ok if run is None else run & ok)
+        counters.add("quantized", why, take)
+        if ok is not None:
+            counters.add("fallback", MASK_NOT_PADDING, ~ok if run is None else run & ~ok)
+        operands = (q, k, v) if kv_lens is None else (q, k, v, kv_lens)
+
+        def quantized(q, k, v, *lens):
+            return kernels.attention(q, k, v, backend=backend.name, kv_lens=lens[0] if lens else None, **opts)
+
+        def fp16(q, k, v, *lens):
+            return fp16_attention()
+
+        return torch.cond(take, quantized, fp16, operands)

@@ -40,7 +40,8 @@ class StepTracker:
         num_steps: step count of the current run, ``None`` before the first run.
         runs: number of runs begun (``set_timesteps`` calls).
         forwards_per_step: transformer forwards seen in each step of the current run, as
-            ``{step: {transformer_name: count}}`` (filled by the handle's forward hook).
+            ``{step: {transformer_name: count}}`` (filled by the runtime from the calls of each
+            transformer's first self-attention, when the step changes or the report is read).
     """
 
     def __init__(self) -> None:
@@ -50,16 +51,30 @@ class StepTracker:
         self.forwards_per_step: dict[int, dict[str, int]] = {}
         self._scheduler = None
         self._saved: dict[str, object] = {}
+        self._listeners: list = []
+
+    def add_listener(self, listener) -> None:
+        """Call ``listener("leave")`` before and ``listener("enter")`` after each change of step."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener) -> None:
+        self._listeners = [fn for fn in self._listeners if fn != listener]
+
+    def _notify(self, phase: str) -> None:
+        for listener in list(self._listeners):
+            listener(phase)
 
     # ---- manual control ----------------------------------------------------------------
     def begin(self, num_steps: int) -> None:
         """Start a run of ``num_steps`` steps at step 0."""
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
             raise ValueError(f"num_steps: expected a positive int, got {num_steps!r}")
+        self._notify("leave")
         self.num_steps = num_steps
         self.step = 0
         self.runs += 1
         self.forwards_per_step = {}
+        self._notify("enter")
 
     def set_step(self, step: int, num_steps: int | None = None) -> None:
         """Jump to ``step`` (of ``num_steps``, or of the current run)."""
@@ -69,11 +84,15 @@ class StepTracker:
             raise StepUnknownError("set_step: no run begun; pass num_steps or call begin(num_steps) first")
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < self.num_steps:
             raise ValueError(f"step: expected an int in [0, {self.num_steps}), got {step!r}")
+        self._notify("leave")
         self.step = step
+        self._notify("enter")
 
     def advance(self) -> None:
         if self.step is not None:
+            self._notify("leave")
             self.step += 1
+            self._notify("enter")
 
     def current(self) -> tuple[int, int]:
         """``(step, num_steps)`` of the call being made.
@@ -93,11 +112,12 @@ class StepTracker:
             )
         return self.step, self.num_steps
 
-    def count_forward(self, name: str) -> None:
+    def count_forward(self, name: str, n: int = 1) -> None:
+        """Add ``n`` forwards of transformer ``name`` to the current step (nothing when no run is tracked)."""
         if self.step is None:
             return
         per = self.forwards_per_step.setdefault(self.step, {})
-        per[name] = per.get(name, 0) + 1
+        per[name] = per.get(name, 0) + n
 
     # ---- scheduler wrapping ---------------------------------------------------------------
     def attach(self, scheduler) -> None:

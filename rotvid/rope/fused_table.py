@@ -148,7 +148,9 @@ def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torc
     Token axis second to last (BHND-style); coef broadcasts over x's leading dims (a per-head
     table [H, N, D, 4] needs x [..., H, N, D]). Computes in float64 for float64 x, else float32;
     returns x.dtype. On CUDA (B, H, N, D) inputs in fp16 / bf16 / fp32 it runs the one-pass Triton
-    kernel :func:`rotvid.kernels.rope_triton.apply_generalized_rope_triton` (float32 compute).
+    kernel :func:`rotvid.kernels.rope_triton.apply_generalized_rope_triton` (float32 compute),
+    except under ``torch.compile``, where the PyTorch form below is traced (no availability probe
+    in the graph) and the compiler fuses the gather, multiply and sum into one pass itself.
     """
     n, d = table.num_tokens, table.head_dim
     if x.dim() < 2 or x.shape[-2:] != (n, d):
@@ -156,7 +158,14 @@ def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torc
     lead = table.coef.shape[:-3]
     if lead and (x.dim() < len(lead) + 2 or tuple(x.shape[-2 - len(lead) : -2]) != tuple(lead)):
         raise ValueError(f"table has leading dims {tuple(lead)}: x must be [..., {', '.join(map(str, lead))}, {n}, {d}]")
-    if x.is_cuda and x.dim() == 4 and x.dtype != torch.float64 and len(lead) <= 1 and _triton_available():
+    if (
+        x.is_cuda
+        and x.dim() == 4
+        and x.dtype != torch.float64
+        and len(lead) <= 1
+        and not torch.compiler.is_compiling()
+        and _triton_available()
+    ):
         from rotvid.kernels.rope_triton import apply_generalized_rope_triton
 
         return apply_generalized_rope_triton(x, table.coef, table.index)

@@ -4,6 +4,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "e2e_bench.py"
 
 
@@ -16,9 +18,32 @@ def test_e2e_bench_tiny_smoke(tmp_path):
     finally:
         sys.modules.pop("e2e_bench", None)
     out = tmp_path / "results.md"
-    md = mod.main(["--tiny", "--steps", "6", "--warmup", "0", "--iters", "1", "--append", str(out)])
+    md = mod.main(["--tiny", "--steps", "6", "--warmup", "0", "--iters", "1", "--modes", "eager", "--append", str(out)])
     assert out.read_text().strip() == md.strip()
-    assert "| rotvid mixed step |" in md and "int4 on 2/6 blocks" in md  # paper schedule: blocks 2, 3
+    assert "| eager | rotvid int4, all calls |" in md and "int4 on 6/6 blocks" in md  # schedule none
+    paper = next(ln for ln in md.splitlines() if ln.startswith("| eager | rotvid int4, paper schedule |"))
+    assert "int4 on 2/6 blocks" in paper  # paper schedule, a mixed step: blocks 2, 3
     # paper-wan2.2-t2v over 6 steps x 6 blocks: steps 2, 3 and blocks 2, 3 run INT4 -> 4/36.
     assert "6-step estimate" in md and "INT4 fraction of self-attention calls 11.1%" in md
     assert "(2 FP16 + 4 mixed steps)" not in md and "(4 FP16 + 2 mixed steps)" in md
+    assert "SageAttention2-8b" not in md  # CPU: the peer's row is only for a GPU with the package
+
+
+def test_e2e_bench_arguments(capsys):
+    spec = importlib.util.spec_from_file_location("e2e_bench", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["e2e_bench"] = mod
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.modules.pop("e2e_bench", None)
+    args = mod.parse_args([])
+    assert args.modes == ("eager", "compiled") and args.setups == ("wan2.1-1.3b-480p", "wan14b-720p-slice")
+    setup = mod.make_setup("wan14b-720p-slice", 50, 4)
+    assert setup.config["num_layers"] == 4 and setup.latent == (1, 16, 21, 90, 160) and setup.middle_slice
+    sched = mod.paper_schedule(setup, "paper-wan2.2-t2v")
+    assert (sched.fp16_first_blocks, sched.fp16_last_blocks, sched.fp16_first_steps) == (0, 0, 2)
+    for bad in (["--modes", "lazy"], ["--setups", "wan9"], ["--slice-layers", "0"]):
+        with pytest.raises(SystemExit):
+            mod.parse_args(bad)
+        assert bad[0] in capsys.readouterr().err

@@ -159,6 +159,7 @@ def test_runtime_falls_back_on_a_mask_it_cannot_express_and_records_why():
     rep = RunReport(recipe="int4", backend_requested="reference")
     rt = Runtime(RotvidConfig(recipe="int4", backend="reference"), tr, rep)
     site = AttentionSite("transformer", 0, 1, 0, 0, 1)
+    rt.add_site(site, torch.nn.Linear(1, 1))  # its call counters live on that module
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 5, 64, generator=g) for _ in range(3))
     sentinel = torch.randn(2, 2, 5, 64, generator=g)
@@ -166,6 +167,8 @@ def test_runtime_falls_back_on_a_mask_it_cannot_express_and_records_why():
     holes[1, ..., 1] = False
     out = rt.attend(site, q, k, v, mask=holes, fp16_attention=lambda: sentinel)
     assert out is sentinel
+    assert rep.fallback_calls == 0  # counted on the device until drained
+    rt.drain_counts()
     assert rep.fallback_calls == 1 and "prefix" in next(iter(rep.fallbacks))
     padded = torch.ones(2, 1, 1, 5, dtype=torch.bool)
     padded[1, ..., 3:] = False
@@ -173,4 +176,5 @@ def test_runtime_falls_back_on_a_mask_it_cannot_express_and_records_why():
     # RotvidConfig smooths K and V by default (issue 12), the dispatcher's own default is K only
     ref = __import__("rotvid.kernels", fromlist=["attention"]).attention(
         q, k, v, recipe="int4", backend="reference", kv_lens=torch.tensor([5, 3]), smooth_v=True)
+    rt.drain_counts()
     assert torch.equal(out, ref) and rep.quantized_calls == 1

@@ -1,0 +1,137 @@
+"""Per-call outcome counters that stay right under ``torch.compile`` (and CUDA graphs).
+
+Why not count in Python, as a plain ``dict`` incremented by each call? Because a compiled
+graph does not run Python per call: dynamo reads the current count while tracing, bakes it in as
+a constant and guards on it, so every call would recompile (or, past the recompile limit, stop
+being compiled), and a CUDA-graph replay runs no Python at all. Counting *outside* the graph
+(a forward hook) does not work either: ``torch.compile(transformer)`` traces the module's hooks
+too, and the data-dependent outcome of a call (a mask that is not a key-padding mask) is only
+known on the device.
+
+So every self-attention call adds 1 to one slot of a small int64 counter tensor that lives on its
+attention module (a non-persistent buffer, :data:`COUNTS_BUFFER`: it follows ``.to()`` and
+offloading, and is not saved in the state dict). The *meaning* of each slot — ``(outcome,
+detail)``, e.g. ``("fp16", "schedule: first 2 steps")`` — is registered in Python by
+:func:`outcome_slot`, which ``torch.compile`` runs once while tracing and treats as a constant
+(``torch.compiler.assume_constant_result``); in eager mode it is an ordinary call. The graph then
+holds only ``counts[slot] += 1`` (or ``+= flag`` for a data-dependent outcome), which eager,
+compiled and CUDA-graph runs all execute. The same code runs in eager and compiled mode.
+
+:meth:`SiteCounters.drain` moves the counts into the :class:`~rotvid.pipelines.report.RunReport`
+(one device-to-host copy per device, then the buffers are zeroed). The handle drains at every
+denoising-step boundary and whenever its ``report`` is read, so a fallback is logged (WARNING,
+once per reason, by the report) at the latest one step after it happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+__all__ = ["COUNTS_BUFFER", "PLANNED_BUFFER", "SLOTS_PER_SITE", "OUTCOMES", "SiteCounters", "outcome_slot"]
+
+COUNTS_BUFFER = "rotvid_call_counts"
+# The site's entry of the current plan as data (True: FP16), for schedules with many distinct plans.
+PLANNED_BUFFER = "rotvid_fp16_planned"
+# Distinct (outcome, detail) pairs one self-attention can record: a few schedule reasons, one
+# backend, a few fallback reasons. Exceeding it is an error, not a silent drop.
+SLOTS_PER_SITE = 32
+OUTCOMES = ("quantized", "fp16", "fallback")
+
+
+@dataclass
+class SiteCounters:
+    """The counter tensor of one self-attention and the meaning of its slots.
+
+    Also holds the site's planned-FP16 flag (a 0-d bool buffer, :data:`PLANNED_BUFFER`), which the
+    runtime sets at each step when the plan is passed to the graph as data.
+
+    Attributes:
+        key: the site's report key (``"<transformer>/<global block>"``).
+        module: the attention module holding the :data:`COUNTS_BUFFER` buffer.
+        slots: ``{(outcome, detail): slot index}``, in order of first use.
+    """
+
+    key: str
+    module: nn.Module
+    slots: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @classmethod
+    def install(cls, key: str, module: nn.Module) -> "SiteCounters":
+        """Register a zeroed counter buffer on ``module`` (on its parameters' device)."""
+        if hasattr(module, COUNTS_BUFFER):
+            raise ValueError(f"pipe: {key} already has a {COUNTS_BUFFER!r} buffer (rotvid applied twice?)")
+        device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        # A normal tensor even when apply runs under inference_mode: the pipeline (no_grad) updates it.
+        with torch.inference_mode(False):
+            counts = torch.zeros(SLOTS_PER_SITE, dtype=torch.int64, device=device)
+            planned = torch.zeros((), dtype=torch.bool, device=device)
+        module.register_buffer(COUNTS_BUFFER, counts, persistent=False)
+        module.register_buffer(PLANNED_BUFFER, planned, persistent=False)
+        return cls(key, module)
+
+    def uninstall(self) -> None:
+        for name in (COUNTS_BUFFER, PLANNED_BUFFER):
+            self.module._buffers.pop(name, None)
+
+    @property
+    def planned(self) -> torch.Tensor:
+        """0-d bool: the plan keeps this site in FP16 at the current step (set outside the graph)."""
+        return getattr(self.module, PLANNED_BUFFER)
+
+    def set_planned(self, fp16: bool) -> None:
+        self.planned.fill_(fp16)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return getattr(self.module, COUNTS_BUFFER)
+
+    def add(self, outcome: str, detail: str, amount: torch.Tensor | int = 1) -> None:
+        """Count ``amount`` calls (an int, or a 0-d integer/bool tensor computed on the device)."""
+        slot = outcome_slot(self, outcome, detail)
+        counts = self.counts
+        if isinstance(amount, torch.Tensor):
+            counts[slot] += amount.to(counts.dtype)
+        else:
+            counts[slot] += amount
+
+    @staticmethod
+    def drain(sites: list["SiteCounters"], sink) -> None:
+        """Call ``sink(site_key, outcome, detail, n)`` for every non-zero slot, then zero the counters.
+
+        Not to be called inside a compiled region (it copies to the host).
+        """
+        by_device: dict[torch.device, list[SiteCounters]] = {}
+        for site in sites:
+            if site.slots:
+                by_device.setdefault(site.counts.device, []).append(site)
+        for group in by_device.values():
+            stacked = torch.stack([s.counts for s in group]).cpu()
+            for site, row in zip(group, stacked.tolist()):
+                for (outcome, detail), slot in site.slots.items():
+                    if row[slot]:
+                        sink(site.key, outcome, detail, row[slot])
+                site.counts.zero_()
+
+
+@torch.compiler.assume_constant_result
+def outcome_slot(site: SiteCounters, outcome: str, detail: str) -> int:
+    """The slot of ``(outcome, detail)`` in ``site``'s counters, registering it on first use.
+
+    Under ``torch.compile`` this runs while tracing and its result is a constant of the graph.
+    """
+    key = (outcome, detail)
+    slot = site.slots.get(key)
+    if slot is None:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome: expected one of {', '.join(OUTCOMES)}, got {outcome!r}")
+        if len(site.slots) >= SLOTS_PER_SITE:
+            raise RuntimeError(
+                f"rotvid: {site.key} recorded more than {SLOTS_PER_SITE} distinct outcomes "
+                f"({sorted(site.slots)}); raise rotvid.pipelines.call_counts.SLOTS_PER_SITE"
+            )
+        slot = len(site.slots)
+        site.slots[key] = slot
+    return slot

@@ -1,0 +1,65 @@
+"""``torch.compile`` for the transformer(s) of a pipeline rotvid is applied to.
+
+The one documented way is ``apply(pipe, config, compile=True)`` (or ``compile={"mode": ...}``
+for options): after attaching rotvid it calls ``transformer.compile(fullgraph=True, ...)`` on
+every transformer rotvid is attached to (Wan2.2 A14B: ``transformer`` and ``transformer_2``).
+That compiles the modules in place — ``pipe.transformer`` stays the same object, so
+``remove(pipe)`` finds it and, for a compile that ``apply`` did, also un-compiles it.
+
+Calling ``pipe.transformer.compile(...)`` yourself *after* ``apply`` works as well; ``remove``
+then leaves your compile in place, and the next forward recompiles for the original processors.
+Compile *after* ``apply``, not before: the processors are part of what is traced.
+
+``fullgraph=True`` is the default because rotvid's runtime is compile-clean (no graph break) and
+a break would hide a regression. Compilation is lazy: the first forward of each distinct plan
+(:mod:`rotvid.pipelines.runtime`) pays for it — about two graphs per run with the paper's schedules.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+
+__all__ = ["COMPILE_MESSAGE", "compile_options", "compile_transformers", "uncompile_transformers"]
+
+logger = logging.getLogger(__name__)
+
+COMPILE_MESSAGE = "compiling the transformer (first step is slow) ..."
+_OPTION_KEYS = ("fullgraph", "dynamic", "backend", "mode", "options")
+
+
+def compile_options(compile) -> dict | None:
+    """``apply``'s ``compile`` argument as ``torch.compile`` keyword arguments (None: do not compile).
+
+    Accepts ``False`` / ``True`` or a dict with keys among ``fullgraph``, ``dynamic``, ``backend``,
+    ``mode``, ``options`` (``fullgraph`` defaults to True).
+    """
+    if compile is False or compile is None:
+        return None
+    if compile is True:
+        return {"fullgraph": True}
+    if isinstance(compile, dict):
+        unknown = sorted(set(compile) - set(_OPTION_KEYS))
+        if unknown:
+            raise ValueError(
+                f"compile: unknown torch.compile options {unknown}; expected a subset of {list(_OPTION_KEYS)}"
+            )
+        return {"fullgraph": True, **compile}
+    raise ValueError(f"compile: expected True, False or a dict of torch.compile options, got {compile!r}")
+
+
+def compile_transformers(transformers: dict[str, nn.Module], options: dict) -> list[str]:
+    """``module.compile(**options)`` on each transformer; returns the names compiled."""
+    for name, module in transformers.items():
+        module.compile(**options)
+        logger.info("rotvid: %s will be compiled on its first forward (%s)", name, options)
+    return list(transformers)
+
+
+def uncompile_transformers(transformers: dict[str, nn.Module], names: list[str]) -> None:
+    """Undo :func:`compile_transformers` on the named transformers (eager forwards again)."""
+    for name in names:
+        module = transformers[name]
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            module._compiled_call_impl = None
