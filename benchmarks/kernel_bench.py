@@ -1,7 +1,7 @@
 """Side-by-side attention kernel benchmark on one GPU: cuDNN SDPA (the baseline), SageAttention2-8b (the
 peer, when importable: ``sageattn_qk_int8_pv_fp8_cuda_sm90``, its quantization included), rotvid INT4 (both
-P modes) and, on sm90, rotvid int8-fp8 -- rotvid rows with pre-processing timed alone and included, default
-smoothing (K and V).
+P modes) and, on sm90, rotvid int8-fp8 -- rotvid rows with pre-processing timed alone and included, each
+recipe's default smoothing (K and V for INT4, K for int8-fp8: rotvid.pipelines.config.SMOOTH_V_BY_RECIPE).
 
 TOP/s = 4·B·H·N_q·N_kv·D / time (the usual attention count; masked keys still counted).
 Times are medians of CUDA-event timings after warm-up. Inputs are bf16 random (never zeros), K with a
@@ -157,12 +157,13 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
         add(f"{label} [{kernel}] (attn only)", att_ms)
         add(label, full_ms, full(), note=f"[{kernel}] pre {pre_ms:.2f} ms = {100 * pre_ms / att_ms:.1f}% of attn")
     if cuda_backend.arch_entry(q.device).wgmma:
-        pre8 = lambda: cuda_backend.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=True)  # noqa: E731
+        # the recipe's default smoothing: K only (SMOOTH_V_BY_RECIPE)
+        pre8 = lambda: cuda_backend.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)  # noqa: E731
         pre8_ms = time_ms(pre8)
         qkv = pre8()
         att = lambda: cuda_backend.attention_int8fp8_quantized(  # noqa: E731
             qkv, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype)
-        full = lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=True)  # noqa: E731
+        full = lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)  # noqa: E731
         att_ms = time_ms(att)
         full_ms = time_ms(full)
         add("rotvid-int8-fp8 [wgmma] (attn only)", att_ms)

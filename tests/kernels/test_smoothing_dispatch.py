@@ -90,11 +90,13 @@ def test_pipeline_runtime_records_q_smoothing_on_cuda_as_a_fallback(cuda_checks)
     config = RotvidConfig(recipe="int4", backend="cuda", smooth_q=True)
     report = RunReport(recipe="int4", backend_requested="cuda")
     runtime = Runtime(config, tracker, report)
+    site = AttentionSite("transformer", 0, 1, 0, 0, 1)
+    runtime.add_site(site, torch.nn.Linear(1, 1))  # its call counters live on that module
     q, k, v = bf16_qkv()
     sentinel = torch.zeros_like(q)
-    out = runtime.attend(AttentionSite("transformer", 0, 1, 0, 0, 1), q, k, v, mask=None,
-                         fp16_attention=lambda: sentinel)
+    out = runtime.attend(site, q, k, v, mask=None, fp16_attention=lambda: sentinel)
     assert out is sentinel
+    runtime.drain_counts()  # counted on the device until drained
     assert report.fallback_calls == 1 and report.quantized_calls == 0
     (reason,) = report.fallbacks
     assert "smooth_q=True" in reason and "reference-only" in reason
