@@ -337,18 +337,15 @@ def _int8fp8_attention_op(
     qk_scale: float,
     out_bf16: bool,
     bnhd: bool,
-    split_tail: bool,
 ) -> torch.Tensor:
     ext = load_extension(q_hat.device)
     return ext.attention_int8fp8(
-        q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
-        None, split_tail,
+        q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd, None
     )
 
 
 @_int8fp8_attention_op.register_fake
-def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
-      split_tail):
+def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd):
     b, h = q_hat.shape[0], q_hat.shape[1]
     shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
     return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
@@ -593,14 +590,11 @@ def attention_int8fp8_quantized(
     out_dtype: torch.dtype = torch.bfloat16,
     layout: str = "BHND",
     out: torch.Tensor | None = None,
-    split_tail: bool = True,
 ) -> torch.Tensor:
     """The int8-fp8 attention kernel (sm90) on operands from :func:`preprocess_int8fp8_cuda`.
 
     Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in ``out_dtype``;
-    ``out``: an optional preallocated output written in place (tests poison it first). ``split_tail``: the
-    query tiles of a partial last wave of SMs run split over the keys and are merged by a second kernel (as the
-    INT4 kernel's; fp32 summation order of those rows changed).
+    ``out``: an optional preallocated output written in place (tests poison it first).
     """
     if out_dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"out_dtype: expected float16 or bfloat16, got {out_dtype}")
@@ -616,10 +610,10 @@ def attention_int8fp8_quantized(
         out_dtype == torch.bfloat16, layout == "BNHD",
     )
     if out is None:
-        return _int8fp8_attention_op(*args, bool(split_tail))
+        return _int8fp8_attention_op(*args)
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
-    load_extension(qkv.q_hat.device).attention_int8fp8(*args, out, bool(split_tail))
+    load_extension(qkv.q_hat.device).attention_int8fp8(*args, out)
     return out
 
 

@@ -22,16 +22,8 @@ cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)((p.Nq_pad + S::BM - 1) / S::BM) * p.H * p.B;
-  const long long ctas = p.split_from + (tiles - p.split_from) * p.splits;
-  // the tail split (kBM-row tiles, combine_splits_kernel) exists for two consumer warpgroups only
-  if (p.splits < 1 || p.split_from > tiles || (p.splits == 1 && p.split_from != tiles) ||
-      (p.splits > 1 && (p.ws == nullptr || S::BM != wg::kBM)) || ctas > 0x7fffffffLL)
-    return cudaErrorInvalidValue;
-  kernel<<<dim3((unsigned)ctas), S::THREADS, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
-  if (p.splits > 1 && tiles > p.split_from) {
-    const dim3 cgrid((unsigned)(tiles - p.split_from), wg::kBM / 8);
-    wg::combine_splits_kernel<D><<<cgrid, 256, 0, stream>>>(p);
-  }
+  if (tiles > 0x7fffffffLL) return cudaErrorInvalidValue;
+  kernel<<<dim3((unsigned)tiles), S::THREADS, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
   return cudaGetLastError();
 }
 
