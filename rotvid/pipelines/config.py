@@ -25,8 +25,8 @@ BACKENDS = ("auto", "reference", "cuda")
 # V smoothing when a config leaves it unset (smooth_v=None), per recipe. The INT4 recipes smooth V (the paper;
 # their V scales are per key block, and the kernels add the mean back in the epilogue). The FP8-V recipes do not:
 # with one FP8 scale per channel over the whole sequence, subtracting the mean first cost cosine vs float64 at
-# video lengths on zero-mean V (int8-fp8: 0.99935 -> 0.99638 at 119K tokens, 0.99936 -> 0.99904 at 33K; CPU
-# reference, benchmarks/RESULTS.md 2026-11-23), and FP8 keeps a common offset to 3 significant bits anyway.
+# video lengths on zero-mean V (int8-fp8: 0.99937 -> 0.99664 at 119K tokens, 0.99934 -> 0.99902 at 33K; CPU
+# reference, benchmarks/accuracy_vs_length.py, RESULTS.md 2026-11-23).
 SMOOTH_V_BY_RECIPE = {
     "fp16": False, "int4": True, "int4-sym-p": True, "int8-fp8": False, "int4-fp8": False, "nvfp4": False,
 }
