@@ -754,8 +754,26 @@ def pack_reference_int8fp8(
 # The dispatcher backend
 
 
+@torch.compiler.assume_constant_result
+def _device_problem(device_index: int, int8fp8: bool) -> str:
+    """Why the CUDA kernels cannot run on GPU ``device_index`` ("" when they can): compute capability in the arch
+    table, nvcc found, and for ``int8fp8`` an sm90 GPU. Host facts that do not change during a run: under
+    torch.compile this runs once while tracing and its result is a constant of the graph (no file-system probe,
+    no device query in the graph)."""
+    device = torch.device("cuda", device_index)
+    try:
+        entry = arch_entry(device)
+        _nvcc()
+    except RuntimeError as err:
+        return str(err)
+    if int8fp8 and not entry.wgmma:
+        cap = _capability(device)
+        return f"recipe 'int8-fp8' has a CUDA kernel on sm90 (Hopper) only, this is sm{cap[0]}{cap[1]}"
+    return ""
+
+
 class CudaBackend:
-    """``backend="cuda"`` of :func:`rotvid.kernels.attention`: the INT4 recipes on the GPU."""
+    """``backend="cuda"`` of :func:`rotvid.kernels.attention`: the INT4 recipes, and int8-fp8 on sm90, on the GPU."""
 
     name = "cuda"
 
@@ -778,14 +796,10 @@ class CudaBackend:
             return "no CUDA GPU (torch.cuda.is_available() is False)"
         if not q.is_cuda:
             return f"inputs are on {q.device}, not a CUDA device"
-        try:
-            arch_entry(q.device)
-            _nvcc()
-        except RuntimeError as err:
-            return str(err)
-        if recipe == INT8FP8_RECIPE and not arch_entry(q.device).wgmma:
-            cap = _capability(q.device)
-            return f"recipe 'int8-fp8' has a CUDA kernel on sm90 (Hopper) only, this is sm{cap[0]}{cap[1]}"
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        problem = _device_problem(index, recipe == INT8FP8_RECIPE)
+        if problem:
+            return problem
         if q.dtype not in SUPPORTED_DTYPES:
             return f"dtype {q.dtype} (the kernel takes float16 or bfloat16)"
         d = q.shape[-1]
@@ -804,7 +818,8 @@ class CudaBackend:
             return "a non-contiguous head_dim (stride(-1) != 1)"
         if any(st % 8 for t in (q, k, v) for st in t.stride()[:3]):
             return "strides that are not multiples of 8 elements (rows not 16-byte aligned)"
-        if any(t.data_ptr() % 16 for t in (q, k, v)):
+        if not torch.compiler.is_compiling() and any(t.data_ptr() % 16 for t in (q, k, v)):
+            # (no data pointers while tracing; the extension checks the alignment again)
             return "a data pointer that is not 16-byte aligned"
         return None
 

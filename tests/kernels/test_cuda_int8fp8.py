@@ -151,3 +151,17 @@ def test_torch_compile_fullgraph_int8fp8():
     eager = f(q, k, v)
     compiled = torch.compile(f, fullgraph=True)(q, k, v)
     assert torch.equal(eager, compiled)
+
+
+def test_dispatcher_with_backend_selection_compiles_fullgraph():
+    """The dispatcher's backend choice (environment probes, alignment checks) inside a compiled graph: no graph
+    break, the CUDA kernel chosen, the same output as eager."""
+    needs_sm90()
+    q, k, v, _ = make_inputs(1, 2, 300, 300, 128, torch.bfloat16, "BHND", seed=23)
+
+    def f(q, k, v):
+        return attention(q, k, v, recipe="int8-fp8", backend="auto")
+
+    explain = torch._dynamo.explain(f)(q, k, v)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    assert torch.equal(torch.compile(f, fullgraph=True)(q, k, v), f(q, k, v))
