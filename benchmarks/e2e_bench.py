@@ -15,9 +15,10 @@ Rows, each in ``eager`` and ``compiled`` mode (``torch.compile(fullgraph=True)``
 rotvid compiled through ``apply(model, config, compile=...)``):
 
 * ``bf16 SDPA`` — the untouched transformer (diffusers' own attention);
-* ``rotvid int4, all calls`` — the default recipe (``RotvidConfig()``: int4, half rotation, V/O
-  Hadamard) with schedule ``none``: every self-attention call quantized;
-* ``rotvid int4, paper schedule`` — ``--schedule`` (default the paper's Wan T2V one): the time of a
+* ``rotvid <recipe>, all calls`` — the default recipe (``--recipe auto``: this GPU's, ``int8-fp8`` on
+  Hopper, ``int4`` elsewhere; half rotation, V/O Hadamard) with schedule ``none``: every self-attention
+  call quantized;
+* ``rotvid <recipe>, paper schedule`` — ``--schedule`` (default the paper's Wan T2V one): the time of a
   forward averaged over the ``--steps`` steps of a run (FP16 steps and mixed steps each timed);
 * ``SageAttention2-8b`` — ``sageattn_qk_int8_pv_fp8_cuda_sm90`` on every self-attention call,
   when the ``sageattention`` package can be imported (never a dependency). Its compiled row is
@@ -267,10 +268,10 @@ def sdpa_row(model, inputs, timer: RowTimer) -> dict:
 
 
 def rotvid_rows(model, inputs, timer: RowTimer, backend: str, available: str | None) -> list[dict]:
-    """``rotvid int4, all calls`` and ``rotvid int4, paper schedule`` (None ms when no kernel runs)."""
+    """``rotvid <recipe>, all calls`` and ``rotvid <recipe>, paper schedule`` (None ms when no kernel runs)."""
     setup, args = timer.setup, timer.args
     num_blocks = setup.config["num_layers"]
-    methods = ("rotvid int4, all calls", "rotvid int4, paper schedule")
+    methods = (f"rotvid {args.recipe}, all calls", f"rotvid {args.recipe}, paper schedule")
     if available is not None:
         return [dict(method=m, ms=None, peak=None, compile_s=None, note=f"CUDA kernel not available ({available})")
                 for m in methods]
@@ -311,7 +312,7 @@ def rotvid_rows(model, inputs, timer: RowTimer, backend: str, available: str | N
     peaks = [p for p in (peak_fp16, peak_mixed) if p is not None]
     frac = expected_quantized_fraction(sched, setup.steps, (num_blocks,))
     note = (f"{sched.name}: {fp16_steps} FP16 steps ({ms_fp16:.1f} ms) + {mixed_steps} mixed steps ({ms_mixed:.1f} ms, "
-            f"{args.recipe} on {per_fwd_q}/{num_blocks} blocks); INT4 fraction {100 * frac:.1f}%")
+            f"{args.recipe} on {per_fwd_q}/{num_blocks} blocks); quantized fraction {100 * frac:.1f}%")
     rows.append(dict(method=methods[1], ms=ms, peak=max(peaks) if peaks else None, compile_s=cs_fp16 + cs_mixed,
                      note=note, fp16_steps=fp16_steps, mixed_steps=mixed_steps, int4_fraction=frac))
     return rows
@@ -414,13 +415,13 @@ def markdown(results: list[tuple[Setup, list[dict]]], args) -> str:
         lines.append("")
         for mode in args.modes:
             base = next(r for r in rows if r["mode"] == mode and r["method"].endswith("SDPA"))
-            paper = next(r for r in rows if r["mode"] == mode and r["method"] == "rotvid int4, paper schedule")
+            paper = next(r for r in rows if r["mode"] == mode and r["method"] == f"rotvid {args.recipe}, paper schedule")
             total = setup.steps * setup.forwards_per_step / 1e3
             line = (f"{mode}: {setup.steps}-step estimate (x{setup.forwards_per_step} forwards for CFG, transformer "
                     f"only): SDPA {base['ms'] * total:.1f} s")
             if paper["ms"] is not None:
                 line += (f"; rotvid paper schedule {paper['ms'] * total:.1f} s ({paper['fp16_steps']} FP16 + "
-                         f"{paper['mixed_steps']} mixed steps) = {base['ms'] / paper['ms']:.3f}×; INT4 fraction of "
+                         f"{paper['mixed_steps']} mixed steps) = {base['ms'] / paper['ms']:.3f}×; quantized fraction of "
                          f"self-attention calls {100 * paper['int4_fraction']:.1f}%.")
             else:
                 line += "; rotvid: — (no CUDA kernel in this run)."
@@ -441,7 +442,8 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--steps", type=int, default=50, help="denoising steps of the estimate (default 50)")
     ap.add_argument("--schedule", default="paper-wan2.2-t2v", help="schedule preset (default paper-wan2.2-t2v)")
     ap.add_argument("--rotation", default="half", help="Q/K rotation (default half)")
-    ap.add_argument("--recipe", default="int4", help="quantized recipe (default int4)")
+    ap.add_argument("--recipe", default="auto",
+                    help="quantized recipe (default auto: this GPU's, rotvid.kernels.recipe_table; int8-fp8 on Hopper)")
     ap.add_argument("--backend", default="cuda", choices=("cuda", "auto", "reference"),
                     help="rotvid backend for the full-size run (default cuda)")
     ap.add_argument("--allow-reference", action="store_true", help="time the PyTorch reference if no kernel runs")
@@ -462,6 +464,10 @@ def parse_args(argv: list[str] | None = None):
     args.setups = tuple(s.strip() for s in args.setups.split(",") if s.strip())
     if not args.tiny and (not args.setups or any(s not in SETUPS for s in args.setups)):
         ap.error(f"--setups: expected a comma-separated subset of {', '.join(SETUPS)}, got {','.join(args.setups)!r}")
+    if args.recipe == "auto":
+        from rotvid.kernels.recipe_table import resolve_recipe
+
+        args.recipe, _ = resolve_recipe("auto", "cuda" if torch.cuda.is_available() else "cpu")
     if args.warmup is None:
         args.warmup = 1 if args.tiny else 2
     if args.iters is None:

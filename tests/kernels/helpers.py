@@ -30,3 +30,13 @@ def random_qkv(b, h, n_q, d, *, n_kv=None, dtype=torch.float32, layout="BHND", s
     if layout == "BNHD":
         q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     return q, k, v
+
+
+def cuda_qkv(b, h, n_q, n_kv, d, dtype, layout, seed, bias=1.0, kv_lens=None):
+    """Fresh random Q, K, V on the GPU in ``dtype`` (a shared channel bias of size ``bias``), and ``kv_lens`` as a
+    CUDA int64 tensor (or None)."""
+    q, k, v = random_qkv(b, h, n_q, d, n_kv=n_kv, dtype=torch.float32, layout=layout, seed=seed, bias=bias)
+    q, k, v = (t.to("cuda", dtype) for t in (q, k, v))
+    if kv_lens is not None:
+        kv_lens = torch.tensor(kv_lens, dtype=torch.int64, device="cuda")
+    return q, k, v, kv_lens

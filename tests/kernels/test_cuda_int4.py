@@ -14,7 +14,7 @@ import torch
 
 from rotvid.kernels import attention, metrics
 from rotvid.kernels.reference import attention_from_quantized, attention_reference, preprocess_int4
-from tests.kernels.helpers import attention_fp64, random_qkv
+from tests.kernels.helpers import attention_fp64, cuda_qkv
 
 pytestmark = pytest.mark.gpu
 
@@ -28,12 +28,7 @@ def cb():
     return cuda_backend
 
 
-def make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed, bias=1.0, kv_lens=None):
-    q, k, v = random_qkv(b, h, n_q, d, n_kv=n_kv, dtype=torch.float32, layout=layout, seed=seed, bias=bias)
-    q, k, v = (t.to("cuda", dtype) for t in (q, k, v))
-    if kv_lens is not None:
-        kv_lens = torch.tensor(kv_lens, dtype=torch.int64, device="cuda")
-    return q, k, v, kv_lens
+make_inputs = cuda_qkv
 
 
 def run_kernel_on(kq, *, n_q, n_kv, d, block_n, kv_lens, p_mode, path, dtype, layout, b, h, split_tail=True):

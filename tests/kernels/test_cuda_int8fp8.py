@@ -13,7 +13,7 @@ import torch
 from rotvid.kernels import attention, metrics
 from rotvid.kernels.quantize import k_group_of_key
 from rotvid.kernels.reference import attention_int8fp8_from_quantized, attention_reference
-from tests.kernels.helpers import attention_fp64, random_qkv
+from tests.kernels.helpers import attention_fp64, cuda_qkv
 
 pytestmark = pytest.mark.gpu
 
@@ -34,12 +34,7 @@ def needs_sm90():
         pytest.skip(f"the int8-fp8 kernel needs sm90, this GPU is sm{''.join(map(str, torch.cuda.get_device_capability()))}")
 
 
-def make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed, bias=1.0, kv_lens=None):
-    q, k, v = random_qkv(b, h, n_q, d, n_kv=n_kv, dtype=torch.float32, layout=layout, seed=seed, bias=bias)
-    q, k, v = (t.to("cuda", dtype) for t in (q, k, v))
-    if kv_lens is not None:
-        kv_lens = torch.tensor(kv_lens, dtype=torch.int64, device="cuda")
-    return q, k, v, kv_lens
+make_inputs = cuda_qkv
 
 
 def to_bhnd(x, layout):

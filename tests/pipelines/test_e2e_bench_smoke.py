@@ -24,7 +24,7 @@ def test_e2e_bench_tiny_smoke(tmp_path):
     paper = next(ln for ln in md.splitlines() if ln.startswith("| eager | rotvid int4, paper schedule |"))
     assert "int4 on 2/6 blocks" in paper  # paper schedule, a mixed step: blocks 2, 3
     # paper-wan2.2-t2v over 6 steps x 6 blocks: steps 2, 3 and blocks 2, 3 run INT4 -> 4/36.
-    assert "6-step estimate" in md and "INT4 fraction of self-attention calls 11.1%" in md
+    assert "6-step estimate" in md and "quantized fraction of self-attention calls 11.1%" in md
     assert "(2 FP16 + 4 mixed steps)" not in md and "(4 FP16 + 2 mixed steps)" in md
     assert "SageAttention2-8b" not in md  # CPU: the peer's row is only for a GPU with the package
 
