@@ -422,6 +422,15 @@ def _check_inputs(q, k, v, layout, kv_lens, block_n):
     return qb, qh, qn, qd, kn
 
 
+def _check_output_args(out_dtype: torch.dtype, head_dim: int, layout: str) -> None:
+    if out_dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"out_dtype: expected float16 or bfloat16, got {out_dtype}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    if layout not in ("BHND", "BNHD"):
+        raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
+
+
 def _kv_lens_int32(kv_lens, device):
     if kv_lens is None:
         return None
@@ -491,15 +500,10 @@ def attention_int4_quantized(
     """
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
-    if out_dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"out_dtype: expected float16 or bfloat16, got {out_dtype}")
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    _check_output_args(out_dtype, head_dim, layout)
     block_n = default_block_n(qkv.q_hat.device) if block_n is None else block_n
     if block_n not in SUPPORTED_BLOCK_N:
         raise ValueError(f"block_n: expected one of {SUPPORTED_BLOCK_N}, got {block_n!r}")
-    if layout not in ("BHND", "BNHD"):
-        raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
     path = _check_path(path, qkv.q_hat.device)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
     args = (
@@ -596,12 +600,7 @@ def attention_int8fp8_quantized(
     Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in ``out_dtype``;
     ``out``: an optional preallocated output written in place (tests poison it first).
     """
-    if out_dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"out_dtype: expected float16 or bfloat16, got {out_dtype}")
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
-    if layout not in ("BHND", "BNHD"):
-        raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
+    _check_output_args(out_dtype, head_dim, layout)
     _check_int8fp8_device(qkv.q_hat.device)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
     args = (
