@@ -19,7 +19,8 @@ from rotvid import __version__
 
 app = typer.Typer(
     name="rotvid",
-    help="INT4 self-attention with RoPE-aware rotations for video diffusion transformers.",
+    help="Quantized self-attention (INT4 on Ampere/Ada, INT8/FP8 on Hopper) with RoPE-aware rotations for video "
+    "diffusion transformers.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -397,7 +398,8 @@ def generate(
     gpus: GpusOpt = 1,
     compile: CompileOpt = False,
 ) -> None:
-    """Generate video(s) with INT4 self-attention; writes an H.264 mp4 and a JSON sidecar per prompt."""
+    """Generate video(s) with quantized self-attention (recipe auto: this GPU's); writes an H.264 mp4 and a JSON
+    sidecar per prompt."""
     with _user_errors():
         from rotvid.eval.generation import call_kwargs, check_outputs, generate_video, video_name
 
