@@ -120,9 +120,11 @@ def _exact_attention(case: StudyCase) -> torch.Tensor:
     return attention_reference(q, k, v, recipe="fp16", kv_lens=kv_lens, smooth_k=False)
 
 
-def run_case(case: StudyCase, rotations, recipes, v_hadamard: bool, block_n: int | None = None) -> list[dict]:
+def run_case(case: StudyCase, rotations, recipes, v_hadamard: bool, block_n: int | None = None,
+             smoothing: dict | None = None) -> list[dict]:
     """All settings on one tensor set; one row per (rotation, recipe). ``block_n``: the key-block size
-    (part of the numerics; None: the reference default, 64; the Hopper kernel uses 128)."""
+    (part of the numerics; None: the reference default, 64; the Hopper kernel uses 128). ``smoothing``:
+    ``smooth_q`` / ``smooth_v`` passed to the reference (default: the reference's, K only)."""
     ref = _exact_attention(case)
     kv_lens = None if case.kv_len is None else torch.full((case.q.shape[0],), case.kv_len)
     h = hadamard_matrix(case.head_dim, torch.float32) if v_hadamard else None
@@ -133,7 +135,8 @@ def run_case(case: StudyCase, rotations, recipes, v_hadamard: bool, block_n: int
         q, k = rot.apply(case.q), rot.apply(case.k)
         psi = incoherence_summary(incoherence(q), case.segments)["all"]["peak_to_mean"]
         for recipe in recipes:
-            out = attention_reference(q, k, v_in, recipe=recipe, kv_lens=kv_lens, block_n=block_n or DEFAULT_BLOCK_N)
+            out = attention_reference(q, k, v_in, recipe=recipe, kv_lens=kv_lens, block_n=block_n or DEFAULT_BLOCK_N,
+                                      **(smoothing or {}))
             if v_hadamard:
                 out = out @ h.T
             rows.append(
@@ -246,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--block-n", type=int, default=None,
                    help="key-block size of the quantized recipes (default: the reference's, 64; the Hopper kernel's is 128)")
+    p.add_argument("--smooth-q", action="store_true", help="Q smoothing (per block of 128 query rows, with ΔS)")
+    p.add_argument("--smooth-v", action="store_true", help="V smoothing (mean added back to the output)")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where the results files go")
     p.add_argument("--no-write", action="store_true", help="print only")
     return p
@@ -268,11 +273,12 @@ def main(argv: list[str] | None = None) -> dict:
     v_on = args.v_hadamard == "on"
     rows, v_rows, exact = [], [], []
     for i, case in enumerate(cases):
-        rows += run_case(case, rotations, recipes, v_on, args.block_n)
+        smoothing = dict(smooth_q=args.smooth_q, smooth_v=args.smooth_v)
+        rows += run_case(case, rotations, recipes, v_on, args.block_n, smoothing)
         # exactness check: unquantized attention of every rotation against float64.
         exact += run_case(case, rotations, ["fp16"], v_on)
         if not args.no_v_table:
-            v_rows += run_case(case, ["none"], recipes, not v_on, args.block_n)
+            v_rows += run_case(case, ["none"], recipes, not v_on, args.block_n, smoothing)
         print(f"[{i + 1}/{len(cases)}] {case.source} {case.label}  ({time.time() - t0:.0f}s)", file=sys.stderr)
     aggs = aggregate(rows, ("source", "recipe", "rotation"))
     v_aggs = aggregate([r for r in rows if r["rotation"] == "none"] + v_rows, ("source", "recipe", "v_hadamard"))
@@ -288,6 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"command: `{command.strip()}`  \n"
         f"cases: {len(cases)} tensor sets ({', '.join(sorted({c.source for c in cases}))}); "
         f"V Hadamard in main table: {args.v_hadamard}; key block {args.block_n or 'reference default (64)'}; "
+        f"smoothing: K{', Q' if args.smooth_q else ''}{', V' if args.smooth_v else ''}; "
         f"torch threads {args.threads}; {elapsed:.0f} s\n\n"
         f"Reference: exact float64 attention of the unrotated tensors. Worst SQNR of unquantized "
         f"(recipe fp16, float32) attention over all rotations: {fp_worst:.1f} dB (rotations are exact).\n"
