@@ -55,15 +55,16 @@ at::Tensor token_mean(const at::Tensor& x, const Dims& d, const c10::optional<at
   return mean;
 }
 
-std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                        const c10::optional<at::Tensor>& kv_lens, bool bnhd, int64_t block_n,
-                                        bool smooth_k, bool smooth_v, bool s4, int64_t p_mode) {
+// The checks both pre-processing entry points make on q, k, v (any layout) and kv_lens; their dims.
+struct QKVDims {
+  Dims q, k, v;
+};
+
+QKVDims checked_qkv_dims(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const c10::optional<at::Tensor>& kv_lens, bool bnhd) {
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "q, k, v must be CUDA tensors");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), "q, k, v: same dtype");
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q: fp16 or bf16");
-  TORCH_CHECK(block_n == 64 || block_n == 128, "block_n: 64 or 128");
-  const c10::cuda::CUDAGuard guard(q.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Dims dq = dims_of(q, bnhd), dk = dims_of(k, bnhd), dv = dims_of(v, bnhd);
   TORCH_CHECK(dq.D == 64 || dq.D == 128, "head_dim: 64 or 128");
   TORCH_CHECK(dk.B == dq.B && dk.H == dq.H && dk.D == dq.D, "k: batch, heads, head_dim of q");
@@ -78,6 +79,17 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
                     kv_lens->is_contiguous(),
                 "kv_lens: contiguous int32 CUDA tensor [B]");
   }
+  return {dq, dk, dv};
+}
+
+std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const c10::optional<at::Tensor>& kv_lens, bool bnhd, int64_t block_n,
+                                        bool smooth_k, bool smooth_v, bool s4, int64_t p_mode) {
+  TORCH_CHECK(block_n == 64 || block_n == 128, "block_n: 64 or 128");
+  const QKVDims d = checked_qkv_dims(q, k, v, kv_lens, bnhd);  // (before the guard: CUDA inputs checked first)
+  const Dims &dq = d.q, &dk = d.k, &dv = d.v;
+  const c10::cuda::CUDAGuard guard(q.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t D = dq.D, DB = s4 ? D / 2 : D;
   const int64_t nq_pad = round_up(dq.N, rotvid::kBlockM), nkv_pad = round_up(dk.N, block_n);
   auto i8 = q.options().dtype(at::kChar);
@@ -219,25 +231,10 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
 std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const c10::optional<at::Tensor>& kv_lens, bool bnhd, bool smooth_k,
                                            bool smooth_v) {
-  TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "q, k, v must be CUDA tensors");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), "q, k, v: same dtype");
-  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q: fp16 or bf16");
+  const QKVDims d = checked_qkv_dims(q, k, v, kv_lens, bnhd);  // (before the guard: CUDA inputs checked first)
+  const Dims &dq = d.q, &dk = d.k, &dv = d.v;
   const c10::cuda::CUDAGuard guard(q.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const Dims dq = dims_of(q, bnhd), dk = dims_of(k, bnhd), dv = dims_of(v, bnhd);
-  TORCH_CHECK(dq.D == 64 || dq.D == 128, "head_dim: 64 or 128");
-  TORCH_CHECK(dk.B == dq.B && dk.H == dq.H && dk.D == dq.D, "k: batch, heads, head_dim of q");
-  TORCH_CHECK(dv.B == dk.B && dv.H == dk.H && dv.N == dk.N && dv.D == dk.D, "v: shape of k");
-  for (const at::Tensor* t : {&q, &k, &v}) {
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, "q, k, v: 16-byte aligned data pointers");
-    TORCH_CHECK(t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0 && t->stride(2) % 8 == 0,
-                "q, k, v: strides must be multiples of 8 elements (16-byte aligned rows)");
-  }
-  if (kv_lens.has_value()) {
-    TORCH_CHECK(kv_lens->is_cuda() && kv_lens->scalar_type() == at::kInt && kv_lens->numel() == dq.B &&
-                    kv_lens->is_contiguous(),
-                "kv_lens: contiguous int32 CUDA tensor [B]");
-  }
   const int64_t D = dq.D;
   const int64_t nq_pad = round_up(dq.N, rotvid::kBlockM), nkv_pad = round_up(dk.N, 128);
   auto i8 = q.options().dtype(at::kChar);
