@@ -80,6 +80,7 @@ TINY = dict(
 )
 SETUPS = ("wan2.1-1.3b-480p", "wan14b-720p-slice")
 MODES = ("eager", "compiled")
+ROWS = ("sdpa", "all", "schedule", "sage")  # the SDPA row is every ratio's base: always timed
 
 
 @dataclass(frozen=True)
@@ -272,11 +273,22 @@ def rotvid_rows(model, inputs, timer: RowTimer, backend: str, available: str | N
     setup, args = timer.setup, timer.args
     num_blocks = setup.config["num_layers"]
     methods = (f"rotvid {args.recipe}, all calls", f"rotvid {args.recipe}, paper schedule")
+    wanted = ("all" in args.rows, "schedule" in args.rows)
     if available is not None:
         return [dict(method=m, ms=None, peak=None, compile_s=None, note=f"CUDA kernel not available ({available})")
-                for m in methods]
+                for m, w in zip(methods, wanted) if w]
     compile_arg = timer.compile_options() if timer.compiled else False
     rows = []
+    if wanted[0]:
+        rows.append(_rotvid_all_row(model, inputs, timer, backend, methods[0], compile_arg))
+    if wanted[1]:
+        rows.append(_rotvid_schedule_row(model, inputs, timer, backend, methods[1], compile_arg))
+    return rows
+
+
+def _rotvid_all_row(model, inputs, timer: RowTimer, backend: str, method: str, compile_arg) -> dict:
+    setup, args = timer.setup, timer.args
+    num_blocks = setup.config["num_layers"]
     # Every call quantized: the default recipe, schedule none (one plan, one graph).
     cfg = RotvidConfig(recipe=args.recipe, rotation=args.rotation, backend=backend, schedule="none")
     handle = apply(model, cfg, compile=compile_arg)
@@ -289,9 +301,14 @@ def rotvid_rows(model, inputs, timer: RowTimer, backend: str, available: str | N
         note = f"{args.recipe} on {per_fwd}/{num_blocks} blocks, backend {', '.join(sorted(rep.backends)) or 'none'}"
         if rep.fallbacks:
             note += f"; FALLBACKS: {rep.fallbacks}"
-        rows.append(dict(method=methods[0], ms=ms, peak=peak, compile_s=cs, note=note))
     finally:
         remove(model)
+    return dict(method=method, ms=ms, peak=peak, compile_s=cs, note=note)
+
+
+def _rotvid_schedule_row(model, inputs, timer: RowTimer, backend: str, method: str, compile_arg) -> dict:
+    setup, args = timer.setup, timer.args
+    num_blocks = setup.config["num_layers"]
     # The paper schedule: an FP16 step and a mixed step (two plans, two graphs), weighted by the run.
     sched = paper_schedule(setup, args.schedule)
     fp16_steps, mixed_steps = step_mix(sched, setup.steps)
@@ -313,9 +330,8 @@ def rotvid_rows(model, inputs, timer: RowTimer, backend: str, available: str | N
     frac = expected_quantized_fraction(sched, setup.steps, (num_blocks,))
     note = (f"{sched.name}: {fp16_steps} FP16 steps ({ms_fp16:.1f} ms) + {mixed_steps} mixed steps ({ms_mixed:.1f} ms, "
             f"{args.recipe} on {per_fwd_q}/{num_blocks} blocks); quantized fraction {100 * frac:.1f}%")
-    rows.append(dict(method=methods[1], ms=ms, peak=max(peaks) if peaks else None, compile_s=cs_fp16 + cs_mixed,
-                     note=note, fp16_steps=fp16_steps, mixed_steps=mixed_steps, int4_fraction=frac))
-    return rows
+    return dict(method=method, ms=ms, peak=max(peaks) if peaks else None, compile_s=cs_fp16 + cs_mixed,
+                note=note, fp16_steps=fp16_steps, mixed_steps=mixed_steps, int4_fraction=frac)
 
 
 def sage_row(model, inputs, timer: RowTimer, sage) -> dict:
@@ -349,7 +365,7 @@ def run_setup(setup: Setup, args) -> list[dict]:
         torch._dynamo.reset()  # each mode and setup compiles from scratch (no shape-generalized graphs)
         timer = RowTimer(setup, args, compiled=mode == "compiled")
         mode_rows = [sdpa_row(model, inputs, timer), *rotvid_rows(model, inputs, timer, backend, available)]
-        if sage is not None:
+        if sage is not None and "sage" in args.rows:
             mode_rows.append(sage_row(model, inputs, timer, sage))
         for r in mode_rows:
             r["mode"] = mode
@@ -415,11 +431,14 @@ def markdown(results: list[tuple[Setup, list[dict]]], args) -> str:
         lines.append("")
         for mode in args.modes:
             base = next(r for r in rows if r["mode"] == mode and r["method"].endswith("SDPA"))
-            paper = next(r for r in rows if r["mode"] == mode and r["method"] == f"rotvid {args.recipe}, paper schedule")
+            paper = next((r for r in rows if r["mode"] == mode and r["method"] == f"rotvid {args.recipe}, paper schedule"),
+                         None)
             total = setup.steps * setup.forwards_per_step / 1e3
             line = (f"{mode}: {setup.steps}-step estimate (x{setup.forwards_per_step} forwards for CFG, transformer "
                     f"only): SDPA {base['ms'] * total:.1f} s")
-            if paper["ms"] is not None:
+            if paper is None:
+                line += "; rotvid paper schedule: not timed (--rows)."
+            elif paper["ms"] is not None:
                 line += (f"; rotvid paper schedule {paper['ms'] * total:.1f} s ({paper['fp16_steps']} FP16 + "
                          f"{paper['mixed_steps']} mixed steps) = {base['ms'] / paper['ms']:.3f}×; quantized fraction of "
                          f"self-attention calls {100 * paper['int4_fraction']:.1f}%.")
@@ -439,6 +458,9 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated: eager, compiled (default both)")
     ap.add_argument("--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune"),
                     help="torch.compile mode of the compiled rows (default: default)")
+    ap.add_argument("--rows", default=",".join(ROWS),
+                    help="comma-separated rows to time: sdpa (always), all (rotvid, every call quantized), schedule "
+                         "(rotvid, paper schedule), sage (the peer, when importable); default all four")
     ap.add_argument("--steps", type=int, default=50, help="denoising steps of the estimate (default 50)")
     ap.add_argument("--schedule", default="paper-wan2.2-t2v", help="schedule preset (default paper-wan2.2-t2v)")
     ap.add_argument("--rotation", default="half", help="Q/K rotation (default half)")
@@ -461,6 +483,10 @@ def parse_args(argv: list[str] | None = None):
     args.modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not args.modes or any(m not in MODES for m in args.modes):
         ap.error(f"--modes: expected a comma-separated subset of {', '.join(MODES)}, got {','.join(args.modes)!r}")
+    rows = {r.strip() for r in args.rows.split(",") if r.strip()}
+    if not rows <= set(ROWS):
+        ap.error(f"--rows: expected a comma-separated subset of {', '.join(ROWS)}, got {args.rows!r}")
+    args.rows = tuple(r for r in ROWS if r in rows | {"sdpa"})
     args.setups = tuple(s.strip() for s in args.setups.split(",") if s.strip())
     if not args.tiny and (not args.setups or any(s not in SETUPS for s in args.setups)):
         ap.error(f"--setups: expected a comma-separated subset of {', '.join(SETUPS)}, got {','.join(args.setups)!r}")
