@@ -25,6 +25,8 @@ once per reason, by the report) at the latest one step after it happened.
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +41,11 @@ PLANNED_BUFFER = "rotvid_fp16_planned"
 # backend, a few fallback reasons. Exceeding it is an error, not a silent drop.
 SLOTS_PER_SITE = 32
 OUTCOMES = ("quantized", "fp16", "fallback")
+
+# Installed sites by a process-unique integer: what the compiled graph passes to outcome_slot, since
+# dynamo (torch 2.11) can hand an assume_constant_result function only Python constants, not objects.
+_SITES: "weakref.WeakValueDictionary[int, SiteCounters]" = weakref.WeakValueDictionary()
+_NEXT_ID = itertools.count()
 
 
 @dataclass
@@ -57,6 +64,10 @@ class SiteCounters:
     key: str
     module: nn.Module
     slots: dict[tuple[str, str], int] = field(default_factory=dict)
+    uid: int = field(default_factory=lambda: next(_NEXT_ID))
+
+    def __post_init__(self) -> None:
+        _SITES[self.uid] = self
 
     @classmethod
     def install(cls, key: str, module: nn.Module) -> "SiteCounters":
@@ -90,7 +101,7 @@ class SiteCounters:
 
     def add(self, outcome: str, detail: str, amount: torch.Tensor | int = 1) -> None:
         """Count ``amount`` calls (an int, or a 0-d integer/bool tensor computed on the device)."""
-        slot = outcome_slot(self, outcome, detail)
+        slot = outcome_slot(self.uid, outcome, detail)
         counts = self.counts
         if isinstance(amount, torch.Tensor):
             counts[slot] += amount.to(counts.dtype)
@@ -117,11 +128,16 @@ class SiteCounters:
 
 
 @torch.compiler.assume_constant_result
-def outcome_slot(site: SiteCounters, outcome: str, detail: str) -> int:
-    """The slot of ``(outcome, detail)`` in ``site``'s counters, registering it on first use.
+def outcome_slot(site_uid: int, outcome: str, detail: str) -> int:
+    """The slot of ``(outcome, detail)`` in the counters of the site numbered ``site_uid``
+    (:attr:`SiteCounters.uid`), registering it on first use.
 
-    Under ``torch.compile`` this runs while tracing and its result is a constant of the graph.
+    Under ``torch.compile`` this runs while tracing and its result is a constant of the graph; its
+    arguments are plain constants (an int and two strings), which every dynamo version accepts.
     """
+    site = _SITES.get(site_uid)
+    if site is None:
+        raise RuntimeError(f"rotvid: no installed call counters numbered {site_uid} (removed while running?)")
     key = (outcome, detail)
     slot = site.slots.get(key)
     if slot is None:

@@ -192,6 +192,19 @@ class Rotation:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.kind!r}, head_dim={self.head_dim})"
 
+    def _device_cache(self) -> dict:
+        """Per-(device, dtype) operands of :meth:`apply`, created on first use.
+
+        Under torch.compile a fresh dict per trace: the operands become constants of the graph, and no
+        guard watches a dict the trace itself filled (torch 2.11 would recompile on it once)."""
+        if torch.compiler.is_compiling():
+            return {}
+        cache = getattr(self, "_device_tensors", None)
+        if cache is None:
+            cache = {}
+            self._device_tensors = cache
+        return cache
+
 
 class NoRotation(Rotation):
     """R = I."""
@@ -229,7 +242,7 @@ class FullHadamardRotation(Rotation):
             raise ValueError(f"x must be [..., {self.head_dim}], got {tuple(x.shape)}")
         cd = _compute_dtype(x)
         key = (x.device, cd)
-        cache = self.__dict__.setdefault("_device_cache", {})
+        cache = self._device_cache()
         if key not in cache:
             cache[key] = hadamard_matrix(self.head_dim, cd, x.device)
         return (x.to(cd) @ cache[key]).to(x.dtype)
@@ -380,7 +393,7 @@ class PairRotation(Rotation):
             )
         cd = _compute_dtype(x)
         key = (x.device, cd)
-        cache = self.__dict__.setdefault("_device_cache", {})
+        cache = self._device_cache()
         if key not in cache:
             partner, diag, off = self.column_structure()
             # diag/off [*lead, D] -> [*lead, 1, D] to broadcast over the token axis.
