@@ -85,9 +85,10 @@ def test_tiny_transformer_compiled_fullgraph_on_cuda_kernel_matches_eager(tmp_pa
             eager = pipe.transformer(*args, **kwargs)[0].float()
             explained = torch._dynamo.explain(pipe.transformer)(*args, **kwargs)
             torch._dynamo.reset()
+            before = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # cumulative over the process
             compiled = torch.compile(pipe.transformer, fullgraph=True)
             outs = [compiled(*args, **kwargs)[0].float() for _ in range(2)]
-            frame_count = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            frame_count = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
     finally:
         remove(pipe)
         torch._dynamo.reset()
