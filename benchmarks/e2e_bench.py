@@ -270,8 +270,7 @@ def sdpa_row(model, inputs, timer: RowTimer) -> dict:
 
 def rotvid_rows(model, inputs, timer: RowTimer, backend: str, available: str | None) -> list[dict]:
     """``rotvid <recipe>, all calls`` and ``rotvid <recipe>, paper schedule`` (None ms when no kernel runs)."""
-    setup, args = timer.setup, timer.args
-    num_blocks = setup.config["num_layers"]
+    args = timer.args
     methods = (f"rotvid {args.recipe}, all calls", f"rotvid {args.recipe}, paper schedule")
     wanted = ("all" in args.rows, "schedule" in args.rows)
     if available is not None:

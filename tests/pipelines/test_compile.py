@@ -48,14 +48,15 @@ def run(pipe, family, steps=3):
     return pipe(**tiny_call_kwargs(family, steps=steps)).frames
 
 
-def transformer_inputs(pipe, family):
-    """The (args, kwargs) the pipeline passes to its transformer (first forward of a 1-step run)."""
+def transformer_inputs(pipe, family, **call_kw):
+    """The (args, kwargs) the pipeline passes to its transformer (first forward of a 1-step run;
+    ``call_kw``: more :func:`tiny_call_kwargs` arguments, e.g. ``size``)."""
     seen = []
     hook = pipe.transformer.register_forward_pre_hook(
         lambda m, args, kwargs: seen.append((args, kwargs)) if not seen else None, with_kwargs=True
     )
     try:
-        run(pipe, family, steps=1)
+        pipe(**tiny_call_kwargs(family, steps=1, **call_kw))
     finally:
         hook.remove()
     return seen[0]

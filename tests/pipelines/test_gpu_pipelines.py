@@ -7,6 +7,8 @@ import torch
 from rotvid.pipelines import RotvidConfig, Schedule, apply, remove
 from rotvid.pipelines.tiny import build_tiny_pipeline, tiny_call_kwargs
 
+from .test_compile import transformer_inputs
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["wan", "hunyuan_video", "cogvideox"])
@@ -68,15 +70,7 @@ def test_tiny_transformer_compiled_fullgraph_on_cuda_kernel_matches_eager(tmp_pa
     torch._dynamo.reset()
     pipe = build_tiny_pipeline(family, tmp_path / family, dtype=torch.bfloat16).to("cuda")
     pipe.set_progress_bar_config(disable=True)
-    seen = []
-    hook = pipe.transformer.register_forward_pre_hook(
-        lambda m, args, kwargs: seen.append((args, kwargs)) if not seen else None, with_kwargs=True
-    )
-    try:
-        pipe(**tiny_call_kwargs(family, steps=1, size=64))
-    finally:
-        hook.remove()
-    args, kwargs = seen[0]
+    args, kwargs = transformer_inputs(pipe, family, size=64)
     handle = apply(pipe, RotvidConfig(recipe=recipe, rotation="half", backend="cuda", schedule="none"))
     try:
         handle.tracker.begin(3)
