@@ -42,6 +42,10 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
     if (variant == 7) return launch8_d<D, 2, 0, 0, 3>(p, stream);
     if (variant == 8) return launch8_d<D, 4, 0, 0, 3>(p, stream);
     if (variant == 9) return launch8_d<D, 3, 0, 1, 3>(p, stream);
+    if (variant == 10) return launch8_d<D, 3, 2, 2>(p, stream);
+    if (variant == 11) return launch8_d<D, 3, 0, 2>(p, stream);
+    if (variant == 12) return launch8_d<D, 4, 2, 2>(p, stream);
+    if (variant == 13) return launch8_d<D, 2, 2, 2>(p, stream);
   }
 #endif
   // H100, int8fp8_variants.py (attention only, one run): ping-pong 2 + PIPE 1 with 3 stages at both head dims --

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef ROTVID_WGMMA_ENABLED
   static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
-  static_assert(PIPE == 0 || PIPE == 1, "PIPE 0 or 1");
+  static_assert(PIPE >= 0 && PIPE <= 2, "PIPE 0, 1 or 2");
   static_assert(NWG == 2 || PINGPONG == 0, "the ping-pong turn is for two consumer warpgroups");
   using C = Cfg<D, STAGES, BN, NWG>;
   using S = Shape<NWG>;
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
       xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, 2));
       mblk[r] = xm;
     }
-    rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
+    if constexpr (PIPE != 2) rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
   };
   // 448 p, its row sums and the e4m3 A fragments
   auto exps_pack = [&](const int kb, auto partial_tag) {
@@ -323,6 +323,58 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   };
 
   wg::mbar_wait(q_bar, 0);
+  if constexpr (PIPE == 2) {
+    // QK^T of block kb+1 is issued before P.V of block kb, so S(kb+1) arrives first and its row max is taken
+    // while P.V(kb) is still on the tensor cores: the P.V latency leaves the consumer's critical path. The online
+    // combine of block kb+1 waits for the O update of block kb (it rescales O).
+    if (nblk > 0) {
+      wg::mbar_wait(full_bar(0), 0);
+      issue_qk(0);
+      wg::wgmma_wait<0>();
+      if (kBN > kv_len) {
+        scores_max(0, 0, std::true_type{});
+      } else {
+        scores_max(0, 0, std::false_type{});
+      }
+    }
+    auto exps_of = [&](const int kb) {
+      rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
+      if ((kb + 1) * kBN > kv_len) {
+        exps_pack(kb, std::true_type{});
+      } else {
+        exps_pack(kb, std::false_type{});
+      }
+    };
+    // (the last block is peeled so that the loop body issues, waits and reads the same accumulators on every
+    // path: ptxas serializes the wgmmas when it cannot see which group a wait retires)
+    for (int kb = 0; kb + 1 < nblk; ++kb) {
+      const int s = kb % ST;
+      const int s1 = (kb + 1) % ST;
+      exps_of(kb);
+      wg::mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
+      if constexpr (PINGPONG != 0) turn_wait();
+      issue_qk(s1);
+      issue_pv(s);
+      if constexpr (PINGPONG != 0) turn_pass(false);
+      wg::wgmma_wait<1>();  // S(kb+1); P.V(kb) may still run
+      if ((kb + 2) * kBN > kv_len) {
+        scores_max(kb + 1, s1, std::true_type{});
+      } else {
+        scores_max(kb + 1, s1, std::false_type{});
+      }
+      wg::wgmma_wait<0>();
+      update_o(s);
+    }
+    if (nblk > 0) {
+      const int kb = nblk - 1, s = kb % ST;
+      exps_of(kb);
+      if constexpr (PINGPONG != 0) turn_wait();
+      issue_pv(s);
+      if constexpr (PINGPONG != 0) turn_pass(true);
+      wg::wgmma_wait<0>();
+      update_o(s);
+    }
+  } else {
   if (nblk > 0) {
     wg::mbar_wait(full_bar(0), 0);
     if constexpr (PINGPONG == 1) turn_wait();
@@ -358,6 +410,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
       if constexpr (PINGPONG == 1) turn_pass(kb + 2 == nblk);
     }
   }
+  }  // PIPE
 
   // Epilogue: out = O / l * v_scale (+ v_mean); v_scale per channel in vparams [BH, D]
 #pragma unroll
