@@ -119,7 +119,13 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float f0, float f1, float f2, fl
   return w;
 }
 
-template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2>
+// MAGIC (scores to float): 0 -- I2F of the int32 score; 1 -- the accumulator starts at kMagicI (as a float
+// 1.5 * 2^23 + S, exact for |S| < 2^22), so float(S) is one FADD, bit-identical to 0; 2 -- as 1 with the
+// subtraction of 1.5 * 2^23 folded into the exponent's constant (one rounding of that constant per row and block).
+constexpr uint32_t kMagicI = 0x4B400000u;  // bits of 12582912.0f
+constexpr float kMagicF = 12582912.0f;
+
+template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int MAGIC = 0>
 __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     int8fp8_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -213,8 +219,12 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
 
   auto issue_qk = [&](const int s) {
     const uint64_t desc_k = wg::smem_desc(s_k(s), C::QK_SWIZZLE);
+    if constexpr (MAGIC != 0) {
+#pragma unroll
+      for (int i = 0; i < NT * 4; ++i) sacc[i] = kMagicI;
+    }
     wg::wgmma_fence();
-    wg::wgmma_qk<BN, 0>(sacc, desc_q, desc_k);
+    wg::wgmma_qk<BN, MAGIC != 0 ? 1 : 0>(sacc, desc_q, desc_k);
 #pragma unroll
     for (int ks = 1; ks < QKS; ++ks) wg::wgmma_qk<BN, 1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
     wg::wgmma_commit();
@@ -264,7 +274,8 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
       sqk[r] = sq[r] * ks;
       const int m = max(max(mi[0][r], mi[1][r]), max(mi[2][r], mi[3][r]));
       // (a thread whose keys are all masked offers -inf; a valid key is in every block)
-      float xm = m == INT_MIN ? -INFINITY : __int2float_rn(m) * sqk[r];
+      const int m_s = MAGIC != 0 ? m - (int)kMagicI : m;
+      float xm = m == INT_MIN ? -INFINITY : __int2float_rn(m_s) * sqk[r];
       xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, 1));
       xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, 2));
       mblk[r] = xm;
@@ -274,7 +285,11 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   // 448 p, its row sums and the e4m3 A fragments
   auto exps_pack = [&](const int kb, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
-    const float mshift[2] = {mblk[0] - kLog2Fp8Max, mblk[1] - kLog2Fp8Max};
+    float mshift[2] = {mblk[0] - kLog2Fp8Max, mblk[1] - kLog2Fp8Max};
+    if constexpr (MAGIC == 2) {
+      mshift[0] = fmaf(kMagicF, sqk[0], mshift[0]);
+      mshift[1] = fmaf(kMagicF, sqk[1], mshift[1]);
+    }
     float ls[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
     for (int k = 0; k < PKS; ++k) {
@@ -285,7 +300,11 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
-          float v = rowmath::ex2(fmaf(__int2float_rn((int)sacc[4 * j + e]), sqk[r], -mshift[r]));
+          float sf;
+          if constexpr (MAGIC == 0) sf = __int2float_rn((int)sacc[4 * j + e]);
+          if constexpr (MAGIC == 1) sf = __uint_as_float(sacc[4 * j + e]) - kMagicF;
+          if constexpr (MAGIC == 2) sf = __uint_as_float(sacc[4 * j + e]);
+          float v = rowmath::ex2(fmaf(sf, sqk[r], -mshift[r]));
           if constexpr (PARTIAL) {
             const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
             if (key >= kv_len) v = 0.f;
