@@ -4,7 +4,7 @@
 //   S = Q^ K^T (s8 wgmma, int32, exact; K^ with one scale ks per group of 32 keys -- the keys one thread holds),
 //   m_blk = max over the row of float(S) * (sq ks) (sq = q_scale * qk_scale; the max taken on the integers),
 //   P8 = e4m3(448 * exp2(float(S) sq ks - m_blk)) -- computed as ex2(x sq - (m_blk - log2 448)), so 448 is exact in
-//   real arithmetic and within an ulp in float --, pv = P8 V8 (e4m3 wgmma, a fresh FP32 accumulator per
+//   real arithmetic and within an ulp in float; at head_dim 64 without the I2F, see MAGIC --, pv = P8 V8 (e4m3 wgmma, a fresh FP32 accumulator per
 //   block), l_blk = rowsum of the same 448 p in fp32 (the unquantized p, as the reference), then
 //   O = O a + c pv, l = l a + c l_blk (lazy reference max, rowmath::online_combine), and at the end
 //   out = O / l * v_scale (+ v_mean): the 448 cancels in O / l and the per-channel V scale factors out of the
@@ -119,10 +119,12 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float f0, float f1, float f2, fl
   return w;
 }
 
-// MAGIC (scores to float): 0 -- I2F of the int32 score; 1 -- the accumulator starts at kMagicI (as a float
-// 1.5 * 2^23 + S, exact for |S| < 2^22), so float(S) is one FADD, bit-identical to 0; 2 -- as 1 with the
-// subtraction of 1.5 * 2^23 folded into the exponent's constant (one rounding of that constant per row and block).
-constexpr uint32_t kMagicI = 0x4B400000u;  // bits of 12582912.0f
+// Scores to float. MAGIC 0: I2F of the int32 score (a conversion: quarter rate). MAGIC 1: the QK^T accumulator
+// starts at kMagicI, whose bits as a float read 1.5 * 2^23 + S (exact for |S| < 2^22; |S| <= 127^2 * 128), and the
+// offset is folded into the exponent's constant: x = (1.5 * 2^23 + S) * sq ks - (1.5 * 2^23 sq ks + m_blk - log2 448)
+// in one FFMA, no conversion. The folded constant is rounded once per row and block: x moves by at most half an
+// ulp of 1.5 * 2^23 sq ks (~1e-5 in log2 units at typical scales), the same for every score of the row in the block.
+constexpr uint32_t kMagicI = 0x4B400000u;  // the bits of 12582912.0f = 1.5 * 2^23
 constexpr float kMagicF = 12582912.0f;
 
 template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int MAGIC = 0>
@@ -131,7 +133,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef ROTVID_WGMMA_ENABLED
   static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
-  static_assert(PIPE >= 0 && PIPE <= 2, "PIPE 0, 1 or 2");
+  static_assert(PIPE == 0 || PIPE == 1, "PIPE 0 or 1");
   static_assert(NWG == 2 || PINGPONG == 0, "the ping-pong turn is for two consumer warpgroups");
   using C = Cfg<D, STAGES, BN, NWG>;
   using S = Shape<NWG>;
@@ -224,7 +226,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
       for (int i = 0; i < NT * 4; ++i) sacc[i] = kMagicI;
     }
     wg::wgmma_fence();
-    wg::wgmma_qk<BN, MAGIC != 0 ? 1 : 0>(sacc, desc_q, desc_k);
+    wg::wgmma_qk<BN, MAGIC != 0 ? 1 : 0>(sacc, desc_q, desc_k);  // scale-d 1: accumulate onto kMagicI
 #pragma unroll
     for (int ks = 1; ks < QKS; ++ks) wg::wgmma_qk<BN, 1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
     wg::wgmma_commit();
@@ -274,19 +276,18 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
       sqk[r] = sq[r] * ks;
       const int m = max(max(mi[0][r], mi[1][r]), max(mi[2][r], mi[3][r]));
       // (a thread whose keys are all masked offers -inf; a valid key is in every block)
-      const int m_s = MAGIC != 0 ? m - (int)kMagicI : m;
-      float xm = m == INT_MIN ? -INFINITY : __int2float_rn(m_s) * sqk[r];
+      float xm = m == INT_MIN ? -INFINITY : __int2float_rn(MAGIC != 0 ? m - (int)kMagicI : m) * sqk[r];
       xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, 1));
       xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, 2));
       mblk[r] = xm;
     }
-    if constexpr (PIPE != 2) rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
+    rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
   };
   // 448 p, its row sums and the e4m3 A fragments
   auto exps_pack = [&](const int kb, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
     float mshift[2] = {mblk[0] - kLog2Fp8Max, mblk[1] - kLog2Fp8Max};
-    if constexpr (MAGIC == 2) {
+    if constexpr (MAGIC != 0) {
       mshift[0] = fmaf(kMagicF, sqk[0], mshift[0]);
       mshift[1] = fmaf(kMagicF, sqk[1], mshift[1]);
     }
@@ -300,10 +301,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
-          float sf;
-          if constexpr (MAGIC == 0) sf = __int2float_rn((int)sacc[4 * j + e]);
-          if constexpr (MAGIC == 1) sf = __uint_as_float(sacc[4 * j + e]) - kMagicF;
-          if constexpr (MAGIC == 2) sf = __uint_as_float(sacc[4 * j + e]);
+          const float sf = MAGIC != 0 ? __uint_as_float(sacc[4 * j + e]) : __int2float_rn((int)sacc[4 * j + e]);
           float v = rowmath::ex2(fmaf(sf, sqk[r], -mshift[r]));
           if constexpr (PARTIAL) {
             const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
@@ -342,58 +340,6 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   };
 
   wg::mbar_wait(q_bar, 0);
-  if constexpr (PIPE == 2) {
-    // QK^T of block kb+1 is issued before P.V of block kb, so S(kb+1) arrives first and its row max is taken
-    // while P.V(kb) is still on the tensor cores: the P.V latency leaves the consumer's critical path. The online
-    // combine of block kb+1 waits for the O update of block kb (it rescales O).
-    if (nblk > 0) {
-      wg::mbar_wait(full_bar(0), 0);
-      issue_qk(0);
-      wg::wgmma_wait<0>();
-      if (kBN > kv_len) {
-        scores_max(0, 0, std::true_type{});
-      } else {
-        scores_max(0, 0, std::false_type{});
-      }
-    }
-    auto exps_of = [&](const int kb) {
-      rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
-      if ((kb + 1) * kBN > kv_len) {
-        exps_pack(kb, std::true_type{});
-      } else {
-        exps_pack(kb, std::false_type{});
-      }
-    };
-    // (the last block is peeled so that the loop body issues, waits and reads the same accumulators on every
-    // path: ptxas serializes the wgmmas when it cannot see which group a wait retires)
-    for (int kb = 0; kb + 1 < nblk; ++kb) {
-      const int s = kb % ST;
-      const int s1 = (kb + 1) % ST;
-      exps_of(kb);
-      wg::mbar_wait(full_bar(s1), ((kb + 1) / ST) & 1);
-      if constexpr (PINGPONG != 0) turn_wait();
-      issue_qk(s1);
-      issue_pv(s);
-      if constexpr (PINGPONG != 0) turn_pass(false);
-      wg::wgmma_wait<1>();  // S(kb+1); P.V(kb) may still run
-      if ((kb + 2) * kBN > kv_len) {
-        scores_max(kb + 1, s1, std::true_type{});
-      } else {
-        scores_max(kb + 1, s1, std::false_type{});
-      }
-      wg::wgmma_wait<0>();
-      update_o(s);
-    }
-    if (nblk > 0) {
-      const int kb = nblk - 1, s = kb % ST;
-      exps_of(kb);
-      if constexpr (PINGPONG != 0) turn_wait();
-      issue_pv(s);
-      if constexpr (PINGPONG != 0) turn_pass(true);
-      wg::wgmma_wait<0>();
-      update_o(s);
-    }
-  } else {
   if (nblk > 0) {
     wg::mbar_wait(full_bar(0), 0);
     if constexpr (PINGPONG == 1) turn_wait();
@@ -429,7 +375,6 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
       if constexpr (PINGPONG == 1) turn_pass(kb + 2 == nblk);
     }
   }
-  }  // PIPE
 
   // Epilogue: out = O / l * v_scale (+ v_mean); v_scale per channel in vparams [BH, D]
 #pragma unroll
