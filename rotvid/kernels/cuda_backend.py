@@ -62,6 +62,7 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = (
     "binding.cpp",
     "preprocess_int4.cu",
+    "preprocess_int8fp8.cu",
     "attn_dispatch.cu",
     "attn_s8_d64.cu",
     "attn_s8_d128.cu",
