@@ -62,6 +62,7 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = (
     "binding.cpp",
     "preprocess_int4.cu",
+    "preprocess_int8fp8.cu",
     "attn_dispatch.cu",
     "attn_s8_d64.cu",
     "attn_s8_d128.cu",
@@ -576,6 +577,10 @@ def preprocess_int8fp8_cuda(
     (= amax / 448 over the valid tokens, 1 for an all-zero channel). Equal to the reference's quantizers
     (:func:`~rotvid.kernels.quantize.quantize_per_token_int8`, :func:`~rotvid.kernels.quantize.quantize_k_groups_int8`,
     :func:`~rotvid.kernels.quantize.quantize_per_channel_fp8`).
+
+    Runs as one memset, one statistics launch over K and V (a second one when ``smooth_v``) and one quantize launch
+    over the Q, K and V tiles (``csrc/preprocess_int8fp8.cu``); ``ROTVID_PRE_LEGACY=1`` in the environment selects
+    the older per-tensor kernels instead (same bytes; an A/B aid).
     """
     _check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     _check_int8fp8_device(q.device)

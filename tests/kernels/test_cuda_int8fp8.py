@@ -92,6 +92,27 @@ def test_preprocess_equals_reference_quantizers(case):
     assert torch.equal(as_f(got.vt), as_f(want.vt)), "vt"
 
 
+@pytest.mark.parametrize("smooth", [(True, False), (False, False), (True, True), (False, True)], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}h{c[1]}q{c[2]}k{c[3]}d{c[4]}{c[7]}")
+def test_fused_preprocess_equals_per_tensor_kernels(case, smooth, monkeypatch):
+    """The fused two-launch pre-processing and the per-tensor kernels (ROTVID_PRE_LEGACY=1, read by the extension
+    at every call) write the same bytes, for every smoothing choice."""
+    needs_sm90()
+    b, h, n_q, n_kv, d, lens, dtype, layout, _, _ = case
+    smooth_k, smooth_v = smooth
+    q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=17 + n_kv, kv_lens=lens)
+    run = lambda: cb().preprocess_int8fp8_cuda(  # noqa: E731
+        q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v
+    )
+    monkeypatch.delenv("ROTVID_PRE_LEGACY", raising=False)
+    fused = run()
+    monkeypatch.setenv("ROTVID_PRE_LEGACY", "1")
+    legacy = run()
+    torch.cuda.synchronize()
+    for name, a, bb in zip(fused._fields, fused, legacy):
+        assert torch.equal(a, bb), name
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}h{c[1]}q{c[2]}k{c[3]}d{c[4]}{c[7]}")
 def test_kernel_matches_twin_on_same_quantized_inputs(case):
     needs_sm90()

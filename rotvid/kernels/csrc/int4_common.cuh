@@ -95,6 +95,21 @@ cudaError_t launch_quant_rows_int8(const PreprocessParams& p, cudaStream_t strea
 // p.out rows [BH, N_pad, D], p.scale [BH, N_pad / 128, 4].
 cudaError_t launch_quant_k_groups_int8(const PreprocessParams& p, cudaStream_t stream);
 cudaError_t launch_quant_v_fp8(const PreprocessParams& p, unsigned int* amax_bits, float* v_scale, cudaStream_t stream);
+// The fused int8-fp8 pre-processing (preprocess_int8fp8.cu), bit-identical to the three launchers above plus
+// launch_token_mean_f64: launch_int8fp8_stats (one launch over K and V; a second one when V is smoothed) after ONE
+// zeroing of the work words, then launch_int8fp8_quantize (one launch over the Q, K and V tiles of 128 rows).
+struct Int8Fp8PreParams {
+  PreprocessParams q;          // q.out = q_hat [BH, Nq_pad, D], q.scale = q_scale [BH, Nq_pad]; Nq_pad % 128 == 0
+  PreprocessParams k;          // k.out = k_hat [BH, Nkv_pad, D], k.scale = group scales [BH, Nkv_pad / 128, 4]
+  PreprocessParams v;          // v.out = V8^T [BH, D, Nkv_pad]; k.kv_lens == v.kv_lens, k.N_pad == v.N_pad
+  double* k_sum;               // [BH, D] zeroed float64 (K smoothed: mean = float32(k_sum / len)) or nullptr
+  double* v_sum;               // [BH, D] zeroed float64 (V smoothed) or nullptr
+  unsigned int* v_amax_bits;   // [BH, D] zeroed
+  float* v_mean;               // [BH, D] written when V is smoothed (v_sum), else nullptr
+  float* v_scale;              // [BH, D] = amax / 448, 1 where amax is 0
+};
+cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, cudaStream_t stream);
+cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stream);
 // Attention on those operands: Int4AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
 // bytes, vparams = v_scale [BH, D], block_n 128.
 cudaError_t launch_int8fp8_attention_wgmma(const Int4AttnParams& p, int head_dim, cudaStream_t stream);

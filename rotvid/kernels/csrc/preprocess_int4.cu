@@ -4,7 +4,9 @@
 //   quant_v_int4      per-group INT4 of V (per key block of BN tokens and channel), written
 //                     transposed and permuted (int4_common.cuh), plus v_scale and colsums
 //   int8-fp8: the same row kernel with INT8 levels (127); col_absmax + quant_v_fp8: per-channel FP8 e4m3 V over
-//                     the valid tokens, written transposed and permuted like the s8 path
+//                     the valid tokens, written transposed and permuted like the s8 path. These per-tensor int8-fp8
+//                     kernels now run only under ROTVID_PRE_LEGACY=1 (an A/B aid); the default int8-fp8 path is the
+//                     fused two-launch pre-processing of preprocess_int8fp8.cu, bit-identical to them.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
