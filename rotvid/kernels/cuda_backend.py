@@ -19,10 +19,15 @@ Instruction paths, chosen by compute capability from :data:`ARCH_TABLE`:
 
 On sm90 the default is ``"wgmma"`` (block size :func:`default_block_n`); elsewhere the arch path.
 
-The ``int8-fp8`` recipe (sm90 only, ``csrc/int8fp8_attention_wgmma.cuh``): INT8 Q per token and K per group
-of 32 keys per 128-key block (the keys one thread holds: one scale per thread and row) on the same s8 wgmma, P and V in FP8 e4m3 on the e4m3 wgmma (V one scale per channel, applied with 1/l in the
+The ``int8-fp8`` recipe: INT8 Q per token and K per group of 32 keys per 128-key block (the keys one thread
+holds: one scale per thread and row), P and V in FP8 e4m3 (V one scale per channel, applied with 1/l in the
 epilogue), key blocks of 128; operands from :func:`preprocess_int8fp8_cuda` (``vt`` holds e4m3 bytes in the
-s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]).
+s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]). Two kernels of the same numerics (ArchEntry.int8fp8):
+
+* ``"wgmma"`` (sm90, the default there; ``csrc/int8fp8_attention_wgmma.cuh``): s8 and e4m3 wgmma, TMA.
+* ``"mma"`` (sm89 and sm90; ``csrc/int8fp8_attention_mma.cuh``): ``mma.sync.m16n8k32`` s8 for QKᵀ and e4m3 for
+  P·V (e4m3 mma.sync needs sm89) -- the Ada kernel, testable on an H100 with ``path="mma"``. Its speed on Ada is
+  unmeasured (no Ada GPU was available).
 
 Both paths are compiled for every supported architecture, so the s4 path can be tested on an
 H100 (where it runs emulated, slowly) by passing ``path="s4"``.
@@ -70,6 +75,7 @@ SOURCES = (
     "attn_s4_d128.cu",
     "attn_wgmma.cu",
     "attn_int8fp8_wgmma.cu",
+    "attn_int8fp8_mma.cu",
 )
 HEADERS = (
     "int4_common.cuh",
@@ -77,6 +83,7 @@ HEADERS = (
     "int4_attention.cuh",
     "int4_attention_wgmma.cuh",
     "int8fp8_attention_wgmma.cuh",
+    "int8fp8_attention_mma.cuh",
     "tma_map.cuh",
 )
 
@@ -88,6 +95,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 RECIPE_P_MODE = {"int4": "range", "int4-sym-p": "sym"}
 INT8FP8_RECIPE = "int8-fp8"
 INT8FP8_BLOCK_N = 128  # the int8-fp8 kernel's key block (part of the numerics: the reference takes the same)
+INT8FP8_PATHS = ("wgmma", "mma")
 P_MODES = {"range": 0, "sym": 1}
 MAGIC_I = 0x4B400000
 
@@ -99,6 +107,7 @@ class ArchEntry:
     path: str  # "s4" (native INT4 mma) or "s8" (INT4-valued numbers on INT8 mma)
     gencode: str
     wgmma: bool = False  # the Hopper kernel (wgmma + TMA) is built and is the default kernel
+    int8fp8: tuple[str, ...] = ()  # the int8-fp8 kernels that run here, the default first (empty: none)
 
 
 # One cached table: compute capability -> instruction path and nvcc target.
@@ -106,8 +115,8 @@ ARCH_TABLE: dict[tuple[int, int], ArchEntry] = {
     (8, 0): ArchEntry("s4", "-gencode=arch=compute_80,code=sm_80"),
     (8, 6): ArchEntry("s4", "-gencode=arch=compute_86,code=sm_86"),
     (8, 7): ArchEntry("s4", "-gencode=arch=compute_87,code=sm_87"),
-    (8, 9): ArchEntry("s4", "-gencode=arch=compute_89,code=sm_89"),
-    (9, 0): ArchEntry("s8", "-gencode=arch=compute_90a,code=sm_90a", wgmma=True),
+    (8, 9): ArchEntry("s4", "-gencode=arch=compute_89,code=sm_89", int8fp8=("mma",)),
+    (9, 0): ArchEntry("s8", "-gencode=arch=compute_90a,code=sm_90a", wgmma=True, int8fp8=("wgmma", "mma")),
 }
 
 
@@ -338,15 +347,18 @@ def _int8fp8_attention_op(
     qk_scale: float,
     out_bf16: bool,
     bnhd: bool,
+    path: str,
 ) -> torch.Tensor:
     ext = load_extension(q_hat.device)
     return ext.attention_int8fp8(
-        q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd, None
+        q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd, None,
+        path == "mma",
     )
 
 
 @_int8fp8_attention_op.register_fake
-def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd):
+def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
+      path):
     b, h = q_hat.shape[0], q_hat.shape[1]
     shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
     return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
@@ -551,11 +563,31 @@ def int4_attention_cuda(
     )
 
 
-def _check_int8fp8_device(device: torch.device) -> None:
-    if device.type != "cuda" or not arch_entry(device).wgmma:
-        cap = _capability(device) if device.type == "cuda" else None
-        where = f"sm{cap[0]}{cap[1]}" if cap else str(device)
-        raise ValueError(f"recipe: the int8-fp8 CUDA kernel needs an sm90 GPU (Hopper), this is {where}")
+def int8fp8_path_for(cap: tuple[int, int], path: str | None = None) -> str:
+    """The int8-fp8 kernel that runs on compute capability ``cap``: ``path`` (``"wgmma"`` or ``"mma"``) if it runs
+    there, ``None`` -> the arch table's default (``"wgmma"`` on sm90, ``"mma"`` on sm89); ValueError naming why not."""
+    if path is not None and path not in INT8FP8_PATHS:
+        raise ValueError(f"path: expected one of {INT8FP8_PATHS} or None (arch default) for int8-fp8, got {path!r}")
+    entry = ARCH_TABLE.get(cap)
+    kernels = entry.int8fp8 if entry is not None else ()
+    where = f"sm{cap[0]}{cap[1]}"
+    if not kernels:
+        raise ValueError(
+            f"recipe: the int8-fp8 CUDA kernels need an sm89 (mma.sync e4m3) or sm90 (Hopper) GPU, this is {where}"
+        )
+    if path is None:
+        return kernels[0]
+    if path not in kernels:
+        raise ValueError(f"path: the int8-fp8 kernel {path!r} does not run on {where} (there: {kernels})")
+    return path
+
+
+def _check_int8fp8_device(device: torch.device, path: str | None = None) -> str:
+    """The int8-fp8 kernel for ``device`` (:func:`int8fp8_path_for`); ValueError off a suitable CUDA GPU."""
+    if device.type != "cuda":
+        raise ValueError(f"recipe: the int8-fp8 CUDA kernels need an sm89 or sm90 GPU, this is {device}")
+    arch_entry(device)
+    return int8fp8_path_for(_capability(device), path)
 
 
 def preprocess_int8fp8_cuda(
@@ -568,8 +600,8 @@ def preprocess_int8fp8_cuda(
     smooth_k: bool = True,
     smooth_v: bool = False,
 ) -> KernelQKV:
-    """Pre-processing of the int8-fp8 recipe on an sm90 GPU: K/V smoothing, INT8 Q per token and K per group of
-    32 keys per 128-key block, per-channel FP8 V.
+    """Pre-processing of the int8-fp8 recipe on an sm89 / sm90 GPU (the same operands for both kernels): K/V
+    smoothing, INT8 Q per token and K per group of 32 keys per 128-key block, per-channel FP8 V.
 
     Inputs as :func:`preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose ``k_scale`` holds the K group
     scales fp32 [B, H, Nkv_pad / 128, 4] (:func:`rotvid.kernels.quantize.quantize_k_groups_int8`), ``vt`` the e4m3 bytes of V̂
@@ -599,14 +631,16 @@ def attention_int8fp8_quantized(
     out_dtype: torch.dtype = torch.bfloat16,
     layout: str = "BHND",
     out: torch.Tensor | None = None,
+    path: str | None = None,
 ) -> torch.Tensor:
-    """The int8-fp8 attention kernel (sm90) on operands from :func:`preprocess_int8fp8_cuda`.
+    """The int8-fp8 attention kernel (sm89 / sm90) on operands from :func:`preprocess_int8fp8_cuda`.
 
     Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in ``out_dtype``;
-    ``out``: an optional preallocated output written in place (tests poison it first).
+    ``out``: an optional preallocated output written in place (tests poison it first). ``path``: ``"wgmma"``
+    (sm90) or ``"mma"`` (mma.sync, sm89 and sm90); None: the arch default (:func:`int8fp8_path_for`).
     """
     _check_output_args(out_dtype, head_dim, layout)
-    _check_int8fp8_device(qkv.q_hat.device)
+    path = _check_int8fp8_device(qkv.q_hat.device, path)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
     args = (
         qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
@@ -614,10 +648,10 @@ def attention_int8fp8_quantized(
         out_dtype == torch.bfloat16, layout == "BNHD",
     )
     if out is None:
-        return _int8fp8_attention_op(*args)
+        return _int8fp8_attention_op(*args, path)
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
-    load_extension(qkv.q_hat.device).attention_int8fp8(*args, out)
+    load_extension(qkv.q_hat.device).attention_int8fp8(*args, out, path == "mma")
     return out
 
 
@@ -631,12 +665,16 @@ def int8fp8_attention_cuda(
     sm_scale: float | None = None,
     smooth_k: bool = True,
     smooth_v: bool = False,
+    path: str | None = None,
 ) -> torch.Tensor:
-    """Pre-processing + int8-fp8 attention on an sm90 GPU; output has q's shape, layout and dtype."""
+    """Pre-processing + int8-fp8 attention on an sm89 / sm90 GPU (``path`` as :func:`attention_int8fp8_quantized`);
+    output has q's shape, layout and dtype."""
     qb, qh, qn, qd, kn = _check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
+    path = _check_int8fp8_device(q.device, path)
     qkv = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
     return attention_int8fp8_quantized(
-        qkv, n_q=qn, n_kv=kn, head_dim=qd, kv_lens=kv_lens, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout
+        qkv, n_q=qn, n_kv=kn, head_dim=qd, kv_lens=kv_lens, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout,
+        path=path,
     )
 
 
@@ -761,23 +799,26 @@ def pack_reference_int8fp8(
 @torch.compiler.assume_constant_result
 def _device_problem(device_index: int, int8fp8: bool) -> str:
     """Why the CUDA kernels cannot run on GPU ``device_index`` ("" when they can): compute capability in the arch
-    table, nvcc found, and for ``int8fp8`` an sm90 GPU. Host facts that do not change during a run: under
-    torch.compile this runs once while tracing and its result is a constant of the graph (no file-system probe,
-    no device query in the graph)."""
+    table, nvcc found, and for ``int8fp8`` an int8-fp8 kernel for it (sm89, sm90). Host facts that do not change
+    during a run: under torch.compile this runs once while tracing and its result is a constant of the graph (no
+    file-system probe, no device query in the graph)."""
     device = torch.device("cuda", device_index)
     try:
         entry = arch_entry(device)
         _nvcc()
     except RuntimeError as err:
         return str(err)
-    if int8fp8 and not entry.wgmma:
+    if int8fp8 and not entry.int8fp8:
         cap = _capability(device)
-        return f"recipe 'int8-fp8' has a CUDA kernel on sm90 (Hopper) only, this is sm{cap[0]}{cap[1]}"
+        return (
+            f"recipe 'int8-fp8' has CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma) only, this is sm{cap[0]}{cap[1]}"
+        )
     return ""
 
 
 class CudaBackend:
-    """``backend="cuda"`` of :func:`rotvid.kernels.attention`: the INT4 recipes, and int8-fp8 on sm90, on the GPU."""
+    """``backend="cuda"`` of :func:`rotvid.kernels.attention`: the INT4 recipes, and int8-fp8 on sm89 / sm90, on the
+    GPU (int8-fp8 with the arch default kernel: wgmma on sm90, mma.sync on sm89)."""
 
     name = "cuda"
 
@@ -789,8 +830,10 @@ class CudaBackend:
             return str(err)
         kernels = f"{entry.path} path" + (", wgmma kernel (default)" if entry.wgmma else "")
         kernels += f", block_n {default_block_n()} by default"
-        if entry.wgmma:
-            kernels += "; int8-fp8 wgmma kernel (block_n 128)"
+        if entry.int8fp8:
+            kernels += f"; int8-fp8 kernels {'/'.join(entry.int8fp8)} ({entry.int8fp8[0]} by default, block_n 128)"
+            if not entry.wgmma:
+                kernels += ", the mma.sync kernel's speed on Ada unmeasured"
         return f"available ({kernels})"
 
     def unsupported_reason(self, q, k, v, *, recipe="int4", layout="BHND", kv_lens=None, **opts) -> str | None:

@@ -44,8 +44,9 @@ RECIPE_TABLE: dict[tuple[int, int], RecipeChoice] = {
     (8, 7): RecipeChoice("int4", _INT4_REASON),
     (8, 9): RecipeChoice(
         "int4",
-        _INT4_REASON + "; Ada also has FP8 tensor cores, so int8-fp8 could be preferred there for fidelity, "
-        "but its speed against INT4 was not measured (no Ada GPU available): int4 until measured",
+        _INT4_REASON + "; Ada also has FP8 tensor cores and rotvid has an int8-fp8 kernel for them (mma.sync e4m3), "
+        "so int8-fp8 could be preferred there for fidelity, but its speed against INT4 was not measured (no Ada GPU "
+        "available): int4 until measured",
     ),
     (9, 0): RecipeChoice("int8-fp8", _HOPPER_REASON),
 }

@@ -1,4 +1,4 @@
-"""The int8-fp8 CUDA kernel (sm90) against its reference twin (same quantized inputs) and float64 attention.
+"""The int8-fp8 CUDA wgmma kernel (sm90, the default there) against its reference twin (same quantized inputs) and float64 attention.
 
 Bounds: the pre-processing equals the reference's quantizers bit for bit (INT8 Q/K, per-token scales, the e4m3
 bytes of V̂ and its per-channel scale, the smoothing means). On the SAME quantized inputs the kernel differs

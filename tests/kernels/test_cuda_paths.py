@@ -46,3 +46,61 @@ def test_default_block_n_without_a_gpu_is_the_reference_default():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU; the no-GPU default is what is tested here")
     assert cb.default_block_n() == DEFAULT_BLOCK_N == 64
+
+
+# ---- the int8-fp8 kernels: wgmma (sm90) and mma.sync e4m3 (sm89, and sm90 on request) ----
+
+
+@pytest.mark.parametrize("cap,default,kernels", [((9, 0), "wgmma", ("wgmma", "mma")), ((8, 9), "mma", ("mma",))])
+def test_int8fp8_kernel_per_compute_capability(cap, default, kernels):
+    assert cb.int8fp8_path_for(cap) == default
+    for path in kernels:
+        assert cb.int8fp8_path_for(cap, path) == path
+    if cap == (8, 9):
+        with pytest.raises(ValueError, match=r"'wgmma' does not run on sm89"):
+            cb.int8fp8_path_for(cap, "wgmma")
+
+
+@pytest.mark.parametrize("cap", [(8, 0), (8, 6), (8, 7), (7, 5)])
+def test_int8fp8_refused_without_fp8_tensor_cores(cap):
+    with pytest.raises(ValueError, match=rf"need an sm89 \(mma.sync e4m3\) or sm90 \(Hopper\) GPU, this is sm{cap[0]}{cap[1]}"):
+        cb.int8fp8_path_for(cap)
+
+
+def test_int8fp8_unknown_path_is_named():
+    with pytest.raises(ValueError, match=r"path: expected one of \('wgmma', 'mma'\)"):
+        cb.int8fp8_path_for((9, 0), "s8")
+
+
+@pytest.mark.parametrize("cap,ok", [((9, 0), True), ((8, 9), True), ((8, 6), False)])
+def test_int8fp8_device_problem_and_preprocessing_check(gpu_of, monkeypatch, cap, ok):
+    dev = gpu_of(cap)
+    monkeypatch.setattr(cb, "_nvcc", lambda: "nvcc")
+    problem = cb._device_problem(0, True)
+    assert cb._device_problem(0, False) == ""
+    if ok:
+        assert problem == ""
+        assert cb._check_int8fp8_device(dev) == cb.ARCH_TABLE[cap].int8fp8[0]
+    else:
+        assert "sm89 (mma.sync e4m3) and sm90 (wgmma) only, this is sm86" in problem
+        with pytest.raises(ValueError, match="this is sm86"):
+            cb._check_int8fp8_device(dev)
+
+
+def test_int8fp8_p_fragment_positions_are_the_score_accumulator_columns():
+    """The s8 V^T key permutation serves the e4m3 mma.sync kernel: in m16n8k32 (s8 and e4m3 alike) thread t holds
+    A-fragment k positions 4t..4t+3 (a0/a1) and 16+4t..16+4t+3 (a2/a3) of each 32-key step, packed from its score
+    accumulator columns (2t, 2t+1) of n-tiles 4s, 4s+1 and 4s+2, 4s+3; V^T must hold those keys there. The keys of
+    thread t are K group t ((key mod 8) / 2): one K scale per thread and block."""
+    from rotvid.kernels.quantize import k_group_of_key
+
+    perm = cb.vt_key_permutation(256, "s8")
+    for s in range(8):
+        for t in range(4):
+            for half in range(2):  # a0/a1 (n-tiles 4s, 4s+1) or a2/a3 (4s+2, 4s+3)
+                for i in range(4):
+                    pos = 32 * s + 16 * half + 4 * t + i
+                    tile = 4 * s + 2 * half + i // 2
+                    key = 8 * tile + 2 * t + i % 2
+                    assert int(perm[pos]) == key
+                    assert int(k_group_of_key(torch.tensor(key % 128))) == t

@@ -272,7 +272,7 @@ void legacy_preprocess_int8fp8(const at::Tensor& q, const at::Tensor& k, const a
   }
 }
 
-// The int8-fp8 recipe (Hopper): INT8 Q per token, INT8 K per group of 32 keys per 128-key block (K smoothed by its
+// The int8-fp8 recipe (sm89 / sm90): INT8 Q per token, INT8 K per group of 32 keys per 128-key block (K smoothed by its
 // token mean when asked), per-channel FP8 e4m3 V over the valid tokens (V smoothed when asked). Returns {q_hat,
 // q_scale, k_hat, k_scale [B,H,Nkv_pad/128,4], vt (e4m3 bytes as int8, [B,H,D,Nkv_pad]), v_scale fp32 [B,H,D],
 // v_mean}; Nkv_pad a multiple of 128.
@@ -334,7 +334,7 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
                              const at::Tensor& k_scale, const at::Tensor& vt, const at::Tensor& v_scale,
                              const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
                              int64_t n_kv, int64_t head_dim, double qk_scale, bool out_bf16, bool bnhd,
-                             const c10::optional<at::Tensor>& out_opt) {
+                             const c10::optional<at::Tensor>& out_opt, bool mma) {
   TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,D]");
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
   const c10::cuda::CUDAGuard guard(q_hat.device());
@@ -358,8 +358,9 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   if (kv_lens.has_value())
     TORCH_CHECK(kv_lens->is_cuda() && kv_lens->scalar_type() == at::kInt && kv_lens->numel() == B &&
                     kv_lens->is_contiguous(), "kv_lens: contiguous int32 CUDA tensor [B]");
-  TORCH_CHECK(rotvid::wgmma_kernel_available(),
-              "the int8-fp8 kernel needs an sm90 GPU and the driver's cuTensorMapEncodeTiled");
+  if (!mma)
+    TORCH_CHECK(rotvid::wgmma_kernel_available(),
+                "the int8-fp8 wgmma kernel needs an sm90 GPU and the driver's cuTensorMapEncodeTiled");
   auto opts = q_hat.options().dtype(out_bf16 ? at::kBFloat16 : at::kHalf);
   at::Tensor out;
   if (out_opt.has_value()) {
@@ -394,9 +395,14 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   p.out_bf16 = out_bf16 ? 1 : 0;
   p.split_from = (int)((nq_pad / rotvid::kBlockM) * H * B);
   p.splits = 1;
-  if (n_q > 0)
+  if (n_q > 0 && mma) {
+    const cudaError_t err = rotvid::launch_int8fp8_attention_mma(p, (int)D, c10::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(err != cudaErrorNotSupported, "the int8-fp8 mma.sync kernel needs an sm89+ GPU (e4m3 mma.sync)");
+    check_cuda(err, "int8fp8_attention_mma");
+  } else if (n_q > 0) {
     check_cuda(rotvid::launch_int8fp8_attention_wgmma(p, (int)D, c10::cuda::getCurrentCUDAStream()),
                "int8fp8_attention_wgmma");
+  }
   return out;
 }
 
@@ -406,5 +412,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("preprocess_int4", &preprocess_int4, "INT4 pre-processing (smoothing, quantization, V^T layout)");
   m.def("attention_int4", &attention_int4, "INT4 attention on quantized inputs");
   m.def("preprocess_int8fp8", &preprocess_int8fp8, "int8-fp8 pre-processing (INT8 Q/K per token, FP8 V per channel)");
-  m.def("attention_int8fp8", &attention_int8fp8, "int8-fp8 attention on quantized inputs (sm90)");
+  m.def("attention_int8fp8", &attention_int8fp8,
+        "int8-fp8 attention on quantized inputs (mma=false: the sm90 wgmma kernel; true: the sm89+ mma.sync kernel)");
 }

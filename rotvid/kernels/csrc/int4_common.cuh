@@ -87,7 +87,7 @@ cudaError_t launch_token_mean_f64(const PreprocessParams& p, double* work, float
 cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream);
 cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream);
 
-// The int8-fp8 recipe (Hopper). Rows: per-token INT8 of Q or K (s8 layout). V: per-channel FP8 e4m3 over the valid
+// The int8-fp8 recipe (sm89 / sm90). Rows: per-token INT8 of Q or K (s8 layout). V: per-channel FP8 e4m3 over the valid
 // tokens (amax_bits: B*H*D zeroed uint32 work words), written as p.out = V8^T [BH, D, N_pad] (N_pad a multiple of
 // 128, keys permuted per 32 like the s8 path) and v_scale fp32 [BH, D] (= amax / 448, 1 where amax is 0).
 cudaError_t launch_quant_rows_int8(const PreprocessParams& p, cudaStream_t stream);
@@ -113,5 +113,8 @@ cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stre
 // Attention on those operands: Int4AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
 // bytes, vparams = v_scale [BH, D], block_n 128.
 cudaError_t launch_int8fp8_attention_wgmma(const Int4AttnParams& p, int head_dim, cudaStream_t stream);
+// The same numerics on mma.sync (s8 for Q^K^T, e4m3 for P.V; int8fp8_attention_mma.cuh), same operands;
+// cudaErrorNotSupported where the build has no e4m3 mma.sync (below sm89).
+cudaError_t launch_int8fp8_attention_mma(const Int4AttnParams& p, int head_dim, cudaStream_t stream);
 
 }  // namespace rotvid

@@ -16,6 +16,19 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// log2(448): 448 p = exp2(x - (m - log2 448)) forms the FP8 e4m3 levels of p in one ex2 (int8-fp8 recipe).
+constexpr float kLog2Fp8Max = 8.807354922057604f;
+
+// Four floats -> four e4m3 bytes (round to nearest even, saturating at 448): byte i = e4m3(fi). sm89+ (cvt e4m3x2).
+__device__ __forceinline__ uint32_t pack_e4m3x4(float f0, float f1, float f2, float f3) {
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f1), "f"(f0));  // f0 in the low byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f3), "f"(f2));
+  uint32_t w;
+  asm("mov.b32 %0, {%1, %2};\n" : "=r"(w) : "h"(lo), "h"(hi));
+  return w;
+}
+
 // Low bytes of four words -> one word (byte i = low byte of wi).
 __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
   uint32_t lo = __byte_perm(w0, w1, 0x0040);
@@ -107,6 +120,34 @@ __device__ __forceinline__ void store_rows(const Int4AttnParams& p, float (&o)[D
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       store_pair(p, off, 8 * j + 2 * t, o[j][2 * r] / l_run[r], o[j][2 * r + 1] / l_run[r], vm);
+    }
+  }
+}
+
+// Epilogue of the int8-fp8 kernels: out = O / l * v_scale (+ v_mean) for rows row0 + g (+ 8), v_scale per channel in
+// p.vparams [BH, D] (it factors out of the sum over keys, so it is applied once here); rows >= Nq skipped.
+template <int D>
+__device__ __forceinline__ void store_rows_channel_scaled(const Int4AttnParams& p, const float (&o)[D / 8][4],
+                                                          float (&l_run)[2], int row0, int g, int t, int b, int h) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  const size_t bh = (size_t)b * p.H + h;
+  const float* vs = p.vparams + bh * D;
+  const float* vm = p.v_mean != nullptr ? p.v_mean + bh * D : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + g + 8 * r;
+    if (row >= p.Nq) continue;
+    const float inv_l = 1.f / l_run[r];
+    const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int d = 8 * j + 2 * t;
+      const float2 sc = *reinterpret_cast<const float2*>(vs + d);
+      store_pair(p, off, d, o[j][2 * r] * inv_l * sc.x, o[j][2 * r + 1] * inv_l * sc.y, vm);
     }
   }
 }

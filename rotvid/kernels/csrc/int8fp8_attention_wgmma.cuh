@@ -40,8 +40,6 @@ struct Shape {
   static constexpr int CONSUMER_REGS = NWG == 2 ? 240 : 160;  // 24 x 128 + REGS x 128 NWG <= 65536
 };
 
-constexpr float kLog2Fp8Max = 8.807354922057604f;  // log2(448)
-
 template <int D, int ST, int BN, int NWG = 2>
 struct Cfg {
   static constexpr int Q_BYTES = Shape<NWG>::BM * D;
@@ -107,16 +105,6 @@ __device__ __forceinline__ void wgmma_pv(float (&acc)[D / 2], const uint32_t (&a
   } else {
     wgmma_rs_e4m3_m64n64k32<SCALE_D>(acc, a, db);
   }
-}
-
-// Four floats -> four e4m3 bytes (round to nearest even, saturating at 448): byte i = e4m3(fi).
-__device__ __forceinline__ uint32_t pack_e4m3x4(float f0, float f1, float f2, float f3) {
-  uint16_t lo, hi;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(f1), "f"(f0));  // f0 in the low byte
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(f3), "f"(f2));
-  uint32_t w;
-  asm("mov.b32 %0, {%1, %2};\n" : "=r"(w) : "h"(lo), "h"(hi));
-  return w;
 }
 
 // Scores to float. MAGIC 0: I2F of the int32 score (a conversion: quarter rate). MAGIC 1: the QK^T accumulator
@@ -286,7 +274,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   // 448 p, its row sums and the e4m3 A fragments
   auto exps_pack = [&](const int kb, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
-    float mshift[2] = {mblk[0] - kLog2Fp8Max, mblk[1] - kLog2Fp8Max};
+    float mshift[2] = {mblk[0] - rowmath::kLog2Fp8Max, mblk[1] - rowmath::kLog2Fp8Max};
     if constexpr (MAGIC != 0) {
       mshift[0] = fmaf(kMagicF, sqk[0], mshift[0]);
       mshift[1] = fmaf(kMagicF, sqk[1], mshift[1]);
@@ -312,10 +300,10 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
         }
       }
       auto& f = pf[k];
-      f[0] = pack_e4m3x4(pe[0][0], pe[0][1], pe[1][0], pe[1][1]);  // rows g / g+8, the accumulator's key order
-      f[1] = pack_e4m3x4(pe[0][2], pe[0][3], pe[1][2], pe[1][3]);
-      f[2] = pack_e4m3x4(pe[2][0], pe[2][1], pe[3][0], pe[3][1]);
-      f[3] = pack_e4m3x4(pe[2][2], pe[2][3], pe[3][2], pe[3][3]);
+      f[0] = rowmath::pack_e4m3x4(pe[0][0], pe[0][1], pe[1][0], pe[1][1]);  // rows g / g+8, the accumulator's key order
+      f[1] = rowmath::pack_e4m3x4(pe[0][2], pe[0][3], pe[1][2], pe[1][3]);
+      f[2] = rowmath::pack_e4m3x4(pe[2][0], pe[2][1], pe[3][0], pe[3][1]);
+      f[3] = rowmath::pack_e4m3x4(pe[2][2], pe[2][3], pe[3][2], pe[3][3]);
     }
     l_run[0] = fmaf(c_fac[0], ls[0][0] + ls[0][1], l_run[0]);
     l_run[1] = fmaf(c_fac[1], ls[1][0] + ls[1][1], l_run[1]);
@@ -376,27 +364,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     }
   }
 
-  // Epilogue: out = O / l * v_scale (+ v_mean); v_scale per channel in vparams [BH, D]
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
-  const float* vs = p.vparams + (size_t)bh * D;
-  const float* vm = p.v_mean != nullptr ? p.v_mean + (size_t)bh * D : nullptr;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + g + 8 * r;
-    if (row >= p.Nq) continue;
-    const float inv_l = 1.f / l_run[r];
-    const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
-#pragma unroll
-    for (int j = 0; j < DT; ++j) {
-      const int d = 8 * j + 2 * t;
-      const float2 sc = *reinterpret_cast<const float2*>(vs + d);
-      rowmath::store_pair(p, off, d, o[j][2 * r] * inv_l * sc.x, o[j][2 * r + 1] * inv_l * sc.y, vm);
-    }
-  }
+  rowmath::store_rows_channel_scaled<D>(p, o, l_run, row_base, g, t, b, h);  // O / l * v_scale (+ v_mean)
   }  // consumers
 #endif  // ROTVID_WGMMA_ENABLED
 }

@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(256) col_absmax_kernel(const PreprocessParams 
 }
 
 // byte i = e4m3(fi), round to nearest even, saturating (cuda_fp8.h: one cvt on sm89+, emulated below, so the
-// file compiles for every architecture; the int8-fp8 recipe runs on sm90 only)
+// file compiles for every architecture; the int8-fp8 recipe runs on sm89 and sm90)
 __device__ __forceinline__ uint32_t e4m3x4(float f0, float f1, float f2, float f3) {
   const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(f0, f1), __NV_SATFINITE, __NV_E4M3);
   const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(f2, f3), __NV_SATFINITE, __NV_E4M3);
