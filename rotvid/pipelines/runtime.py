@@ -94,6 +94,18 @@ class AttentionSite:
         return f"{self.transformer}/{self.block}"
 
 
+def attention_into_bnhd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **opts) -> torch.Tensor:
+    """:func:`rotvid.kernels.attention` on BHND q, k, v, run in the BNHD layout (``opts["layout"]`` is replaced).
+
+    The result is a BHND view of BNHD memory, so the processors' ``out.transpose(1, 2).flatten(2, 3)`` back to
+    ``[B, N, H·D]`` is a view, not a copy of the whole attention output (one read and one write of it per call).
+    Every backend takes both layouts; the values are those of the BHND call.
+    """
+    opts = {**opts, "layout": "BNHD"}
+    out = kernels.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **opts)
+    return out.transpose(1, 2)
+
+
 def key_padding_lengths(mask: torch.Tensor | None, batch: int, n_kv: int) -> tuple[torch.Tensor | None, str | None]:
     """Express an attention mask as per-batch valid key lengths, if it is one.
 
@@ -372,7 +384,7 @@ class Runtime:
             return fp16_attention()
         if run is None and ok is None:
             counters.add("quantized", why)
-            return kernels.attention(q, k, v, backend=backend.name, kv_lens=kv_lens, **opts)
+            return attention_into_bnhd(q, k, v, backend=backend.name, kv_lens=kv_lens, **opts)
         # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.
         take = run if ok is None else (ok if run is None else run & ok)
         counters.add("quantized", why, take)
