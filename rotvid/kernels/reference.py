@@ -292,7 +292,6 @@ def attention_int8fp8_from_quantized(
     kv_lens: torch.Tensor | None = None,
     block_n: int = 128,
     sm_scale: float | None = None,
-    p_max: str = "block",
 ) -> torch.Tensor:
     """The int8-fp8 recipe from its quantized operands (the CUDA kernel's twin), all (B, H, N, D) order.
 
@@ -303,12 +302,8 @@ def attention_int8fp8_from_quantized(
     Equal to the ``int8-fp8`` branch of :func:`attention_reference` up to fp32 rounding (there Q̂/K̂ are
     dequantized before the product and V's scale is applied per block). The kernel differs from this twin by fp32
     rounding only: the order of its products, ``ex2.approx``, and at head_dim 64 one rounding per row and block
-    of the exponent's constant (``MAGIC`` in ``int8fp8_attention_wgmma.cuh``). ``p_max``: ``"block"`` — p relative
-    to the block's row max (the kernels' default); ``"running"`` — p relative to the running row max (the block max
-    where it exceeds the running one), the kernel's ``PVACC`` tuning variant. Returns float32 (B, H, Nq, D).
+    of the exponent's constant (``MAGIC`` in ``int8fp8_attention_wgmma.cuh``). Returns float32 (B, H, Nq, D).
     """
-    if p_max not in ("block", "running"):
-        raise ValueError(f"p_max: expected 'block' or 'running', got {p_max!r}")
     dt = torch.float32
     d = q_hat.shape[-1]
     sm_scale = d**-0.5 if sm_scale is None else sm_scale
@@ -322,11 +317,7 @@ def attention_int8fp8_from_quantized(
         acc = _int_matmul(q_hat, k_hat[:, :, start:stop]).to(dt)
         s = (acc * sq) * k_scale[:, :, start:stop].to(dt).transpose(-1, -2)
         s = _score_mask(s, start, kv_lens)
-        if p_max == "running":  # the reference max of p: the running max, moved up to this block's where exceeded
-            s = torch.cat([s, state.m.expand(*s.shape[:-1], 1)], dim=-1)
         m_blk, p, _ = state.block_probs(s)
-        if p_max == "running":
-            p = p[..., :-1]
         p448 = p * FP8_E4M3_MAX
         pv = torch.matmul(quant_p_fp8(p).double(), v8[:, :, start:stop].double()).to(dt)
         state.update(m_blk, p448.sum(dim=-1, keepdim=True), pv)

@@ -8,7 +8,7 @@
 namespace rotvid {
 namespace {
 
-template <int D, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int BN = 128, int MAGIC = 0, int PVACC = 0>
+template <int D, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int BN = 128, int MAGIC = 0>
 cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg8::Cfg<D, STAGES, BN, NWG>;
   using S = wg8::Shape<NWG>;
@@ -18,7 +18,7 @@ cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
       !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG, MAGIC, PVACC>;
+  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG, MAGIC>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)((p.Nq_pad + S::BM - 1) / S::BM) * p.H * p.B;
@@ -44,9 +44,6 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
     if (variant == 9) return launch8_d<D, 3, 0, 1, 3>(p, stream);
     if (variant == 10) return launch8_d<D, 3, 2, 1, 2, 128, 0>(p, stream);
     if (variant == 11) return launch8_d<D, 3, 2, 1, 2, 128, 1>(p, stream);
-    // PVACC 1 (P relative to the running max, P.V accumulated into O): the default's MAGIC, 3 or 4 stages
-    if (variant == 12) return launch8_d<D, 3, 2, 1, 2, 128, D == 64 ? 1 : 0, 1>(p, stream);
-    if (variant == 13) return launch8_d<D, 4, 2, 1, 2, 128, D == 64 ? 1 : 0, 1>(p, stream);
   }
 #endif
   // H100, int8fp8_variants.py (attention only, one run): ping-pong 2 + PIPE 1 with 3 stages at both head dims --
