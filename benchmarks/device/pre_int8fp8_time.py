@@ -1,17 +1,16 @@
 """Device helper: time per call of the int8-fp8 pre-processing (``preprocess_int8fp8_cuda``, default recipe:
-smooth_k=True, smooth_v=False; B=1, bf16, BHND) at the five benchmark shapes, fused path against the per-tensor
-kernels (``ROTVID_PRE_LEGACY=1``, read by the extension at every call) in the same run, and a bit-for-bit check that
-both paths agree. CUDA events, median of 20 calls after 5 warm-up calls. Prints one table and appends it to
-``benchmarks/results/pre_int8fp8.md``.
+smooth_k=True, smooth_v=False; B=1, bf16, BHND) at the five benchmark shapes, beside the bytes it must move at the
+GPU's nominal bandwidth. CUDA events, median of 20 calls after 5 warm-up calls. Prints one table and appends it to
+``benchmarks/results/pre_int8fp8.md``. (The A/B against the older per-tensor kernels, removed after it, is in
+RESULTS.md, session 6.)
 
-    PYTHONPATH=$PWD python3 benchmarks/device/pre_int8fp8_time.py [--shapes cogvideox5b ...] [--no-legacy]
+    PYTHONPATH=$PWD python3 benchmarks/device/pre_int8fp8_time.py [--shapes cogvideox5b ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import os
 import statistics
 import subprocess
 import sys
@@ -46,17 +45,9 @@ def min_bytes(h: int, n: int, d: int) -> int:
     return h * n * d * (2 * 5 + 3)
 
 
-def set_legacy(on: bool) -> None:
-    if on:
-        os.environ["ROTVID_PRE_LEGACY"] = "1"
-    else:
-        os.environ.pop("ROTVID_PRE_LEGACY", None)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--no-legacy", action="store_true", help="time the fused path only")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name()
     bw = next((v for k, v in HBM_GBPS.items() if k in gpu), None)
@@ -64,8 +55,8 @@ def main() -> None:
     lines = [
         f"## int8-fp8 pre-processing, {gpu}, commit {commit}, {_dt.datetime.now():%Y-%m-%d %H:%M}",
         "",
-        "| shape | H | N | D | kv_len | fused ms | legacy ms | legacy / fused | bound ms | same bits |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | H | N | D | kv_len | ms | bound ms |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in args.shapes:
         s = SHAPES[name]
@@ -76,25 +67,13 @@ def main() -> None:
         def run():
             return c.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens)
 
-        set_legacy(False)
-        fused_ms = time_ms(run)
-        fused = run()
-        legacy_ms, same = float("nan"), "-"
-        if not args.no_legacy:
-            set_legacy(True)
-            try:
-                legacy_ms = time_ms(run)
-                old = run()
-            finally:
-                set_legacy(False)
-            same = "yes" if all(torch.equal(a, b) for a, b in zip(fused, old)) else "NO"
+        ms = time_ms(run)
         bound = min_bytes(s.h, s.n, s.d) / (bw * 1e6) if bw else float("nan")
         lines.append(
-            f"| {name} | {s.h} | {s.n} | {s.d} | {s.kv_len or s.n} | {fused_ms:.4f} | {legacy_ms:.4f} | "
-            f"{legacy_ms / fused_ms:.3f} | {bound:.4f} | {same} |"
+            f"| {name} | {s.h} | {s.n} | {s.d} | {s.kv_len or s.n} | {ms:.4f} | {bound:.4f} |"
         )
         print(lines[-1], flush=True)
-        del q, k, v, fused
+        del q, k, v
         torch.cuda.empty_cache()
     table = "\n".join(lines)
     print("\n" + table)

@@ -611,8 +611,7 @@ def preprocess_int8fp8_cuda(
     :func:`~rotvid.kernels.quantize.quantize_per_channel_fp8`).
 
     Runs as one memset, one statistics launch over K and V (a second one when ``smooth_v``) and one quantize launch
-    over the Q, K and V tiles (``csrc/preprocess_int8fp8.cu``); ``ROTVID_PRE_LEGACY=1`` in the environment selects
-    the older per-tensor kernels instead (same bytes; an A/B aid).
+    over the Q, K and V tiles (``csrc/preprocess_int8fp8.cu``).
     """
     _check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     _check_int8fp8_device(q.device)

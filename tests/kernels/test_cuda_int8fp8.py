@@ -77,10 +77,15 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("smooth", [None, (True, False), (False, False), (True, True), (False, True)], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}h{c[1]}q{c[2]}k{c[3]}d{c[4]}{c[7]}")
-def test_preprocess_equals_reference_quantizers(case):
+def test_preprocess_equals_reference_quantizers(case, smooth):
+    """The pre-processing (one statistics and one quantize launch) writes the reference quantizers' bytes, for the
+    case's own smoothing (None) and every (smooth_k, smooth_v) choice."""
     needs_sm90()
     b, h, n_q, n_kv, d, lens, dtype, layout, smooth_k, smooth_v = case
+    if smooth is not None:
+        smooth_k, smooth_v = smooth
     q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=11 + n_q, kv_lens=lens)
     got = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
     want = cb().pack_reference_int8fp8(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
@@ -90,27 +95,6 @@ def test_preprocess_equals_reference_quantizers(case):
     # V^T as e4m3 values (a masked key is +0 in the kernel and may be -0 in the reference: v * 0)
     as_f = lambda t: t.view(torch.float8_e4m3fn).float()  # noqa: E731
     assert torch.equal(as_f(got.vt), as_f(want.vt)), "vt"
-
-
-@pytest.mark.parametrize("smooth", [(True, False), (False, False), (True, True), (False, True)], ids=str)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}h{c[1]}q{c[2]}k{c[3]}d{c[4]}{c[7]}")
-def test_fused_preprocess_equals_per_tensor_kernels(case, smooth, monkeypatch):
-    """The fused two-launch pre-processing and the per-tensor kernels (ROTVID_PRE_LEGACY=1, read by the extension
-    at every call) write the same bytes, for every smoothing choice."""
-    needs_sm90()
-    b, h, n_q, n_kv, d, lens, dtype, layout, _, _ = case
-    smooth_k, smooth_v = smooth
-    q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=17 + n_kv, kv_lens=lens)
-    run = lambda: cb().preprocess_int8fp8_cuda(  # noqa: E731
-        q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v
-    )
-    monkeypatch.delenv("ROTVID_PRE_LEGACY", raising=False)
-    fused = run()
-    monkeypatch.setenv("ROTVID_PRE_LEGACY", "1")
-    legacy = run()
-    torch.cuda.synchronize()
-    for name, a, bb in zip(fused._fields, fused, legacy):
-        assert torch.equal(a, bb), name
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}h{c[1]}q{c[2]}k{c[3]}d{c[4]}{c[7]}")

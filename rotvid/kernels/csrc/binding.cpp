@@ -6,7 +6,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
-#include <cstdlib>
 #include <vector>
 
 #include "int4_common.cuh"
@@ -225,53 +224,6 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   return out;
 }
 
-// ROTVID_PRE_LEGACY=1: the int8-fp8 pre-processing through the per-tensor kernels (token_mean, quant_rows_int8,
-// quant_k_groups_int8, col_absmax + quant_v_fp8; 4-6 launches and 2-3 memsets) instead of the fused two launches.
-// An A/B aid for one benchmark run (benchmarks/device/pre_profile.py); read at every call.
-bool pre_legacy() {
-  const char* e = std::getenv("ROTVID_PRE_LEGACY");
-  return e != nullptr && e[0] == '1';
-}
-
-void legacy_preprocess_int8fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Dims& dq,
-                               const Dims& dk, const Dims& dv, const c10::optional<at::Tensor>& kv_lens,
-                               int64_t nq_pad, int64_t nkv_pad, bool smooth_k, bool smooth_v, at::Tensor& q_hat,
-                               at::Tensor& q_scale, at::Tensor& k_hat, at::Tensor& k_scale, at::Tensor& vt,
-                               at::Tensor& v_scale, at::Tensor& v_mean, cudaStream_t stream) {
-  const int64_t D = dq.D;
-  {
-    auto p = pre_params(q, dq, nq_pad);
-    p.out = q_hat.data_ptr<int8_t>();
-    p.scale = q_scale.data_ptr<float>();
-    check_cuda(rotvid::launch_quant_rows_int8(p, stream), "quant_rows_int8(q)");
-  }
-  {
-    at::Tensor k_mean;
-    auto p = pre_params(k, dk, nkv_pad);
-    if (smooth_k) {
-      k_mean = token_mean(k, dk, kv_lens, stream);
-      p.mean = k_mean.data_ptr<float>();
-    }
-    p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
-    p.out = k_hat.data_ptr<int8_t>();
-    p.scale = k_scale.data_ptr<float>();
-    check_cuda(rotvid::launch_quant_k_groups_int8(p, stream), "quant_k_groups_int8");
-  }
-  {
-    auto p = pre_params(v, dv, nkv_pad);
-    p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
-    if (smooth_v) {
-      v_mean = token_mean(v, dv, kv_lens, stream);
-      p.mean = v_mean.data_ptr<float>();
-    }
-    auto amax = at::zeros({dv.B * dv.H * D}, q.options().dtype(at::kInt));
-    p.out = vt.data_ptr<int8_t>();
-    check_cuda(rotvid::launch_quant_v_fp8(p, reinterpret_cast<unsigned int*>(amax.data_ptr<int>()),
-                                          v_scale.data_ptr<float>(), stream),
-               "quant_v_fp8");
-  }
-}
-
 // The int8-fp8 recipe (sm89 / sm90): INT8 Q per token, INT8 K per group of 32 keys per 128-key block (K smoothed by its
 // token mean when asked), per-channel FP8 e4m3 V over the valid tokens (V smoothed when asked). Returns {q_hat,
 // q_scale, k_hat, k_scale [B,H,Nkv_pad/128,4], vt (e4m3 bytes as int8, [B,H,D,Nkv_pad]), v_scale fp32 [B,H,D],
@@ -295,12 +247,7 @@ std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor
   auto v_scale = at::empty({dv.B, dv.H, D}, f32);
   const int* lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
   at::Tensor v_mean = at::empty({0}, f32);
-  if (pre_legacy()) {
-    legacy_preprocess_int8fp8(q, k, v, dq, dk, dv, kv_lens, nq_pad, nkv_pad, smooth_k, smooth_v, q_hat, q_scale,
-                              k_hat, k_scale, vt, v_scale, v_mean, stream);
-    return {q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean};
-  }
-  // Fused path: ONE zeroed work space {K sums f64 [BH*D], V sums f64 [BH*D] (smooth_v only), V amax bits u32
+  // ONE zeroed work space {K sums f64 [BH*D], V sums f64 [BH*D] (smooth_v only), V amax bits u32
   // [BH*D]}, the statistics launch over K and V (a second one for V's centred max when smooth_v), then one
   // quantize launch over the Q, K and V tiles.
   const int64_t bhd = dk.B * dk.H * D;

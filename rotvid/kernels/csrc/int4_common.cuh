@@ -87,16 +87,8 @@ cudaError_t launch_token_mean_f64(const PreprocessParams& p, double* work, float
 cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream);
 cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream);
 
-// The int8-fp8 recipe (sm89 / sm90). Rows: per-token INT8 of Q or K (s8 layout). V: per-channel FP8 e4m3 over the valid
-// tokens (amax_bits: B*H*D zeroed uint32 work words), written as p.out = V8^T [BH, D, N_pad] (N_pad a multiple of
-// 128, keys permuted per 32 like the s8 path) and v_scale fp32 [BH, D] (= amax / 448, 1 where amax is 0).
-cudaError_t launch_quant_rows_int8(const PreprocessParams& p, cudaStream_t stream);
-// K: INT8 with one scale per group of 32 keys ((j mod 8) / 2) per 128-key block, over the valid keys (p.kv_lens);
-// p.out rows [BH, N_pad, D], p.scale [BH, N_pad / 128, 4].
-cudaError_t launch_quant_k_groups_int8(const PreprocessParams& p, cudaStream_t stream);
-cudaError_t launch_quant_v_fp8(const PreprocessParams& p, unsigned int* amax_bits, float* v_scale, cudaStream_t stream);
-// The fused int8-fp8 pre-processing (preprocess_int8fp8.cu), bit-identical to the three launchers above plus
-// launch_token_mean_f64: launch_int8fp8_stats (one launch over K and V; a second one when V is smoothed) after ONE
+// The int8-fp8 pre-processing (preprocess_int8fp8.cu; sm89 / sm90 kernels share its operands), equal to the reference
+// quantizers byte for byte: launch_int8fp8_stats (one launch over K and V; a second one when V is smoothed) after ONE
 // zeroing of the work words, then launch_int8fp8_quantize (one launch over the Q, K and V tiles of 128 rows).
 struct Int8Fp8PreParams {
   PreprocessParams q;          // q.out = q_hat [BH, Nq_pad, D], q.scale = q_scale [BH, Nq_pad]; Nq_pad % 128 == 0

@@ -1,15 +1,11 @@
-// Pre-processing of the INT4 and int8-fp8 recipes (memory-bound), bit-identical to rotvid.kernels.quantize:
+// Pre-processing of the INT4 recipes (memory-bound), bit-identical to rotvid.kernels.quantize:
 //   colsum_f64        sum over valid tokens of each channel in float64, then the K / V smoothing mean
 //   quant_rows_int4   per-token INT4 of Q or K (after subtracting the mean), kernel row layout
 //   quant_v_int4      per-group INT4 of V (per key block of BN tokens and channel), written
 //                     transposed and permuted (int4_common.cuh), plus v_scale and colsums
-//   int8-fp8: the same row kernel with INT8 levels (127); col_absmax + quant_v_fp8: per-channel FP8 e4m3 V over
-//                     the valid tokens, written transposed and permuted like the s8 path. These per-tensor int8-fp8
-//                     kernels now run only under ROTVID_PRE_LEGACY=1 (an A/B aid); the default int8-fp8 path is the
-//                     fused two-launch pre-processing of preprocess_int8fp8.cu, bit-identical to them.
+// (the int8-fp8 recipe's pre-processing is preprocess_int8fp8.cu)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <type_traits>
 
@@ -95,7 +91,7 @@ __device__ __forceinline__ void to_floats(const RawRow<D>& raw, float (&v)[D / 3
 
 // grid (ceil(N_pad / (warps * kRowsPerWarp)), B * H): rows n0.. of one (batch, head).
 // (<= 48 registers: 5 CTAs per SM instead of 4, 64 -> 60 us per call at Wan2.1-1.3B on the H100)
-// QMAX 7: INT4 values (int4 recipes); 127: INT8 (int8-fp8 recipe, s8 layout only).
+// QMAX: the symmetric grid (7: INT4 values; 127 would be INT8 rows, s8 layout only).
 template <typename T, int D, bool S4, int QMAX = 7>
 __global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessParams p) {
   static_assert(QMAX == 7 || !S4, "INT8 rows take the s8 layout");
@@ -299,239 +295,7 @@ cudaError_t rows_type(const PreprocessParams& p, bool s4, cudaStream_t stream) {
   return cudaErrorInvalidValue;
 }
 
-template <typename T>
-cudaError_t rows_i8_type(const PreprocessParams& p, cudaStream_t stream) {
-  const int warps = 8;
-  dim3 grid((p.N_pad + warps * kRowsPerWarp - 1) / (warps * kRowsPerWarp), p.B * p.H);
-  if (p.D == 64) {
-    quant_rows_kernel<T, 64, false, 127><<<grid, warps * 32, 0, stream>>>(p);
-  } else if (p.D == 128) {
-    quant_rows_kernel<T, 128, false, 127><<<grid, warps * 32, 0, stream>>>(p);
-  } else {
-    return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
-
-// ---- the int8-fp8 recipe's K: INT8 with one scale per group of 32 keys per 128-key block ----
-// grid (N_pad / 128, BH), 256 threads (8 warps x 16 rows). Group of key j in its block: (j mod 8) / 2, the
-// columns one thread of the attention kernel's score fragment holds. amax over the group's valid keys
-// (j < kv_len) and channels; masked keys get their group's scale (clamped), padded rows zero. Writes the rows
-// [BH, N_pad, D] and scale [BH, N_pad / 128, 4] (= amax / 127, 0 for an all-zero group).
-template <typename T, int D>
-__global__ void __launch_bounds__(256) quant_k_groups_int8_kernel(const PreprocessParams p) {
-  constexpr int EPT = D / 32;
-  __shared__ float row_amax[128];
-  __shared__ float g_inv[4];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int kb = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  int len = p.N;
-  if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
-  const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + lane * EPT;
-  float mu[EPT];
-#pragma unroll
-  for (int i = 0; i < EPT; ++i) mu[i] = p.mean != nullptr ? p.mean[(size_t)bh * D + lane * EPT + i] : 0.f;
-  float v[16][EPT];
-#pragma unroll
-  for (int rr = 0; rr < 16; ++rr) {
-    const int n = kb * 128 + warp * 16 + rr;
-    if (n < p.N) {
-      const RawRow<D> raw = *reinterpret_cast<const RawRow<D>*>(xb + (size_t)n * p.sn);
-      to_floats<T, D>(raw, v[rr]);
-#pragma unroll
-      for (int i = 0; i < EPT; ++i) v[rr][i] -= mu[i];
-    } else {
-#pragma unroll
-      for (int i = 0; i < EPT; ++i) v[rr][i] = 0.f;
-    }
-  }
-#pragma unroll
-  for (int rr = 0; rr < 16; ++rr) {
-    const int n = kb * 128 + warp * 16 + rr;
-    float amax = 0.f;
-#pragma unroll
-    for (int i = 0; i < EPT; ++i) amax = fmaxf(amax, fabsf(v[rr][i]));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) row_amax[warp * 16 + rr] = n < len ? amax : 0.f;
-  }
-  __syncthreads();
-  if (threadIdx.x < 4) {
-    const int t = threadIdx.x;
-    float a = 0.f;
-    for (int r = 2 * t; r < 128; r += 8) a = fmaxf(a, fmaxf(row_amax[r], row_amax[r + 1]));
-    g_inv[t] = a == 0.f ? 0.f : __fdiv_rn(127.0f, a);
-    p.scale[((size_t)bh * (p.N_pad / 128) + kb) * 4 + t] = a == 0.f ? 0.f : __fdiv_rn(a, 127.0f);
-  }
-  __syncthreads();
-#pragma unroll
-  for (int rr = 0; rr < 16; ++rr) {
-    const int r = warp * 16 + rr;
-    const float inv = g_inv[(r & 7) >> 1];
-    int qv[EPT];
-#pragma unroll
-    for (int i = 0; i < EPT; ++i) qv[i] = quant7<127>(v[rr][i], inv);
-    int8_t* out = p.out + ((size_t)bh * p.N_pad + kb * 128 + r) * D;
-    if constexpr (EPT == 4) {
-      const uint32_t w = (qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8) | ((qv[2] & 0xFF) << 16) | ((uint32_t)(qv[3] & 0xFF) << 24);
-      *reinterpret_cast<uint32_t*>(out + lane * 4) = w;
-    } else {
-      *reinterpret_cast<uint16_t*>(out + lane * 2) = (uint16_t)((qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8));
-    }
-  }
-}
-
-template <typename T>
-cudaError_t k_groups_type(const PreprocessParams& p, cudaStream_t stream) {
-  if (p.N_pad % 128 != 0) return cudaErrorInvalidValue;
-  const dim3 grid(p.N_pad / 128, p.B * p.H);
-  if (p.D == 128) {
-    quant_k_groups_int8_kernel<T, 128><<<grid, 256, 0, stream>>>(p);
-  } else if (p.D == 64) {
-    quant_k_groups_int8_kernel<T, 64><<<grid, 256, 0, stream>>>(p);
-  } else {
-    return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
-
-// ---- the int8-fp8 recipe's V: one FP8 e4m3 scale per channel over the valid tokens ----
-
-// grid (splits, BH), 256 threads: amax_bits[bh, d] = max over this split's valid tokens of |v - mean| as float
-// bits (non-negative floats order like their bits; atomicMax on zero-initialised words).
-template <typename T, int D>
-__global__ void __launch_bounds__(256) col_absmax_kernel(const PreprocessParams p, int tokens_per_split,
-                                                         unsigned int* amax_bits) {
-  constexpr int TPR = D / 8;
-  constexpr int RSTEP = 256 / TPR;
-  __shared__ float part[RSTEP][D + 1];
-  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  int len = p.N;
-  if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
-  const int start = blockIdx.x * tokens_per_split;
-  const int end = min(start + tokens_per_split, len);
-  const int c8 = threadIdx.x % TPR, r0 = threadIdx.x / TPR;
-  const T* x = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + c8 * 8;
-  float mu[8], acc[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    mu[i] = p.mean != nullptr ? p.mean[(size_t)bh * D + c8 * 8 + i] : 0.f;
-    acc[i] = 0.f;
-  }
-#pragma unroll 4
-  for (int n = start + r0; n < end; n += RSTEP) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(x + (size_t)n * p.sn);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = fmaxf(acc[i], fabsf(to_f32<T>(e[i]) - mu[i]));
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) part[r0][c8 * 8 + i] = acc[i];
-  __syncthreads();
-  if (threadIdx.x < D && start < end) {
-    float m = 0.f;
-    for (int r = 0; r < RSTEP; ++r) m = fmaxf(m, part[r][threadIdx.x]);
-    atomicMax(amax_bits + (size_t)bh * D + threadIdx.x, __float_as_uint(m));
-  }
-}
-
-// byte i = e4m3(fi), round to nearest even, saturating (cuda_fp8.h: one cvt on sm89+, emulated below, so the
-// file compiles for every architecture; the int8-fp8 recipe runs on sm89 and sm90)
-__device__ __forceinline__ uint32_t e4m3x4(float f0, float f1, float f2, float f3) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(f0, f1), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(f2, f3), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
-}
-
-// grid (nblk, BH), D threads: thread d writes channel d of key block blockIdx.x as e4m3(rn((v - mean) / scale)),
-// scale = amax / 448 (1 where amax is 0), into the permuted V^T layout of the s8 path (32-key chunks); block 0
-// also writes v_scale [BH, D]. Masked and padded keys are 0.
-template <typename T, int D, int BN>
-__global__ void __launch_bounds__(D) quant_v_fp8_kernel(const PreprocessParams p, const unsigned int* amax_bits,
-                                                        float* v_scale) {
-  const int kb = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, d = threadIdx.x;
-  int len = p.N;
-  if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
-  __shared__ __align__(16) T tile[BN * D];
-  const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh;
-  constexpr int CPR = D / 8;
-#pragma unroll
-  for (int i = 0; i < BN * CPR / D; ++i) {
-    const int c = d + i * D;
-    const int j = c / CPR, c8 = c % CPR;
-    const int key = kb * BN + j;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (key < len) val = *reinterpret_cast<const uint4*>(xb + (size_t)key * p.sn + c8 * 8);
-    *reinterpret_cast<uint4*>(tile + j * D + c8 * 8) = val;
-  }
-  __syncthreads();
-  const float mu = p.mean != nullptr ? p.mean[(size_t)bh * D + d] : 0.f;
-  const float amax = __uint_as_float(amax_bits[(size_t)bh * D + d]);
-  const float scale = amax == 0.f ? 1.f : __fdiv_rn(amax, 448.f);
-  if (kb == 0) v_scale[(size_t)bh * D + d] = scale;
-  auto value = [&](int pos) {
-    const int j = vt_key_of_position(pos, 32);
-    return kb * BN + j < len ? __fdiv_rn(to_f32<T>(tile[j * D + d]) - mu, scale) : 0.f;
-  };
-  constexpr int CH = BN / 16;
-  static_assert(D * CH * 16 <= BN * D * (int)sizeof(T), "the V^T tile fits in the input tile's space");
-  uint4 row[CH];
-#pragma unroll
-  for (int c = 0; c < CH; ++c) {
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int pos = 16 * c + 4 * k;
-      w[k] = e4m3x4(value(pos), value(pos + 1), value(pos + 2), value(pos + 3));
-    }
-    row[c] = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  __syncthreads();
-  uint4* vt_tile = reinterpret_cast<uint4*>(tile);
-#pragma unroll
-  for (int c = 0; c < CH; ++c) vt_tile[d * CH + (c ^ (d % CH))] = row[c];
-  __syncthreads();
-  int8_t* vt_out = p.out + (size_t)bh * D * p.N_pad + (size_t)kb * BN;
-#pragma unroll
-  for (int i = d; i < D * CH; i += D) {
-    const int r = i / CH, c = i % CH;
-    *reinterpret_cast<uint4*>(vt_out + (size_t)r * p.N_pad + c * 16) = vt_tile[r * CH + (c ^ (r % CH))];
-  }
-}
-
-template <typename T>
-cudaError_t v_fp8_type(const PreprocessParams& p, unsigned int* amax_bits, float* v_scale, cudaStream_t stream) {
-  const int tps = 1024;
-  const dim3 agrid((p.N + tps - 1) / tps, p.B * p.H);
-  const dim3 vgrid(p.N_pad / 128, p.B * p.H);
-  if (p.N_pad % 128 != 0) return cudaErrorInvalidValue;
-  if (p.D == 128) {
-    if (p.N > 0) col_absmax_kernel<T, 128><<<agrid, 256, 0, stream>>>(p, tps, amax_bits);
-    quant_v_fp8_kernel<T, 128, 128><<<vgrid, 128, 0, stream>>>(p, amax_bits, v_scale);
-  } else if (p.D == 64) {
-    if (p.N > 0) col_absmax_kernel<T, 64><<<agrid, 256, 0, stream>>>(p, tps, amax_bits);
-    quant_v_fp8_kernel<T, 64, 128><<<vgrid, 64, 0, stream>>>(p, amax_bits, v_scale);
-  } else {
-    return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
-
 }  // namespace pre
-
-cudaError_t launch_quant_rows_int8(const PreprocessParams& p, cudaStream_t stream) {
-  return p.is_bf16 ? pre::rows_i8_type<__nv_bfloat16>(p, stream) : pre::rows_i8_type<__half>(p, stream);
-}
-
-cudaError_t launch_quant_k_groups_int8(const PreprocessParams& p, cudaStream_t stream) {
-  return p.is_bf16 ? pre::k_groups_type<__nv_bfloat16>(p, stream) : pre::k_groups_type<__half>(p, stream);
-}
-
-cudaError_t launch_quant_v_fp8(const PreprocessParams& p, unsigned int* amax_bits, float* v_scale,
-                               cudaStream_t stream) {
-  return p.is_bf16 ? pre::v_fp8_type<__nv_bfloat16>(p, amax_bits, v_scale, stream)
-                   : pre::v_fp8_type<__half>(p, amax_bits, v_scale, stream);
-}
 
 cudaError_t launch_token_mean_f64(const PreprocessParams& p, double* work, float* mean, cudaStream_t stream) {
   if (p.D != 64 && p.D != 128) return cudaErrorInvalidValue;
