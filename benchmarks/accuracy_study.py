@@ -251,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="key-block size of the quantized recipes (default: the reference's, 64; the Hopper kernel's is 128)")
     p.add_argument("--smooth-q", action="store_true", help="Q smoothing (per block of 128 query rows, with ΔS)")
     p.add_argument("--smooth-v", action="store_true", help="V smoothing (mean added back to the output)")
+    p.add_argument("--q-block", type=int, default=128,
+                   help="query rows per Q-smoothing mean (default 128, the kernels' tile; 0: one mean per head over all queries)")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where the results files go")
     p.add_argument("--no-write", action="store_true", help="print only")
     return p
@@ -273,7 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
     v_on = args.v_hadamard == "on"
     rows, v_rows, exact = [], [], []
     for i, case in enumerate(cases):
-        smoothing = dict(smooth_q=args.smooth_q, smooth_v=args.smooth_v)
+        smoothing = dict(smooth_q=args.smooth_q, smooth_v=args.smooth_v,
+                         block_m=args.q_block if args.q_block > 0 else max(1, case.q.shape[2]))
         rows += run_case(case, rotations, recipes, v_on, args.block_n, smoothing)
         # exactness check: unquantized attention of every rotation against float64.
         exact += run_case(case, rotations, ["fp16"], v_on)
@@ -294,7 +297,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"command: `{command.strip()}`  \n"
         f"cases: {len(cases)} tensor sets ({', '.join(sorted({c.source for c in cases}))}); "
         f"V Hadamard in main table: {args.v_hadamard}; key block {args.block_n or 'reference default (64)'}; "
-        f"smoothing: K{', Q' if args.smooth_q else ''}{', V' if args.smooth_v else ''}; "
+        f"smoothing: K{(', Q per ' + (str(args.q_block) + ' rows' if args.q_block > 0 else 'head')) if args.smooth_q else ''}{', V' if args.smooth_v else ''}; "
         f"torch threads {args.threads}; {elapsed:.0f} s\n\n"
         f"Reference: exact float64 attention of the unrotated tensors. Worst SQNR of unquantized "
         f"(recipe fp16, float32) attention over all rotations: {fp_worst:.1f} dB (rotations are exact).\n"
