@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows, v_rows, exact = [], [], []
     for i, case in enumerate(cases):
         smoothing = dict(smooth_q=args.smooth_q, smooth_v=args.smooth_v,
-                         block_m=args.q_block if args.q_block > 0 else max(1, case.q.shape[2]))
+                         q_block=args.q_block if args.q_block > 0 else None)
         rows += run_case(case, rotations, recipes, v_on, args.block_n, smoothing)
         # exactness check: unquantized attention of every rotation against float64.
         exact += run_case(case, rotations, ["fp16"], v_on)

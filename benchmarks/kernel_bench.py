@@ -1,7 +1,8 @@
 """Side-by-side attention kernel benchmark on one GPU: cuDNN SDPA (the baseline), SageAttention2-8b (the
 peer, when importable: ``sageattn_qk_int8_pv_fp8_cuda_sm90``, its quantization included), rotvid INT4 (both
 P modes) and, on sm90, rotvid int8-fp8 -- rotvid rows with pre-processing timed alone and included, each
-recipe's default smoothing (K and V for INT4, K for int8-fp8: rotvid.pipelines.config.SMOOTH_V_BY_RECIPE).
+recipe's default smoothing (Q, K and V for INT4, K for int8-fp8: rotvid.pipelines.config.SMOOTH_Q_BY_RECIPE and
+SMOOTH_V_BY_RECIPE); an INT4 "Q not smoothed" kernel row shows what Q smoothing costs the kernel.
 
 TOP/s = 4·B·H·N_q·N_kv·D / time (the usual attention count; masked keys still counted).
 Times are medians of CUDA-event timings after warm-up. Inputs are bf16 random (never zeros), K with a
@@ -138,7 +139,8 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
             add("sageattention2-8b", time_ms(f), f() if kv_lens is None else None,
                 note="unmasked" if kv_lens is not None else "")
 
-    pre = lambda: cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True)  # noqa: E731
+    pre = lambda: cuda_backend.preprocess_int4_cuda(  # noqa: E731
+        q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True, smooth_q=True)
     pre_ms = time_ms(pre)
     kernel = cuda_backend._resolve_path("auto", q.device)
     if also_s8 and kernel == "wgmma":
@@ -147,11 +149,17 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
             qkv, n_q=n, n_kv=n, head_dim=d, block_n=64, kv_lens=kv_lens, out_dtype=q.dtype, path="s8")
         add("rotvid-int4 [s8 mma.sync, bn64] (attn only)", time_ms(att))
     for p_mode, label in (("range", "rotvid-int4"), ("sym", "rotvid-int4-sym-p")):
-        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode, smooth_v=True)
+        if p_mode == "range":  # the kernel without Q smoothing's bias per key: its cost, same operands otherwise
+            qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True)
+            att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
+                qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode, out_dtype=q.dtype)
+            add(f"{label} [{kernel}] (attn only, Q not smoothed)", time_ms(att))
+        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode, smooth_v=True,
+                                                smooth_q=True)
         att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
             qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode, out_dtype=q.dtype)
         full = lambda: cuda_backend.int4_attention_cuda(  # noqa: E731
-            q, k, v, kv_lens=kv_lens, p_mode=p_mode, block_n=block_n, smooth_v=True)
+            q, k, v, kv_lens=kv_lens, p_mode=p_mode, block_n=block_n, smooth_v=True, smooth_q=True)
         att_ms = time_ms(att)
         full_ms = time_ms(full)
         add(f"{label} [{kernel}] (attn only)", att_ms)

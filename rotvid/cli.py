@@ -295,9 +295,9 @@ BackendOpt = Annotated[Optional[str], typer.Option(help="Attention backend: auto
 SmoothKOpt = Annotated[Optional[bool], typer.Option("--smooth-k/--no-smooth-k", show_default=False,
                                                     help="Subtract the mean key before quantizing (default: on).")]
 SmoothQOpt = Annotated[Optional[bool], typer.Option("--smooth-q/--no-smooth-q", show_default=False,
-                                                    help="Subtract per-block query means, with the ΔS score "
-                                                    "correction (default: off; reference backend only: the CUDA "
-                                                    "backend records such calls as fallbacks).")]
+                                                    help="Subtract the per-head query mean, with the ΔS score "
+                                                    "correction (default: the recipe's: on for int4 / int4-sym-p / "
+                                                    "int4-fp8, off for int8-fp8, whose kernels do not smooth Q).")]
 SmoothVOpt = Annotated[Optional[bool], typer.Option("--smooth-v/--no-smooth-v", show_default=False,
                                                     help="Subtract the mean value, added back to the output "
                                                     "(default: the recipe's: on for int4 / int4-sym-p, off for "

@@ -71,7 +71,7 @@ def test_generate_writes_playable_mp4_and_sidecar(tiny_wan, tmp_path):
     # on this device (the CPU: int4) and why; K and V smoothing are on by default (issue 12)
     cfg = side["request"]["config"]
     assert cfg["recipe"] == "auto" and cfg["rotation"] == "half"
-    assert (cfg["smooth_k"], cfg["smooth_q"], cfg["smooth_v"]) == (True, False, None)  # V: the recipe's default
+    assert (cfg["smooth_k"], cfg["smooth_q"], cfg["smooth_v"]) == (True, None, None)  # Q, V: the recipe's default
     assert side["recipe"] == "int4" and side["rotation"] == "half"
     assert side["recipe_reason"].startswith("auto on cpu:") and side["run_report"]["recipe_requested"] == "auto"
     assert side["model"]["family"] == "wan" and side["model"]["pipeline"] == "WanPipeline"

@@ -44,6 +44,9 @@ takes), with BH = batch·heads, ``Nq_pad`` = Nq rounded up to 128, ``Nkv_pad`` t
   cancels in O / l, both being in units of P̂), and the bits of int32 ``0x4B400000 + 8*colsum``
   (range) or ``0x4B400000`` (sym), the accumulator initialiser of P̃V̂ in the mma.sync kernels.
 * ``v_mean`` fp32 [B, H, D] when V is smoothed, else an empty tensor.
+* ``k_bias`` fp32 [B, H, Nkv_pad] when Q is smoothed, else an empty tensor: ``sm_scale·log2(e)·(mean(q)·k_s)``
+  per key (mean over all query rows of the head, ``k_s`` the smoothed key), Q smoothing's ΔS in the log2
+  domain; the kernels add it to each score. It depends on ``sm_scale``: pre-process and attend with the same.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ class KernelQKV(NamedTuple):
     vt: torch.Tensor
     vparams: torch.Tensor
     v_mean: torch.Tensor
+    k_bias: torch.Tensor | None = None  # Q smoothing's per-key ΔS (empty or None: Q not smoothed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,14 +234,18 @@ def _int4_preprocess_op(
     smooth_v: bool,
     path: str,
     p_mode: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    smooth_q: bool,
+    qk_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor]:
     ext = load_extension(q.device)
     s4 = _resolve_path(path, q.device) == "s4"
-    return tuple(ext.preprocess_int4(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, s4, p_mode))
+    return tuple(ext.preprocess_int4(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, s4, p_mode, smooth_q,
+                                     qk_scale))
 
 
 @_int4_preprocess_op.register_fake
-def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode):
+def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode, smooth_q, qk_scale):
     s4 = _resolve_path(path, q.device) == "s4"
     if bnhd:
         b, n_q, h, d = q.shape
@@ -256,6 +264,7 @@ def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode):
         q.new_empty((b, h, d, nkv_pad // 2 if s4 else nkv_pad), **i8),
         q.new_empty((b, h, nkv_pad // block_n, d, 2), **f32),
         q.new_empty((b, h, d) if smooth_v else (0,), **f32),
+        q.new_empty((b, h, nkv_pad) if smooth_q else (0,), **f32),
     )
 
 
@@ -279,18 +288,19 @@ def _int4_attention_op(
     out_bf16: bool,
     bnhd: bool,
     split_tail: bool,
+    k_bias: torch.Tensor,
 ) -> torch.Tensor:
     ext = load_extension(q_hat.device)
     kernel = _resolve_path(path, q_hat.device)
     return ext.attention_int4(
         q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, kernel == "s4",
-        kernel == "wgmma", p_mode, qk_scale, out_bf16, bnhd, None, split_tail,
+        kernel == "wgmma", p_mode, qk_scale, out_bf16, bnhd, None, split_tail, k_bias,
     )
 
 
 @_int4_attention_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, path, p_mode,
-      qk_scale, out_bf16, bnhd, split_tail):
+      qk_scale, out_bf16, bnhd, split_tail, k_bias):
     b, h = q_hat.shape[0], q_hat.shape[1]
     shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
     return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
@@ -462,14 +472,17 @@ def preprocess_int4_cuda(
     smooth_v: bool = False,
     p_mode: str = "range",
     path: str | None = None,
+    smooth_q: bool = False,
+    sm_scale: float | None = None,
 ) -> KernelQKV:
-    """Steps 1-2 of the INT4 recipe on the GPU (K/V smoothing, per-token INT4 Q/K, per-group INT4 V).
+    """Steps 1-2 of the INT4 recipe on the GPU (Q/K/V smoothing, per-token INT4 Q/K, per-group INT4 V).
 
     Args: q [B, H, Nq, D] (``"BHND"``) or [B, Nq, H, D] (``"BNHD"``), k, v likewise with Nkv
     keys; fp16 or bf16, last dim contiguous; D in (64, 128). ``kv_lens`` int [B] (keys
     ``j >= kv_lens[b]`` masked). ``p_mode`` decides the ``vparams`` encoding; ``path`` the
-    packing (``None``: the arch default); ``block_n`` None: :func:`default_block_n`. Returns a
-    :class:`KernelQKV` (module docstring).
+    packing (``None``: the arch default); ``block_n`` None: :func:`default_block_n`. ``smooth_q``: Q
+    smoothed by its per-head mean, the ΔS per key in ``k_bias`` for the score scale ``sm_scale`` (default
+    D ** -0.5; attend with the same). Returns a :class:`KernelQKV` (module docstring).
     Bit-identical to :func:`rotvid.kernels.reference.preprocess_int4` packed by
     :func:`pack_reference_quantized`.
     """
@@ -478,9 +491,10 @@ def preprocess_int4_cuda(
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
     path = _check_path(path, q.device)
+    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     out = _int4_preprocess_op(
         q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", block_n, smooth_k, smooth_v, path,
-        P_MODES[p_mode],
+        P_MODES[p_mode], bool(smooth_q), float(sm_scale * LOG2E),
     )
     return KernelQKV(*out)
 
@@ -519,19 +533,20 @@ def attention_int4_quantized(
         raise ValueError(f"block_n: expected one of {SUPPORTED_BLOCK_N}, got {block_n!r}")
     path = _check_path(path, qkv.q_hat.device)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    k_bias = qkv.k_bias if qkv.k_bias is not None else qkv.q_scale.new_empty((0,))
     args = (
         qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
         _kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, block_n, path, P_MODES[p_mode],
         float(sm_scale * LOG2E), out_dtype == torch.bfloat16, layout == "BNHD",
     )
     if out is None:
-        return _int4_attention_op(*args, bool(split_tail))
+        return _int4_attention_op(*args, bool(split_tail), k_bias)
     # Writing into a caller's tensor (tests poison it first): the raw extension, outside the custom op.
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
     kernel = _resolve_path(path, qkv.q_hat.device)
     load_extension(qkv.q_hat.device).attention_int4(
-        *args[:12], kernel == "s4", kernel == "wgmma", *args[13:], out, bool(split_tail)
+        *args[:12], kernel == "s4", kernel == "wgmma", *args[13:], out, bool(split_tail), k_bias
     )
     return out
 
@@ -549,13 +564,14 @@ def int4_attention_cuda(
     smooth_v: bool = False,
     block_n: int | None = None,
     path: str | None = None,
+    smooth_q: bool = False,
 ) -> torch.Tensor:
     """Pre-processing + INT4 attention on the GPU; output has q's shape, layout and dtype."""
     block_n = default_block_n(q.device) if block_n is None else block_n
     qb, qh, qn, qd, kn = _check_inputs(q, k, v, layout, kv_lens, block_n)
     qkv = preprocess_int4_cuda(
         q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k, smooth_v=smooth_v,
-        p_mode=p_mode, path=path,
+        p_mode=p_mode, path=path, smooth_q=smooth_q, sm_scale=sm_scale,
     )
     return attention_int4_quantized(
         qkv, n_q=qn, n_kv=kn, head_dim=qd, block_n=block_n, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
@@ -707,13 +723,15 @@ def _pad_rows(x: torch.Tensor, n_pad: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(shape)], dim=2).contiguous()
 
 
-def pack_reference_quantized(qkv: QuantizedQKV, *, p_mode: str = "range", path: str = "s8") -> KernelQKV:
+def pack_reference_quantized(
+    qkv: QuantizedQKV, *, p_mode: str = "range", path: str = "s8", sm_scale: float | None = None
+) -> KernelQKV:
     """Kernel-layout operands from the reference's :class:`QuantizedQKV` (same values, no rounding).
 
-    Q smoothing (``q_block_mean``) is not supported by the kernel and raises ValueError.
+    With Q smoothing the reference's ΔS becomes ``k_bias`` = float32(sm_scale·log2 e)·(mean(q)·k_sᵀ) for the score
+    scale ``sm_scale`` (default D ** -0.5); the kernels take one Q mean per head (``q_block=None`` in the
+    reference): per-block means raise ValueError.
     """
-    if qkv.q_block_mean is not None:
-        raise ValueError("qkv: Q smoothing (q_block_mean) is not supported by the CUDA kernel")
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
     b, h, n_q, d = qkv.q_hat.shape
@@ -737,7 +755,17 @@ def pack_reference_quantized(qkv: QuantizedQKV, *, p_mode: str = "range", path: 
         v_mean = qkv.v_mean.float().reshape(b, h, d).contiguous()
     else:
         v_mean = torch.empty(0, dtype=torch.float32, device=q_hat.device)
-    return KernelQKV(q_hat.contiguous(), q_scale.contiguous(), k_hat.contiguous(), k_scale.contiguous(), vt, vparams, v_mean)
+    k_bias = torch.empty(0, dtype=torch.float32, device=q_hat.device)
+    if qkv.q_block_mean is not None:
+        mean = qkv.q_block_mean[:, :, :1]
+        if not torch.equal(qkv.q_block_mean, mean.expand_as(qkv.q_block_mean)):
+            raise ValueError("qkv: the CUDA kernels smooth Q with one mean per head (reference q_block=None), "
+                             "got per-block Q means")
+        qk_scale = torch.tensor((d**-0.5 if sm_scale is None else sm_scale) * LOG2E, dtype=torch.float32)
+        ds = torch.matmul(mean.float(), qkv.k_smoothed.float().transpose(-1, -2)) * qk_scale.to(mean.device)
+        k_bias = _pad_rows(ds.transpose(-1, -2), nkv_pad).reshape(b, h, nkv_pad).contiguous()
+    return KernelQKV(q_hat.contiguous(), q_scale.contiguous(), k_hat.contiguous(), k_scale.contiguous(), vt, vparams,
+                     v_mean, k_bias)
 
 
 def pack_reference_int8fp8(
@@ -763,7 +791,7 @@ def pack_reference_int8fp8(
 
     q, k, v = (to_bhnd(t, layout) for t in (q, k, v))
     q_s, k_s, v_s, _, v_mean = smooth_qkv(
-        q, k, v, kv_lens=kv_lens, block_m=BLOCK_M, smooth_k=smooth_k, smooth_q=False, smooth_v=smooth_v
+        q, k, v, kv_lens=kv_lens, smooth_k=smooth_k, smooth_q=False, smooth_v=smooth_v
     )
     b, h, n_q, d = q.shape
     n_kv = k.shape[2]
@@ -851,8 +879,10 @@ class CudaBackend:
         d = q.shape[-1]
         if d not in SUPPORTED_HEAD_DIMS:
             return f"head_dim {d} (the kernel takes {SUPPORTED_HEAD_DIMS})"
-        if opts.get("smooth_q"):
-            return "smooth_q=True (Q smoothing with the ΔS correction is reference-only)"
+        if opts.get("smooth_q") and recipe == INT8FP8_RECIPE:
+            return "smooth_q=True with int8-fp8 (its kernels do not smooth Q; the INT4 kernels do)"
+        if opts.get("smooth_q") and opts.get("q_block") is not None:
+            return f"q_block={opts['q_block']} (the kernels smooth Q with one mean per head: q_block=None)"
         bm, bn = opts.get("block_m"), opts.get("block_n")
         if bm is not None and bm != BLOCK_M:
             return f"block_m={bm} (the kernel uses {BLOCK_M})"
@@ -870,9 +900,9 @@ class CudaBackend:
         return None
 
     def run(self, q, k, v, *, recipe="int4", layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True,
-            smooth_q=False, smooth_v=False, block_m=None, block_n=None) -> torch.Tensor:
+            smooth_q=False, smooth_v=False, block_m=None, block_n=None, q_block=None) -> torch.Tensor:
         why = self.unsupported_reason(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, smooth_q=smooth_q,
-                                      block_m=block_m, block_n=block_n)
+                                      block_m=block_m, block_n=block_n, q_block=q_block)
         if why is not None:
             raise ValueError(f"backend: 'cuda' cannot run this call: {why}")
         if recipe == INT8FP8_RECIPE:
@@ -881,7 +911,7 @@ class CudaBackend:
             )
         return int4_attention_cuda(
             q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=RECIPE_P_MODE[recipe],
-            smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n,
+            smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n, smooth_q=smooth_q,
         )
 
 

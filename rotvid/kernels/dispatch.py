@@ -160,6 +160,7 @@ def attention(
     smooth_v: bool = False,
     block_m: int | None = None,
     block_n: int | None = None,
+    q_block: int | None = None,
 ) -> torch.Tensor:
     """Quantized attention ``softmax(q kᵀ · sm_scale) v`` under a recipe, on a chosen backend.
 
@@ -178,6 +179,8 @@ def attention(
             the CUDA backend 128 with the Hopper wgmma kernel, else 64). The key-block size is part
             of the numerics (block-local softmax max, per-block V scales): to reproduce a kernel
             with the reference, pass the same ``block_n``.
+        q_block: query rows per Q-smoothing mean; None (default): one mean per head over all query
+            rows, the CUDA kernels' Q smoothing (a block size runs on the reference only).
 
     Returns:
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in
@@ -188,6 +191,10 @@ def attention(
         recipe=recipe, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
         smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m, block_n=block_n,
     )
+    if q_block is not None:
+        if isinstance(q_block, bool) or not isinstance(q_block, int) or q_block < 1:
+            raise ValueError(f"q_block: expected a positive int or None, got {q_block!r}")
+        opts["q_block"] = q_block
     chosen, reason = select_backend(q, k, v, backend=backend, **opts)
     if not torch.compiler.is_compiling():  # a logging call would break a compiled graph
         logger.debug("attention backend: %s", reason)

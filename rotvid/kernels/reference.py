@@ -8,8 +8,10 @@ Per (batch b, head h), with ``kv_len = kv_lens[b]`` (keys ``j >= kv_len`` are ma
 arithmetic in float32 (float64 when the inputs are float64), ``rint`` = round half to even:
 
 1. Smoothing. K (default on): ``k_s = k - mean_{j<kv_len}(k)`` (mean accumulated in float64,
-   rounded once). Q (optional): ``q_s = q - mean_block(q)`` per block of ``block_m`` query rows,
-   with the correction ``ΔS = mean_block(q)·k_sᵀ`` added to the scores. V (optional):
+   rounded once). Q (optional): ``q_s = q - mean(q)`` with one mean per head over all query rows
+   (``q_block=None``, what the CUDA kernels do) or per block of ``q_block`` query rows, with the
+   correction ``ΔS = mean(q)·k_sᵀ`` added to the scores (per head: one bias per key, which the
+   kernels read like a key scale). V (optional):
    ``v_s = v - mean(v)``, the mean added to the output at the end (rows of P sum to 1).
 2. Per-token INT4 of Q, K (:func:`quantize_per_token_int4`); per-group INT4 of V, one scale per
    channel per key block of ``block_n`` (:func:`quantize_v_per_group_int4`), masked keys zeroed.
@@ -134,15 +136,17 @@ class QuantizedQKV:
         return self.k_hat.shape[2]
 
 
-def smooth_qkv(q, k, v, *, kv_lens, block_m, smooth_k, smooth_q, smooth_v):
-    """Step 1 on (B, H, N, D) tensors: returns ``(q_s, k_s, v_s, q_block_mean, v_mean)`` in compute dtype."""
+def smooth_qkv(q, k, v, *, kv_lens, smooth_k, smooth_q, smooth_v, q_block=None):
+    """Step 1 on (B, H, N, D) tensors: returns ``(q_s, k_s, v_s, q_block_mean, v_mean)`` in compute dtype.
+
+    ``q_block``: query rows per Q mean (None: one mean per head over all query rows)."""
     dt = compute_dtype_for(q)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     q_mean = v_mean = None
     if smooth_k:
         k = k - masked_mean(k, kv_lens)
     if smooth_q:
-        q_mean = block_mean_rows(q, block_m)
+        q_mean = block_mean_rows(q, max(1, q.shape[2]) if q_block is None else q_block)
         q = q - q_mean
     if smooth_v:
         v_mean = masked_mean(v, kv_lens)
@@ -162,11 +166,12 @@ def preprocess_int4(
     smooth_k: bool = True,
     smooth_q: bool = False,
     smooth_v: bool = False,
+    q_block: int | None = None,
 ) -> QuantizedQKV:
     """Steps 1-2 of the INT4 recipe: smoothing, per-token INT4 Q/K, per-group INT4 V."""
     q, k, v = (to_bhnd(t, layout) for t in (q, k, v))
     q_s, k_s, v_s, q_mean, v_mean = smooth_qkv(
-        q, k, v, kv_lens=kv_lens, block_m=block_m, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v
+        q, k, v, kv_lens=kv_lens, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block
     )
     q_hat, q_scale = quantize_per_token_int4(q_s)
     k_hat, k_scale = quantize_per_token_int4(k_s)
@@ -327,12 +332,12 @@ def attention_int8fp8_from_quantized(
     return out
 
 
-def _attention_generic(q, k, v, *, recipe, kv_lens, sm_scale, block_m, block_n, smooth_k, smooth_q, smooth_v):
+def _attention_generic(q, k, v, *, recipe, kv_lens, sm_scale, block_n, smooth_k, smooth_q, smooth_v, q_block):
     """fp16 / int8-fp8 / int4-fp8 / nvfp4 on (B, H, N, D) inputs; returns (B, H, Nq, D) in compute dtype."""
     b, h, nq, d = q.shape
     n_kv = k.shape[2]
     q_s, k_s, v_s, q_mean, v_mean = smooth_qkv(
-        q, k, v, kv_lens=kv_lens, block_m=block_m, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v
+        q, k, v, kv_lens=kv_lens, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block
     )
     dt = q_s.dtype
     qk_scale = _qk_scale(sm_scale, dt).to(q.device)
@@ -391,23 +396,26 @@ def attention_reference(
     smooth_k: bool = True,
     smooth_q: bool = False,
     smooth_v: bool = False,
+    q_block: int | None = None,
 ) -> torch.Tensor:
     """Attention of ``q`` [B, H, Nq, D] (or BNHD) over ``k``, ``v`` [.., N_kv, ..] under ``recipe``.
 
     Inputs are assumed validated (use :func:`rotvid.kernels.attention` for checked entry).
     Output has q's shape, layout and dtype. Computation is float32 (float64 for float64 inputs).
+    ``block_m`` is the kernels' query tile (no effect on these numerics); ``q_block``: query rows per Q
+    smoothing mean (None: one per head, as the CUDA kernels).
     """
     d = q.shape[-1]
     sm_scale = d**-0.5 if sm_scale is None else sm_scale
     if recipe in ("int4", "int4-sym-p"):
         qkv = preprocess_int4(
             q, k, v, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
-            smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v,
+            smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block,
         )
         p_mode = "range" if recipe == "int4" else "sym"
         return attention_from_quantized(qkv, p_mode=p_mode, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout)
     out = _attention_generic(
         to_bhnd(q, layout), to_bhnd(k, layout), to_bhnd(v, layout), recipe=recipe, kv_lens=kv_lens,
-        sm_scale=sm_scale, block_m=block_m, block_n=block_n, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v,
+        sm_scale=sm_scale, block_n=block_n, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block,
     )
     return from_bhnd(out.to(q.dtype), layout)

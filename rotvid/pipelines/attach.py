@@ -30,7 +30,7 @@ from torch import nn
 
 from rotvid.kernels.recipe_table import resolve_recipe
 from rotvid.pipelines.compiling import compile_options, compile_transformers, uncompile_transformers
-from rotvid.pipelines.config import RotvidConfig, smooth_v_for
+from rotvid.pipelines.config import RotvidConfig, smooth_q_for, smooth_v_for
 from rotvid.pipelines.context_parallel import check_context_parallel
 from rotvid.pipelines.model_table import BlockStack, ModelFamily, family_of_transformer
 from rotvid.pipelines.processors import PROCESSORS
@@ -233,7 +233,8 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
     family, transformers = find_transformers(pipe)
     recipe, recipe_reason = resolve_recipe(config.recipe, _execution_device(pipe, transformers))
     logger.info("rotvid recipe: %s (%s)", recipe, recipe_reason)
-    handle = RotvidHandle(pipe, config.with_(recipe=recipe, smooth_v=smooth_v_for(recipe, config.smooth_v)), family,
+    handle = RotvidHandle(pipe, config.with_(recipe=recipe, smooth_q=smooth_q_for(recipe, config.smooth_q),
+                                       smooth_v=smooth_v_for(recipe, config.smooth_v)), family,
                           transformers,
                           recipe_requested=config.recipe, recipe_reason=recipe_reason)
     try:

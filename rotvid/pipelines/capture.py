@@ -22,7 +22,7 @@ import torch
 import rotvid.kernels as kernels
 from rotvid.kernels import metrics
 from rotvid.pipelines.adaptive_schedule import AccuracyTable
-from rotvid.pipelines.config import smooth_v_for
+from rotvid.pipelines.config import smooth_q_for, smooth_v_for
 from rotvid.pipelines.runtime import AttentionSite
 
 logger = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class AccuracyProbe:
     recipe: str = "int4"
     backend: str = "auto"
     smooth_k: bool = True
-    smooth_q: bool = False
+    smooth_q: bool | None = None
     smooth_v: bool | None = None  # RotvidConfig's defaults (None: the recipe's): the probe measures what generation runs
     block_n: int | None = None
     tables: dict[str, AccuracyTable] = field(default_factory=dict)
@@ -168,7 +168,7 @@ class AccuracyProbe:
         ref = fp16_attention()
         out = kernels.attention(
             q, k, v, recipe=self.recipe, layout="BHND", backend=self.backend, kv_lens=kv_lens,
-            smooth_k=self.smooth_k, smooth_q=self.smooth_q, smooth_v=smooth_v_for(self.recipe, self.smooth_v),
+            smooth_k=self.smooth_k, smooth_q=smooth_q_for(self.recipe, self.smooth_q), smooth_v=smooth_v_for(self.recipe, self.smooth_v),
             block_n=self.block_n,
         )
         table.add(step, site.block, metrics.cosine_similarity(ref, out), metrics.relative_l2(ref, out))

@@ -10,7 +10,7 @@ from rotvid.pipelines.schedule import Schedule, schedule_preset
 
 __all__ = [
     "RotvidConfig", "CONFIG_VERSION", "CONFIG_RECIPES", "PIPELINE_RECIPES", "ROTATION_KINDS", "BACKENDS",
-    "SMOOTH_V_BY_RECIPE", "smooth_v_for",
+    "SMOOTH_V_BY_RECIPE", "smooth_v_for", "SMOOTH_Q_BY_RECIPE", "smooth_q_for",
 ]
 
 CONFIG_VERSION = 1
@@ -30,6 +30,22 @@ BACKENDS = ("auto", "reference", "cuda")
 SMOOTH_V_BY_RECIPE = {
     "fp16": False, "int4": True, "int4-sym-p": True, "int8-fp8": False, "int4-fp8": False, "nvfp4": False,
 }
+# Q smoothing (one mean per head, its ΔS added to the scores as a bias per key) when a config leaves it unset
+# (smooth_q=None). On for the recipes with INT4 Q: +3.6 to +5.1 dB mean SQNR for int4 with per-block means,
+# +3.1 to +4.6 dB with the per-head mean the kernels use (CPU reference, 27 synthetic RoPE-structured sets,
+# RESULTS.md session 7). Off for int8-fp8 (+0.5 to +0.9 dB, and its kernels do not smooth Q) and the others.
+SMOOTH_Q_BY_RECIPE = {
+    "fp16": False, "int4": True, "int4-sym-p": True, "int8-fp8": False, "int4-fp8": True, "nvfp4": False,
+}
+
+
+def smooth_q_for(recipe: str, smooth_q: bool | None) -> bool:
+    """The Q smoothing a call runs: ``smooth_q`` when set, else the recipe's default (:data:`SMOOTH_Q_BY_RECIPE`)."""
+    if smooth_q is not None:
+        return smooth_q
+    if recipe not in SMOOTH_Q_BY_RECIPE:
+        raise ValueError(f"recipe: expected one of {', '.join(SMOOTH_Q_BY_RECIPE)} (resolve 'auto' first), got {recipe!r}")
+    return SMOOTH_Q_BY_RECIPE[recipe]
 
 
 def smooth_v_for(recipe: str, smooth_v: bool | None) -> bool:
@@ -62,9 +78,10 @@ class RotvidConfig:
         smooth_k / smooth_q / smooth_v: smoothing switches passed to the kernel. K is smoothed by
             default; V by the recipe's default when ``smooth_v`` is ``None`` (the default: on for the
             INT4 recipes, off for the FP8-V recipes, :data:`SMOOTH_V_BY_RECIPE`; resolved with the
-            recipe when the config is applied); Q smoothing (with the ΔS correction) is
-            reference-only, so it is off by default: with the CUDA backend a call that asks for it
-            is recorded as a fallback with its reason.
+            recipe when the config is applied); Q likewise when ``smooth_q`` is ``None`` (on for the
+            recipes with INT4 Q, off for int8-fp8 and the others, :data:`SMOOTH_Q_BY_RECIPE`): Q minus
+            its per-head mean, the ΔS correction added to the scores by the kernels (the int8-fp8
+            kernels do not smooth Q: a call that asks for it there falls back, counted with its reason).
         backend: ``auto`` (the CUDA kernel where it runs the call, else the reference; the run
             report says which), ``reference`` or ``cuda``.
         schedule: the FP16-fallback :class:`Schedule`.
@@ -76,7 +93,7 @@ class RotvidConfig:
     rotation: str = "half"
     vo_hadamard: bool = True
     smooth_k: bool = True
-    smooth_q: bool = False
+    smooth_q: bool | None = None
     smooth_v: bool | None = None
     backend: str = "auto"
     schedule: Schedule = field(default_factory=Schedule)
@@ -96,10 +113,11 @@ class RotvidConfig:
                 f"rotation: expected one of {', '.join(ROTATION_KINDS)} or 'learned:<file.safetensors>', "
                 f"got {self.rotation!r}"
             )
-        for name in ("vo_hadamard", "smooth_k", "smooth_q"):
+        for name in ("vo_hadamard", "smooth_k"):
             _check_bool(name, getattr(self, name))
-        if self.smooth_v is not None:
-            _check_bool("smooth_v", self.smooth_v)
+        for name in ("smooth_q", "smooth_v"):
+            if getattr(self, name) is not None:
+                _check_bool(name, getattr(self, name))
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if isinstance(self.schedule, str):

@@ -54,7 +54,7 @@ from torch import nn
 import rotvid.kernels as kernels
 from rotvid.kernels.dispatch import validate_attention_inputs
 from rotvid.pipelines.call_counts import SiteCounters
-from rotvid.pipelines.config import RotvidConfig, smooth_v_for
+from rotvid.pipelines.config import RotvidConfig, smooth_q_for, smooth_v_for
 from rotvid.pipelines.report import RunReport
 from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
 
@@ -365,7 +365,7 @@ class Runtime:
             layout="BHND",
             sm_scale=None,
             smooth_k=cfg.smooth_k,
-            smooth_q=cfg.smooth_q,
+            smooth_q=smooth_q_for(cfg.recipe, cfg.smooth_q),
             smooth_v=smooth_v_for(cfg.recipe, cfg.smooth_v),
             block_m=cfg.block_m,
             block_n=cfg.block_n,

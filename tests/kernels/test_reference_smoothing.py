@@ -53,11 +53,13 @@ def hand_key_mean(x, kv_lens):
     return out
 
 
-def hand_query_block_means(q):
-    """Each query row's block mean (blocks of BLOCK_M rows, the last one short)."""
+def hand_query_block_means(q, q_block=BLOCK_M):
+    """Each query row's block mean (blocks of ``q_block`` rows, the last one short; None: one block of all rows,
+    the per-head mean the CUDA kernels use)."""
     out = torch.empty_like(q)
-    for start in range(0, NQ, BLOCK_M):
-        rows = slice(start, min(start + BLOCK_M, NQ))
+    step = NQ if q_block is None else q_block
+    for start in range(0, NQ, step):
+        rows = slice(start, min(start + step, NQ))
         out[:, :, rows] = q[:, :, rows].sum(dim=2, keepdim=True) / (rows.stop - rows.start)
     return out
 
@@ -94,10 +96,12 @@ def hand_k_groups(k, qmax, kv_lens):
      dict(smooth_q=False, smooth_k=False, smooth_v=True), dict(smooth_q=True, smooth_k=True, smooth_v=True)],
     ids=["q", "k", "v", "qkv"],
 )
-def test_fp16_recipe_smoothing_gives_the_unsmoothed_attention(smoothing):
+@pytest.mark.parametrize("q_block", [BLOCK_M, None], ids=["q-block", "q-head"])
+def test_fp16_recipe_smoothing_gives_the_unsmoothed_attention(smoothing, q_block):
     q, k, v = biased_qkv()
     want = exact_attention(q, k, v, KV_LENS)
-    got = attention_reference(q, k, v, recipe="fp16", kv_lens=KV_LENS, block_m=BLOCK_M, block_n=BLOCK_N, **smoothing)
+    got = attention_reference(q, k, v, recipe="fp16", kv_lens=KV_LENS, block_m=BLOCK_M, block_n=BLOCK_N,
+                              q_block=q_block, **smoothing)
     assert got.dtype == torch.float64
     err = (got - want).abs().max().item()
     assert err < 1e-12 * want.abs().max().item(), err
@@ -109,7 +113,7 @@ def test_fp16_recipe_q_smoothing_without_the_correction_is_not_the_attention():
     q_s = q - hand_query_block_means(q)
     without = exact_attention(q_s, k, v, KV_LENS)
     with_ds = attention_reference(q, k, v, recipe="fp16", kv_lens=KV_LENS, block_m=BLOCK_M, block_n=BLOCK_N,
-                                  smooth_q=True, smooth_k=False)
+                                  smooth_q=True, smooth_k=False, q_block=BLOCK_M)
     assert (without - with_ds).abs().max().item() > 1e-2
 
 
@@ -132,11 +136,11 @@ def observed_scores(monkeypatch, q, k, v, **opts):
     return torch.cat(seen, dim=-1)
 
 
-def hand_scores(q, k, *, qmax, smooth_q, k_groups=False):
+def hand_scores(q, k, *, qmax, smooth_q, k_groups=False, q_block=BLOCK_M):
     """q̂k̂ᵀ · s_q · s_k · (sm_scale · log2 e) + ΔS · (sm_scale · log2 e), K smoothed, masked -inf."""
     qk_scale = D**-0.5 * LOG2E
     k_s = k - hand_key_mean(k, KV_LENS)
-    q_mean = hand_query_block_means(q) if smooth_q else torch.zeros_like(q)
+    q_mean = hand_query_block_means(q, q_block) if smooth_q else torch.zeros_like(q)
     q_hat, s_q = hand_per_token(q - q_mean, qmax)
     k_hat, s_k = hand_k_groups(k_s, qmax, KV_LENS) if k_groups else hand_per_token(k_s, qmax)
     s = (q_hat @ k_hat.transpose(-1, -2)) * s_q * s_k.transpose(-1, -2) * qk_scale
@@ -146,11 +150,13 @@ def hand_scores(q, k, *, qmax, smooth_q, k_groups=False):
 
 
 @pytest.mark.parametrize("recipe,qmax", [("int4", 7), ("int4-sym-p", 7), ("int8-fp8", 127), ("int4-fp8", 7)])
-@pytest.mark.parametrize("smooth_q", [True, False])
-def test_quantized_scores_equal_hand_computation(monkeypatch, recipe, qmax, smooth_q):
+@pytest.mark.parametrize("smooth_q,q_block", [(True, BLOCK_M), (True, None), (False, None)],
+                         ids=["q-block", "q-head", "no-q"])
+def test_quantized_scores_equal_hand_computation(monkeypatch, recipe, qmax, smooth_q, q_block):
     q, k, v = biased_qkv(1)
-    got = observed_scores(monkeypatch, q, k, v, recipe=recipe, smooth_k=True, smooth_q=smooth_q, smooth_v=True)
-    want, delta_s = hand_scores(q, k, qmax=qmax, smooth_q=smooth_q, k_groups=recipe == "int8-fp8")
+    got = observed_scores(monkeypatch, q, k, v, recipe=recipe, smooth_k=True, smooth_q=smooth_q, smooth_v=True,
+                          q_block=q_block)
+    want, delta_s = hand_scores(q, k, qmax=qmax, smooth_q=smooth_q, k_groups=recipe == "int8-fp8", q_block=q_block)
     finite = torch.isfinite(want)
     assert torch.equal(finite, torch.isfinite(got))  # the same keys masked
     scale = want[finite].abs().max().item()

@@ -261,8 +261,9 @@ def test_mask_check_on_the_device_counts_the_fallback_in_the_same_graph():
         out_padded = compiled(q, k, v, padded)
     assert counter.graphs == 1
     assert torch.equal(out_holes, F.scaled_dot_product_attention(q, k, v, attn_mask=holes))
-    # (RotvidConfig smooths V for int4 by default; the dispatcher's own default is K only)
-    ref = kernels.attention(q, k, v, recipe="int4", backend="reference", kv_lens=torch.tensor([7, 4]), smooth_v=True)
+    # (RotvidConfig smooths Q and V for int4 by default; the dispatcher's own default is K only)
+    ref = kernels.attention(q, k, v, recipe="int4", backend="reference", kv_lens=torch.tensor([7, 4]), smooth_v=True,
+                            smooth_q=True)
     assert torch.equal(out_padded, ref)
     runtime.drain_counts()
     assert report.fallbacks == {MASK_NOT_PADDING: 1}

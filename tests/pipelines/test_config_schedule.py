@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rotvid.pipelines import CONFIG_VERSION, RotvidConfig, Schedule, expected_quantized_fraction, schedule_preset
-from rotvid.pipelines.config import smooth_v_for
+from rotvid.pipelines.config import smooth_q_for, smooth_v_for
 
 
 def test_config_json_round_trip(tmp_path):
@@ -111,7 +111,13 @@ def test_config_defaults_auto_recipe_and_k_v_smoothing():
     cfg = RotvidConfig()
     assert cfg.recipe == "auto"
     # V smoothing: the recipe's default (on for the INT4 recipes, off for the FP8-V ones)
-    assert (cfg.smooth_k, cfg.smooth_q, cfg.smooth_v) == (True, False, None)
+    assert (cfg.smooth_k, cfg.smooth_q, cfg.smooth_v) == (True, None, None)
+    # Q smoothing: the recipe's default (on where Q is INT4, off for int8-fp8, whose kernels do not smooth Q)
+    assert smooth_q_for("int4", None) and smooth_q_for("int4-sym-p", None) and smooth_q_for("int4-fp8", None)
+    assert not smooth_q_for("int8-fp8", None) and not smooth_q_for("fp16", None)
+    assert smooth_q_for("int8-fp8", True) and not smooth_q_for("int4", False)
+    with pytest.raises(ValueError, match="recipe"):
+        smooth_q_for("auto", None)
     assert smooth_v_for("int4", None) and smooth_v_for("int4-sym-p", None)
     assert not smooth_v_for("int8-fp8", None) and not smooth_v_for("int4-fp8", None)
     assert smooth_v_for("int8-fp8", True) and not smooth_v_for("int4", False)  # an explicit switch wins

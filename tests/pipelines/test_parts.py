@@ -173,8 +173,8 @@ def test_runtime_falls_back_on_a_mask_it_cannot_express_and_records_why():
     padded = torch.ones(2, 1, 1, 5, dtype=torch.bool)
     padded[1, ..., 3:] = False
     out = rt.attend(site, q, k, v, mask=padded, fp16_attention=lambda: sentinel)
-    # RotvidConfig smooths K and V by default (issue 12), the dispatcher's own default is K only
+    # RotvidConfig smooths Q, K and V for int4 by default (issue 12), the dispatcher's own default is K only
     ref = __import__("rotvid.kernels", fromlist=["attention"]).attention(
-        q, k, v, recipe="int4", backend="reference", kv_lens=torch.tensor([5, 3]), smooth_v=True)
+        q, k, v, recipe="int4", backend="reference", kv_lens=torch.tensor([5, 3]), smooth_v=True, smooth_q=True)
     rt.drain_counts()
     assert torch.equal(out, ref) and rep.quantized_calls == 1

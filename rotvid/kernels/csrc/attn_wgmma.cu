@@ -12,7 +12,7 @@ namespace {
 using tma::encode_fn;
 using tma::make_map;
 
-template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128>
+template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool SQ = false>
 cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg::Cfg<D, STAGES, BN>;
   const uint64_t bh = (uint64_t)p.B * p.H;
@@ -21,7 +21,7 @@ cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
       !make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE>;
+  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, SQ>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)(p.Nq_pad / wg::kBM) * p.H * p.B;
@@ -38,7 +38,7 @@ cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int D, int PMODE>
+template <int D, int PMODE, bool SQ>
 cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream) {
   if (block_n == 64) {
 #ifdef ROTVID_WGMMA_VARIANTS
@@ -46,11 +46,11 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
     // with a 3-stage ring; 4 two S buffers, 2 stages; 3 plain order, 3 stages; 0: the default (PIPE 1)
     const char* env = std::getenv("ROTVID_WGMMA_VARIANT");
     const int variant = env != nullptr ? std::atoi(env) : 0;
-    if (variant == 1) return launch_d<D, PMODE, 3, 0, 3, 64>(p, stream);
-    if (variant == 4) return launch_d<D, PMODE, 2, 0, 3, 64>(p, stream);
-    if (variant == 3) return launch_d<D, PMODE, 3, 0, 0, 64>(p, stream);
+    if (variant == 1) return launch_d<D, PMODE, 3, 0, 3, 64, SQ>(p, stream);
+    if (variant == 4) return launch_d<D, PMODE, 2, 0, 3, 64, SQ>(p, stream);
+    if (variant == 3) return launch_d<D, PMODE, 3, 0, 0, 64, SQ>(p, stream);
 #endif
-    return launch_d<D, PMODE, 2, 0, 1, 64>(p, stream);
+    return launch_d<D, PMODE, 2, 0, 1, 64, SQ>(p, stream);
   }
 #ifdef ROTVID_WGMMA_VARIANTS
   {  // block_n 128 tuning variants: 21 ping-pong 1 (turn around the QK^T issue); 22 ping-pong 2 (turn around
@@ -59,13 +59,13 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
      // index kept in a register through a shuffle, measured within noise and were removed)
     const char* env = std::getenv("ROTVID_WGMMA_VARIANT");
     const int variant = env != nullptr ? std::atoi(env) : 0;
-    if (variant == 21) return launch_d<D, PMODE, 2, 1, 1, 128>(p, stream);
-    if (variant == 22) return launch_d<D, PMODE, 2, 2, 1, 128>(p, stream);
-    if (variant == 23) return launch_d<D, PMODE, 3, 2, 1, 128>(p, stream);
-    if (variant == 24) return launch_d<D, PMODE, 2, 2, 0, 128>(p, stream);
-    if (variant == 25) return launch_d<D, PMODE, 4, 2, 1, 128>(p, stream);
-    if (variant == 26) return launch_d<D, PMODE, 3, 2, 2, 128>(p, stream);
-    if (variant == 27) return launch_d<D, PMODE, 3, 1, 1, 128>(p, stream);
+    if (variant == 21) return launch_d<D, PMODE, 2, 1, 1, 128, SQ>(p, stream);
+    if (variant == 22) return launch_d<D, PMODE, 2, 2, 1, 128, SQ>(p, stream);
+    if (variant == 23) return launch_d<D, PMODE, 3, 2, 1, 128, SQ>(p, stream);
+    if (variant == 24) return launch_d<D, PMODE, 2, 2, 0, 128, SQ>(p, stream);
+    if (variant == 25) return launch_d<D, PMODE, 4, 2, 1, 128, SQ>(p, stream);
+    if (variant == 26) return launch_d<D, PMODE, 3, 2, 2, 128, SQ>(p, stream);
+    if (variant == 27) return launch_d<D, PMODE, 3, 1, 1, 128, SQ>(p, stream);
   }
 #endif
   // block_n 128 (H100, kernel_variants.py, same runs; identical output bits): head_dim 128 overlaps the next
@@ -74,9 +74,9 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
   // 625 -> 641 in two runs); head_dim 64 keeps the plain order with a 3-stage ring (377 -> 385 at
   // CogVideoX-5B; ping-pong lost 3-5% there).
   if constexpr (D == 128) {
-    return launch_d<D, PMODE, 3, 2, 1, 128>(p, stream);
+    return launch_d<D, PMODE, 3, 2, 1, 128, SQ>(p, stream);
   } else {
-    return launch_d<D, PMODE, 3, 0, 0, 128>(p, stream);
+    return launch_d<D, PMODE, 3, 0, 0, 128, SQ>(p, stream);
   }
 }
 
@@ -117,10 +117,16 @@ cudaError_t launch_int4_attention_wgmma(const Int4AttnParams& p, int head_dim, i
   if (!wgmma_kernel_available()) return cudaErrorNotSupported;
   if ((block_n != 64 && block_n != 128) || p.Nq_pad % wg::kBM != 0 || p.Nkv_pad % block_n != 0)
     return cudaErrorInvalidValue;
-  if (head_dim == 128)
-    return p_mode == kPRange ? launch_dp<128, kPRange>(p, block_n, stream) : launch_dp<128, kPSym>(p, block_n, stream);
-  if (head_dim == 64)
-    return p_mode == kPRange ? launch_dp<64, kPRange>(p, block_n, stream) : launch_dp<64, kPSym>(p, block_n, stream);
+  // (p.k_bias: Q smoothing's per-key bias, the SQ kernels)
+  const bool sq = p.k_bias != nullptr;
+  if (head_dim == 128) {
+    if (p_mode == kPRange) return sq ? launch_dp<128, kPRange, true>(p, block_n, stream) : launch_dp<128, kPRange, false>(p, block_n, stream);
+    return sq ? launch_dp<128, kPSym, true>(p, block_n, stream) : launch_dp<128, kPSym, false>(p, block_n, stream);
+  }
+  if (head_dim == 64) {
+    if (p_mode == kPRange) return sq ? launch_dp<64, kPRange, true>(p, block_n, stream) : launch_dp<64, kPRange, false>(p, block_n, stream);
+    return sq ? launch_dp<64, kPSym, true>(p, block_n, stream) : launch_dp<64, kPSym, false>(p, block_n, stream);
+  }
   return cudaErrorInvalidValue;
 }
 

@@ -84,7 +84,8 @@ QKVDims checked_qkv_dims(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                         const c10::optional<at::Tensor>& kv_lens, bool bnhd, int64_t block_n,
-                                        bool smooth_k, bool smooth_v, bool s4, int64_t p_mode) {
+                                        bool smooth_k, bool smooth_v, bool s4, int64_t p_mode, bool smooth_q,
+                                        double qk_scale) {
   TORCH_CHECK(block_n == 64 || block_n == 128, "block_n: 64 or 128");
   const QKVDims d = checked_qkv_dims(q, k, v, kv_lens, bnhd);  // (before the guard: CUDA inputs checked first)
   const Dims &dq = d.q, &dk = d.k, &dv = d.v;
@@ -101,9 +102,15 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
   auto k_scale = at::empty({dk.B, dk.H, nkv_pad}, f32);
   auto vt = at::empty({dv.B, dv.H, D, s4 ? nkv_pad / 2 : nkv_pad}, i8);
   auto vparams = at::empty({dv.B, dv.H, nkv_pad / block_n, D, 2}, f32);
+  // Q smoothing: one mean per head over all query rows; its ΔS enters the scores as a bias per key
+  at::Tensor q_mean, k_bias = at::empty({0}, f32);
 
   {
     auto p = pre_params(q, dq, nq_pad);
+    if (smooth_q) {
+      q_mean = token_mean(q, dq, c10::nullopt, stream);
+      p.mean = q_mean.data_ptr<float>();
+    }
     p.out = q_hat.data_ptr<int8_t>();
     p.scale = q_scale.data_ptr<float>();
     check_cuda(rotvid::launch_quant_rows_int4(p, s4, stream), "quant_rows_int4(q)");
@@ -114,6 +121,12 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
     if (smooth_k) {
       k_mean = token_mean(k, dk, kv_lens, stream);
       p.mean = k_mean.data_ptr<float>();
+    }
+    if (smooth_q) {
+      k_bias = at::empty({dk.B, dk.H, nkv_pad}, f32);
+      p.q_mean = q_mean.data_ptr<float>();
+      p.bias = k_bias.data_ptr<float>();
+      p.qk_scale = (float)qk_scale;
     }
     p.out = k_hat.data_ptr<int8_t>();
     p.scale = k_scale.data_ptr<float>();
@@ -131,7 +144,7 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
     p.scale = vparams.data_ptr<float>();
     check_cuda(rotvid::launch_quant_v_int4(p, (int)block_n, s4, (int)p_mode, stream), "quant_v_int4");
   }
-  return {q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean};
+  return {q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, k_bias};
 }
 
 at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, const at::Tensor& k_hat,
@@ -139,7 +152,8 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
                           const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
                           int64_t n_kv, int64_t head_dim, int64_t block_n, bool s4, bool wgmma, int64_t p_mode,
                           double qk_scale,
-                          bool out_bf16, bool bnhd, const c10::optional<at::Tensor>& out_opt, bool split_tail) {
+                          bool out_bf16, bool bnhd, const c10::optional<at::Tensor>& out_opt, bool split_tail,
+                          const at::Tensor& k_bias) {
   TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,DB]");
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
   TORCH_CHECK(block_n == 64 || block_n == 128, "block_n: 64 or 128");
@@ -157,6 +171,10 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
                   vt.scalar_type() == at::kChar, "vt: shape/dtype");
   TORCH_CHECK(vparams.sizes() == at::IntArrayRef({B, H, nkv_pad / block_n, D, 2}) && vparams.is_contiguous() &&
                   vparams.scalar_type() == at::kFloat, "vparams: shape/dtype");
+  const bool has_bias = k_bias.numel() > 0;
+  if (has_bias)
+    TORCH_CHECK(k_bias.sizes() == at::IntArrayRef({B, H, nkv_pad}) && k_bias.is_contiguous() &&
+                    k_bias.scalar_type() == at::kFloat && k_bias.is_cuda(), "k_bias: fp32 [B,H,Nkv_pad] or empty");
   const bool has_vmean = v_mean.numel() > 0;
   if (has_vmean)
     TORCH_CHECK(v_mean.numel() == B * H * D && v_mean.is_contiguous() && v_mean.scalar_type() == at::kFloat,
@@ -184,6 +202,7 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   p.vparams = vparams.data_ptr<float>();
   p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
   p.v_mean = has_vmean ? v_mean.data_ptr<float>() : nullptr;
+  p.k_bias = has_bias ? k_bias.data_ptr<float>() : nullptr;
   p.out = out.data_ptr();
   p.out_sb = out.stride(0);
   p.out_sh = bnhd ? out.stride(2) : out.stride(1);

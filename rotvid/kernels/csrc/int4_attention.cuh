@@ -5,6 +5,8 @@
 //   S = Q^ K^T        int32, mma.sync s8 m16n8k32 (S4=false) or s4 m16n8k64 (S4=true),
 //                     accumulator initialised with MAGIC_I so that float(acc) is one FADD
 //   x = float(S) * k_scale;  m_blk = q_scale*qk_scale * max(x);  p = ex2(x*sq - m_blk)
+//                     (Q smoothing, p.k_bias: x = float(S) * k_scale * sq + k_bias[key], m_blk = max(x),
+//                     p = ex2(x - m_blk))
 //   P~ = rint(15 p) - 8 (range) | rint(7 p) (sym), packed straight from the accumulator
 //   PV = P~ V^ + 8 colsum       int32 (colsum folded in the accumulator init, or with LEAN in the exact
 //                               bias of the float conversion), then
@@ -223,6 +225,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
   float sq[2];
   sq[0] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale;
   sq[1] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g + 8] * p.qk_scale;
+  // Q smoothing (p.k_bias, the ΔS of the per-head Q mean per key, log2 domain): the scores become x sq + bias, so
+  // the row max and the exponent take them with a unit multiplier (fmaf(x, 1, -m) == x - m exactly)
+  const float* dsg = p.k_bias != nullptr ? p.k_bias + (size_t)bh * p.Nkv_pad : nullptr;
+  float sx[2] = {dsg != nullptr ? 1.f : sq[0], dsg != nullptr ? 1.f : sq[1]};
 
   float o[C::DT][4];
 #pragma unroll
@@ -282,6 +288,16 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
       x[j][2] = (__uint_as_float(sacc[j][2]) - kMagicF) * ks.x;
       x[j][3] = (__uint_as_float(sacc[j][3]) - kMagicF) * ks.y;
     }
+    if (dsg != nullptr) {
+#pragma unroll
+      for (int j = 0; j < C::NT; ++j) {
+        const float2 ds = __ldg(reinterpret_cast<const float2*>(dsg + kb * BN + 8 * j + 2 * t));
+        x[j][0] = fmaf(x[j][0], sq[0], ds.x);
+        x[j][1] = fmaf(x[j][1], sq[0], ds.y);
+        x[j][2] = fmaf(x[j][2], sq[1], ds.x);
+        x[j][3] = fmaf(x[j][3], sq[1], ds.y);
+      }
+    }
     if (partial) {
 #pragma unroll
       for (int j = 0; j < C::NT; ++j) {
@@ -294,8 +310,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
     rowmath::block_row_max(x, xmax);
     // online combine with a lazily moved reference max (rowmath::online_combine)
     float mblk[2], c_fac[2];
-    mblk[0] = sq[0] * xmax[0];
-    mblk[1] = sq[1] * xmax[1];
+    mblk[0] = sx[0] * xmax[0];
+    mblk[1] = sx[1] * xmax[1];
     rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
     // row sums of P^ = P~ (+ 8): the words MAGIC_I + P~ summed as integers (mod 2^32), the MAGIC_I terms removed
     // after the loop -- exact, so equal to the wgmma kernel's byte sums
@@ -308,7 +324,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
-        float pe = ex2(fmaf(x[j][e], sq[r], -mblk[r]));
+        float pe = ex2(fmaf(x[j][e], sx[r], -mblk[r]));
         if (partial) {
           const int key = kb * BN + 8 * j + 2 * t + (e & 1);
           if (key >= kv_len) pe = 0.f;

@@ -2,7 +2,8 @@
 //
 // Same numerics as int4_attention.cuh at the same block_n (DESIGN.md §The numerics; the per-row arithmetic
 // below is that kernel's, so the output bits are identical): per key block of BN (64 or 128) keys
-//   S = Q^ K^T (int32), x = float(S) * k_scale, m_blk = sq * max(x), p = ex2(x sq - m_blk),
+//   S = Q^ K^T (int32), x = float(S) * k_scale, m_blk = sq * max(x), p = ex2(x sq - m_blk) (with Q smoothing, SQ:
+//   x = float(S) * k_scale * sq + k_bias[key], m_blk = max(x), p = ex2(x - m_blk)),
 //   P^ = rint(15 p) in [0, 15] (range; the INT4 kernels' P~ = P^ - 8) | rint(7 p) (sym),
 //   O = O a + c float(P^ V^) v_scale, l = l a + c rowsum(P^) (O and l in units of P^; the u8 x s8 product
 //   P^ V^ = P~ V^ + 8 colsum(V^) exactly).
@@ -54,7 +55,8 @@ struct Cfg {
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
   // layout: [Q][K0 V0][K1 V1]...[KS0 VP0][KS1 VP1]...[barriers]
   static constexpr int TILES = Q_BYTES + STAGES * STAGE_BYTES;
-  static constexpr int SMALL = STAGES * (KS_BYTES + VP_BYTES);
+  static constexpr int DS_BYTES = BN * 4;          // Q smoothing's per-key bias of the block (SQ kernels)
+  static constexpr int SMALL = STAGES * (KS_BYTES + VP_BYTES) + STAGES * DS_BYTES;
   static constexpr int BARS = (2 * STAGES + 1) * 8;
   static constexpr int SMEM = 1024 + TILES + SMALL + BARS;  // +1024: the base is rounded up to 1024
   static constexpr int QK_SWIZZLE = D == 128 ? 128 : 64;    // bytes per Q/K row = swizzle span
@@ -216,7 +218,9 @@ __device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t 
   }
 }
 
-template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE>
+// SQ: Q smoothing -- scores x sq + k_bias[key] (p.k_bias, the ΔS of the per-head Q mean, log2 domain), the row max
+// and the exponent taken on those sums; otherwise the product by sq is folded into the exponent's FFMA as before.
+template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool SQ = false>
 __global__ void __launch_bounds__(kThreads, 1)
     int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -237,6 +241,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto ks_ptr = [&](int s) { return reinterpret_cast<const float*>(smem + small_off + s * (C::KS_BYTES + C::VP_BYTES)); };
   auto vp_ptr = [&](int s) {
     return reinterpret_cast<const float*>(smem + small_off + s * (C::KS_BYTES + C::VP_BYTES) + C::KS_BYTES);
+  };
+  auto ds_ptr = [&](int s) {
+    return reinterpret_cast<const float*>(smem + small_off + ST * (C::KS_BYTES + C::VP_BYTES) + s * C::DS_BYTES);
   };
   const uint32_t bars = base + C::TILES + C::SMALL;
   auto full_bar = [&](int s) { return bars + 8 * s; };
@@ -284,12 +291,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < nblk; ++i) {
         const int s = i % ST, kb = kb0 + i;
         mbar_wait(empty_bar(s), ((i / ST) & 1) ^ 1);
-        mbar_expect_tx(full_bar(s), C::TX);
+        mbar_expect_tx(full_bar(s), C::TX + (SQ ? C::DS_BYTES : 0));
         tma_load_2d(s_k(s), &tm_k, 0, bh * p.Nkv_pad + kb * kBN, full_bar(s));
         tma_load_2d(s_v(s), &tm_v, kb * kBN, bh * D, full_bar(s));
         const uint32_t sm = small + s * (C::KS_BYTES + C::VP_BYTES);
         bulk_load(sm, ksg + (size_t)kb * kBN, C::KS_BYTES, full_bar(s));
         bulk_load(sm + C::KS_BYTES, vpg + (size_t)kb * D * 2, C::VP_BYTES, full_bar(s));
+        if constexpr (SQ) {
+          bulk_load(small + ST * (C::KS_BYTES + C::VP_BYTES) + s * C::DS_BYTES, p.k_bias + (size_t)bh * p.Nkv_pad + (size_t)kb * kBN,
+                    C::DS_BYTES, full_bar(s));
+        }
       }
     }
   } else {  // ---- consumers (one branch of the if/else, so setmaxnreg applies) ----
@@ -378,6 +389,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int e = 0; e < 4; ++e) {
         x[j][e] = __int2float_rn((int)sacc[4 * j + e]) * ((e & 1) ? ksc.y : ksc.x);  // exact int -> float
       }
+      if constexpr (SQ) {
+        const float2 dsc = *reinterpret_cast<const float2*>(ds_ptr(s) + 8 * j + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[j][e] = fmaf(x[j][e], sq[e >> 1], (e & 1) ? dsc.y : dsc.x);
+      }
     }
     if constexpr (PARTIAL) {
 #pragma unroll
@@ -389,8 +405,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     float xmax[2];
     rowmath::block_row_max(x, xmax);
-    mblk[0] = sq[0] * xmax[0];
-    mblk[1] = sq[1] * xmax[1];
+    mblk[0] = SQ ? xmax[0] : sq[0] * xmax[0];
+    mblk[1] = SQ ? xmax[1] : sq[1] * xmax[1];
     rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
   };
   // Second: exponentials, P^ fragments, l.
@@ -408,7 +424,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
-          float pe = ex2(fmaf(x[j][e], sq[r], -mblk[r]));
+          float pe = ex2(SQ ? x[j][e] - mblk[r] : fmaf(x[j][e], sq[r], -mblk[r]));
           if constexpr (PARTIAL) {
             const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
             if (key >= kv_len) pe = 0.f;

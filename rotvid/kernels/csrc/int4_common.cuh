@@ -39,6 +39,7 @@ struct Int4AttnParams {
   const float* vparams;
   const int* kv_lens;   // [B] int32 or nullptr
   const float* v_mean;  // [BH, D] or nullptr
+  const float* k_bias;  // [BH, Nkv_pad] Q smoothing's ΔS in the log2 domain (qk_scale mean(q).k_s), or nullptr
   void* out;            // [B, H, Nq, D] addressed through the strides below (elements)
   long long out_sb, out_sh, out_sn;
   int B, H, Nq, Nq_pad, Nkv, Nkv_pad;
@@ -79,6 +80,11 @@ struct PreprocessParams {
   int8_t* out;            // row quant: [BH, N_pad, DB]; V: [BH, D, VROW]
   float* scale;           // row quant: [BH, N_pad]; V: vparams [BH, nblk, D, 2]
   int is_bf16;
+  // K rows with Q smoothing (INT4 recipes): bias[bh, n] = qk_scale * (q_mean . k_s[n]) for every row n < N_pad
+  // (0 on the padding rows), k_s the smoothed row the quantizer sees; both nullptr otherwise.
+  const float* q_mean;    // [BH, D] (token_mean_f64 over all query rows)
+  float* bias;            // [BH, N_pad]
+  float qk_scale;
 };
 
 // mean[bh, d] = float32(sum_f64 / len) over the valid tokens (len = min(kv_lens[b], N) or N); `work` holds B*H*D

@@ -106,9 +106,11 @@ __global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessPara
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     if (n0 + rr < p.N) raw[rr] = *reinterpret_cast<const RawRow<D>*>(xb + (size_t)(n0 + rr) * p.sn);
   }
-  float mu[EPT];
+  float mu[EPT], qm[EPT];
 #pragma unroll
   for (int i = 0; i < EPT; ++i) mu[i] = p.mean != nullptr ? p.mean[(size_t)bh * D + lane * EPT + i] : 0.f;
+#pragma unroll
+  for (int i = 0; i < EPT; ++i) qm[i] = p.bias != nullptr ? p.q_mean[(size_t)bh * D + lane * EPT + i] : 0.f;
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int n = n0 + rr;
@@ -116,7 +118,7 @@ __global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessPara
     const size_t row = (size_t)bh * p.N_pad + n;
     const bool live = n < p.N;
     int qv[EPT];
-    float scale = 0.f;
+    float scale = 0.f, dot = 0.f;
 #pragma unroll
     for (int i = 0; i < EPT; ++i) qv[i] = 0;
     if (live) {
@@ -125,6 +127,12 @@ __global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessPara
       if (p.mean != nullptr) {
 #pragma unroll
         for (int i = 0; i < EPT; ++i) v[i] = v[i] - mu[i];
+      }
+      if (p.bias != nullptr) {  // Q smoothing's ΔS of this key: q_mean . k_s (fp32, warp sum)
+#pragma unroll
+        for (int i = 0; i < EPT; ++i) dot = fmaf(qm[i], v[i], dot);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
       }
       float amax = 0.f;
 #pragma unroll
@@ -155,7 +163,10 @@ __global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessPara
         out[lane] = (int8_t)((qv[0] & 0xF) | ((qv[1] & 0xF) << 4));
       }
     }
-    if (lane == 0) p.scale[row] = scale;
+    if (lane == 0) {
+      p.scale[row] = scale;
+      if (p.bias != nullptr) p.bias[row] = dot * p.qk_scale;
+    }
   }
 }
 
