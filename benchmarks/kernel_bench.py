@@ -172,6 +172,9 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
         att = lambda: cuda_backend.attention_int8fp8_quantized(  # noqa: E731
             qkv, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype)
         full = lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)  # noqa: E731
+        whole = lambda: cuda_backend.attention_int8fp8_quantized(  # noqa: E731
+            qkv, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype, split_tail=False)
+        add("rotvid-int8-fp8 [wgmma] (attn only, no tail split)", time_ms(whole))
         att_ms = time_ms(att)
         full_ms = time_ms(full)
         add("rotvid-int8-fp8 [wgmma] (attn only)", att_ms)

@@ -358,17 +358,18 @@ def _int8fp8_attention_op(
     out_bf16: bool,
     bnhd: bool,
     path: str,
+    split_tail: bool,
 ) -> torch.Tensor:
     ext = load_extension(q_hat.device)
     return ext.attention_int8fp8(
         q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd, None,
-        path == "mma",
+        path == "mma", split_tail,
     )
 
 
 @_int8fp8_attention_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
-      path):
+      path, split_tail):
     b, h = q_hat.shape[0], q_hat.shape[1]
     shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
     return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
@@ -647,12 +648,16 @@ def attention_int8fp8_quantized(
     layout: str = "BHND",
     out: torch.Tensor | None = None,
     path: str | None = None,
+    split_tail: bool = True,
 ) -> torch.Tensor:
     """The int8-fp8 attention kernel (sm89 / sm90) on operands from :func:`preprocess_int8fp8_cuda`.
 
     Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in ``out_dtype``;
     ``out``: an optional preallocated output written in place (tests poison it first). ``path``: ``"wgmma"``
     (sm90) or ``"mma"`` (mma.sync, sm89 and sm90); None: the arch default (:func:`int8fp8_path_for`).
+    ``split_tail`` (wgmma path): the query tiles of a last, partial wave of SMs run split over the keys (2-4 CTAs
+    each, merged by a second kernel), as the INT4 kernel's -- same maths, fp32 summation order of O and l changed
+    for those rows only; False keeps every row's order.
     """
     _check_output_args(out_dtype, head_dim, layout)
     path = _check_int8fp8_device(qkv.q_hat.device, path)
@@ -663,10 +668,10 @@ def attention_int8fp8_quantized(
         out_dtype == torch.bfloat16, layout == "BNHD",
     )
     if out is None:
-        return _int8fp8_attention_op(*args, path)
+        return _int8fp8_attention_op(*args, path, bool(split_tail))
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
-    load_extension(qkv.q_hat.device).attention_int8fp8(*args, out, path == "mma")
+    load_extension(qkv.q_hat.device).attention_int8fp8(*args, out, path == "mma", bool(split_tail))
     return out
 
 

@@ -1,5 +1,6 @@
 // Host side of the int8-fp8 Hopper kernel (int8fp8_attention_wgmma.cuh): TMA tensor maps and the launch.
 // The device code exists only in an sm90a build; elsewhere the launcher reports cudaErrorNotSupported.
+#include <algorithm>
 #include <cstdlib>
 
 #include "int8fp8_attention_wgmma.cuh"
@@ -22,8 +23,20 @@ cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)((p.Nq_pad + S::BM - 1) / S::BM) * p.H * p.B;
-  if (tiles > 0x7fffffffLL) return cudaErrorInvalidValue;
-  kernel<<<dim3((unsigned)tiles), S::THREADS, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
+  Int4AttnParams q = p;
+  if (q.splits <= 1) {  // no tail split: every tile whole (whatever tile size this variant has)
+    q.splits = 1;
+    q.split_from = (int)std::min<long long>(tiles, 0x7fffffffLL);
+  }
+  const long long ctas = q.split_from + (tiles - q.split_from) * q.splits;
+  // (the tail split, as the INT4 kernel's: 128-row tiles and wg::combine_splits_kernel, so two consumer warpgroups)
+  if (q.split_from > tiles || (q.splits > 1 && (q.ws == nullptr || S::BM != wg::kBM)) || ctas > 0x7fffffffLL)
+    return cudaErrorInvalidValue;
+  kernel<<<dim3((unsigned)ctas), S::THREADS, C::SMEM, stream>>>(q, tm_q, tm_k, tm_v);
+  if (q.splits > 1 && tiles > q.split_from) {
+    const dim3 cgrid((unsigned)(tiles - q.split_from), wg::kBM / 8);
+    wg::combine_splits_kernel<D><<<cgrid, 256, 0, stream>>>(q);
+  }
   return cudaGetLastError();
 }
 

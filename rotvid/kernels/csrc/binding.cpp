@@ -300,7 +300,7 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
                              const at::Tensor& k_scale, const at::Tensor& vt, const at::Tensor& v_scale,
                              const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
                              int64_t n_kv, int64_t head_dim, double qk_scale, bool out_bf16, bool bnhd,
-                             const c10::optional<at::Tensor>& out_opt, bool mma) {
+                             const c10::optional<at::Tensor>& out_opt, bool mma, bool split_tail) {
   TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,D]");
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
   const c10::cuda::CUDAGuard guard(q_hat.device());
@@ -359,8 +359,19 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   p.Nkv_pad = (int)nkv_pad;
   p.qk_scale = (float)qk_scale;
   p.out_bf16 = out_bf16 ? 1 : 0;
-  p.split_from = (int)((nq_pad / rotvid::kBlockM) * H * B);
-  p.splits = 1;
+  int split_from = (int)((nq_pad / rotvid::kBlockM) * H * B), splits = 1;
+  if (split_tail && !mma) {  // the wgmma kernel's tail split (as the INT4 kernel's)
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    splits = rotvid::wgmma_split_plan((int)B, (int)H, (int)nq_pad, (int)n_kv, 128, sms, &split_from);
+  }
+  at::Tensor ws;  // the tail split's partials (alive until the launches are queued; the allocator is stream-ordered)
+  if (splits > 1) {
+    ws = at::empty({rotvid::wgmma_split_ws_floats((int)B, (int)H, (int)nq_pad, (int)D, split_from, splits)},
+                   q_hat.options().dtype(at::kFloat));
+    p.ws = ws.data_ptr<float>();
+  }
+  p.split_from = split_from;
+  p.splits = splits;
   if (n_q > 0 && mma) {
     const cudaError_t err = rotvid::launch_int8fp8_attention_mma(p, (int)D, c10::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err != cudaErrorNotSupported, "the int8-fp8 mma.sync kernel needs an sm89+ GPU (e4m3 mma.sync)");

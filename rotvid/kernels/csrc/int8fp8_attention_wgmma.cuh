@@ -143,13 +143,25 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   const uint32_t q_bar = bars + 8 * 2 * ST;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int tile = blockIdx.x;
+  // 1-D grid: tiles below split_from run whole; each later tile (the last, partial wave) runs as p.splits CTAs,
+  // split `part` taking key blocks [kb0, kb0 + nblk) -- the INT4 kernel's tail split (two consumer warpgroups only:
+  // its partials and combine kernel are per 128-row tile)
+  int tile = blockIdx.x, part = -1;
+  if (tile >= p.split_from) {
+    part = (tile - p.split_from) % p.splits;
+    tile = p.split_from + (tile - p.split_from) / p.splits;
+  }
   const int n_qt = (p.Nq_pad + kBM - 1) / kBM;  // (a tile may run past Nq_pad into the next head's rows: unused)
   const int mb = tile % n_qt, h = (tile / n_qt) % p.H, b = tile / (n_qt * p.H);
   const int bh = b * p.H + h;
   int kv_len = p.Nkv;
   if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
-  const int nblk = (kv_len + kBN - 1) / kBN;
+  int nblk = (kv_len + kBN - 1) / kBN, kb0 = 0;
+  if (part >= 0) {
+    kb0 = (int)((long long)nblk * part / p.splits);
+    nblk = (int)((long long)nblk * (part + 1) / p.splits) - kb0;
+    kv_len -= kb0 * kBN;  // the consumers count keys from this split's first block
+  }
 
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
@@ -172,9 +184,10 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
         const int s = i % ST;
         wg::mbar_wait(empty_bar(s), ((i / ST) & 1) ^ 1);
         wg::mbar_expect_tx(full_bar(s), C::TX);
-        wg::tma_load_2d(s_k(s), &tm_k, 0, bh * p.Nkv_pad + i * kBN, full_bar(s));
-        wg::tma_load_2d(s_v(s), &tm_v, i * kBN, bh * D, full_bar(s));
-        wg::bulk_load(small + s * C::KS_BYTES, ksg + (size_t)i * 4, C::KS_BYTES, full_bar(s));
+        const int kb = kb0 + i;
+        wg::tma_load_2d(s_k(s), &tm_k, 0, bh * p.Nkv_pad + kb * kBN, full_bar(s));
+        wg::tma_load_2d(s_v(s), &tm_v, kb * kBN, bh * D, full_bar(s));
+        wg::bulk_load(small + s * C::KS_BYTES, ksg + (size_t)kb * 4, C::KS_BYTES, full_bar(s));
       }
     }
   } else {  // ---- consumers ----
@@ -364,7 +377,25 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     }
   }
 
-  rowmath::store_rows_channel_scaled<D>(p, o, l_run, row_base, g, t, b, h);  // O / l * v_scale (+ v_mean)
+  if (part < 0) {
+    rowmath::store_rows_channel_scaled<D>(p, o, l_run, row_base, g, t, b, h);  // O / l * v_scale (+ v_mean)
+  } else if constexpr (NWG == 2) {  // partials of this split: O * v_scale (relative to m_run), m_run, l per row
+    float* w = p.ws + ((size_t)(tile - p.split_from) * p.splits + part) * kBM * (D + 2);
+    const float* vs = p.vparams + (size_t)bh * D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+      float* wr = w + (size_t)(row_base - mb * kBM + g + 8 * r) * (D + 2);
+#pragma unroll
+      for (int j = 0; j < DT; ++j) {
+        const int d = 8 * j + 2 * t;
+        const float2 sc = *reinterpret_cast<const float2*>(vs + d);
+        *reinterpret_cast<float2*>(wr + d) = make_float2(o[j][2 * r] * sc.x, o[j][2 * r + 1] * sc.y);
+      }
+      if (t == 0) *reinterpret_cast<float2*>(wr + D) = make_float2(m_run[r], l_run[r]);
+    }
+  }
   }  // consumers
 #endif  // ROTVID_WGMMA_ENABLED
 }
