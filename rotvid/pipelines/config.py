@@ -39,22 +39,23 @@ SMOOTH_Q_BY_RECIPE = {
 }
 
 
+def _switch_for(table: dict[str, bool], recipe: str, value: bool | None) -> bool:
+    """``value`` when set, else ``table[recipe]`` (ValueError for a recipe not in the table, e.g. unresolved 'auto')."""
+    if value is not None:
+        return value
+    if recipe not in table:
+        raise ValueError(f"recipe: expected one of {', '.join(table)} (resolve 'auto' first), got {recipe!r}")
+    return table[recipe]
+
+
 def smooth_q_for(recipe: str, smooth_q: bool | None) -> bool:
     """The Q smoothing a call runs: ``smooth_q`` when set, else the recipe's default (:data:`SMOOTH_Q_BY_RECIPE`)."""
-    if smooth_q is not None:
-        return smooth_q
-    if recipe not in SMOOTH_Q_BY_RECIPE:
-        raise ValueError(f"recipe: expected one of {', '.join(SMOOTH_Q_BY_RECIPE)} (resolve 'auto' first), got {recipe!r}")
-    return SMOOTH_Q_BY_RECIPE[recipe]
+    return _switch_for(SMOOTH_Q_BY_RECIPE, recipe, smooth_q)
 
 
 def smooth_v_for(recipe: str, smooth_v: bool | None) -> bool:
     """The V smoothing a call runs: ``smooth_v`` when set, else the recipe's default (:data:`SMOOTH_V_BY_RECIPE`)."""
-    if smooth_v is not None:
-        return smooth_v
-    if recipe not in SMOOTH_V_BY_RECIPE:
-        raise ValueError(f"recipe: expected one of {', '.join(SMOOTH_V_BY_RECIPE)} (resolve 'auto' first), got {recipe!r}")
-    return SMOOTH_V_BY_RECIPE[recipe]
+    return _switch_for(SMOOTH_V_BY_RECIPE, recipe, smooth_v)
 
 
 def _check_bool(name: str, value) -> None:

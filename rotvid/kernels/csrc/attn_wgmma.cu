@@ -80,6 +80,12 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
   }
 }
 
+// Q smoothing (p.k_bias: its per-key bias) picks the SQ kernels
+template <int D, int PMODE>
+cudaError_t launch_dq(const Int4AttnParams& p, int block_n, cudaStream_t stream) {
+  return p.k_bias != nullptr ? launch_dp<D, PMODE, true>(p, block_n, stream) : launch_dp<D, PMODE, false>(p, block_n, stream);
+}
+
 }  // namespace
 
 // Tail split: with T query tiles on n SMs the last wave holds rem = T mod n tiles and leaves n - rem SMs idle for
@@ -117,16 +123,10 @@ cudaError_t launch_int4_attention_wgmma(const Int4AttnParams& p, int head_dim, i
   if (!wgmma_kernel_available()) return cudaErrorNotSupported;
   if ((block_n != 64 && block_n != 128) || p.Nq_pad % wg::kBM != 0 || p.Nkv_pad % block_n != 0)
     return cudaErrorInvalidValue;
-  // (p.k_bias: Q smoothing's per-key bias, the SQ kernels)
-  const bool sq = p.k_bias != nullptr;
-  if (head_dim == 128) {
-    if (p_mode == kPRange) return sq ? launch_dp<128, kPRange, true>(p, block_n, stream) : launch_dp<128, kPRange, false>(p, block_n, stream);
-    return sq ? launch_dp<128, kPSym, true>(p, block_n, stream) : launch_dp<128, kPSym, false>(p, block_n, stream);
-  }
-  if (head_dim == 64) {
-    if (p_mode == kPRange) return sq ? launch_dp<64, kPRange, true>(p, block_n, stream) : launch_dp<64, kPRange, false>(p, block_n, stream);
-    return sq ? launch_dp<64, kPSym, true>(p, block_n, stream) : launch_dp<64, kPSym, false>(p, block_n, stream);
-  }
+  if (head_dim == 128)
+    return p_mode == kPRange ? launch_dq<128, kPRange>(p, block_n, stream) : launch_dq<128, kPSym>(p, block_n, stream);
+  if (head_dim == 64)
+    return p_mode == kPRange ? launch_dq<64, kPRange>(p, block_n, stream) : launch_dq<64, kPSym>(p, block_n, stream);
   return cudaErrorInvalidValue;
 }
 

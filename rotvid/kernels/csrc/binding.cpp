@@ -147,6 +147,27 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
   return {q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, k_bias};
 }
 
+// The wgmma kernels' tail split (wgmma_split_plan): sets p.split_from / p.splits (no split: every tile whole) and,
+// when it splits, p.ws to the partials' buffer it returns (kept alive by the caller until the launches are queued;
+// the allocator is stream-ordered).
+at::Tensor plan_tail_split(rotvid::Int4AttnParams& p, bool split, int64_t block_n, int64_t head_dim,
+                           const at::TensorOptions& opts) {
+  int split_from = (p.Nq_pad / rotvid::kBlockM) * p.H * p.B, splits = 1;
+  if (split) {
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    splits = rotvid::wgmma_split_plan(p.B, p.H, p.Nq_pad, p.Nkv, (int)block_n, sms, &split_from);
+  }
+  at::Tensor ws;
+  if (splits > 1) {
+    ws = at::empty({rotvid::wgmma_split_ws_floats(p.B, p.H, p.Nq_pad, (int)head_dim, split_from, splits)},
+                   opts.dtype(at::kFloat));
+    p.ws = ws.data_ptr<float>();
+  }
+  p.split_from = split_from;
+  p.splits = splits;
+  return ws;
+}
+
 at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, const at::Tensor& k_hat,
                           const at::Tensor& k_scale, const at::Tensor& vt, const at::Tensor& vparams,
                           const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
@@ -219,19 +240,7 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
     TORCH_CHECK(!s4, "the wgmma kernel takes the s8 layout");
     TORCH_CHECK(rotvid::wgmma_kernel_available(),
                 "the wgmma kernel needs an sm90 GPU and the driver's cuTensorMapEncodeTiled");
-    int split_from = (int)((nq_pad / rotvid::kBlockM) * H * B), splits = 1;
-    if (split_tail) {
-      const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-      splits = rotvid::wgmma_split_plan((int)B, (int)H, (int)nq_pad, (int)n_kv, (int)block_n, sms, &split_from);
-    }
-    at::Tensor ws;  // the tail split's partials (kept alive until the launches are queued; the allocator is stream-ordered)
-    if (splits > 1) {
-      ws = at::empty({rotvid::wgmma_split_ws_floats((int)B, (int)H, (int)nq_pad, (int)D, split_from, splits)},
-                     q_hat.options().dtype(at::kFloat));
-      p.ws = ws.data_ptr<float>();
-    }
-    p.split_from = split_from;
-    p.splits = splits;
+    const at::Tensor ws = plan_tail_split(p, split_tail, block_n, D, q_hat.options());
     check_cuda(rotvid::launch_int4_attention_wgmma(p, (int)D, (int)block_n, (int)p_mode,
                                                    c10::cuda::getCurrentCUDAStream()),
                "int4_attention_wgmma");
@@ -359,19 +368,7 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   p.Nkv_pad = (int)nkv_pad;
   p.qk_scale = (float)qk_scale;
   p.out_bf16 = out_bf16 ? 1 : 0;
-  int split_from = (int)((nq_pad / rotvid::kBlockM) * H * B), splits = 1;
-  if (split_tail && !mma) {  // the wgmma kernel's tail split (as the INT4 kernel's)
-    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    splits = rotvid::wgmma_split_plan((int)B, (int)H, (int)nq_pad, (int)n_kv, 128, sms, &split_from);
-  }
-  at::Tensor ws;  // the tail split's partials (alive until the launches are queued; the allocator is stream-ordered)
-  if (splits > 1) {
-    ws = at::empty({rotvid::wgmma_split_ws_floats((int)B, (int)H, (int)nq_pad, (int)D, split_from, splits)},
-                   q_hat.options().dtype(at::kFloat));
-    p.ws = ws.data_ptr<float>();
-  }
-  p.split_from = split_from;
-  p.splits = splits;
+  const at::Tensor ws = plan_tail_split(p, split_tail && !mma, 128, D, q_hat.options());  // (wgmma path only)
   if (n_q > 0 && mma) {
     const cudaError_t err = rotvid::launch_int8fp8_attention_mma(p, (int)D, c10::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err != cudaErrorNotSupported, "the int8-fp8 mma.sync kernel needs an sm89+ GPU (e4m3 mma.sync)");

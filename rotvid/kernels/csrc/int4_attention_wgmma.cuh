@@ -53,7 +53,7 @@ struct Cfg {
   static constexpr int VP_BYTES = D * 8;           // vparams of the block
   static constexpr int STAGES = ST;
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
-  // layout: [Q][K0 V0][K1 V1]...[KS0 VP0][KS1 VP1]...[barriers]
+  // layout: [Q][K0 V0][K1 V1]...[KS0 VP0][KS1 VP1]...[DS0][DS1]...[barriers]
   static constexpr int TILES = Q_BYTES + STAGES * STAGE_BYTES;
   static constexpr int DS_BYTES = BN * 4;          // Q smoothing's per-key bias of the block (SQ kernels)
   static constexpr int SMALL = STAGES * (KS_BYTES + VP_BYTES) + STAGES * DS_BYTES;
@@ -242,9 +242,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto vp_ptr = [&](int s) {
     return reinterpret_cast<const float*>(smem + small_off + s * (C::KS_BYTES + C::VP_BYTES) + C::KS_BYTES);
   };
-  auto ds_ptr = [&](int s) {
-    return reinterpret_cast<const float*>(smem + small_off + ST * (C::KS_BYTES + C::VP_BYTES) + s * C::DS_BYTES);
-  };
+  const int ds_off = small_off + ST * (C::KS_BYTES + C::VP_BYTES);
+  auto ds_ptr = [&](int s) { return reinterpret_cast<const float*>(smem + ds_off + s * C::DS_BYTES); };
   const uint32_t bars = base + C::TILES + C::SMALL;
   auto full_bar = [&](int s) { return bars + 8 * s; };
   auto empty_bar = [&](int s) { return bars + 8 * (ST + s); };
@@ -298,8 +297,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         bulk_load(sm, ksg + (size_t)kb * kBN, C::KS_BYTES, full_bar(s));
         bulk_load(sm + C::KS_BYTES, vpg + (size_t)kb * D * 2, C::VP_BYTES, full_bar(s));
         if constexpr (SQ) {
-          bulk_load(small + ST * (C::KS_BYTES + C::VP_BYTES) + s * C::DS_BYTES, p.k_bias + (size_t)bh * p.Nkv_pad + (size_t)kb * kBN,
-                    C::DS_BYTES, full_bar(s));
+          bulk_load(base + ds_off + s * C::DS_BYTES, p.k_bias + (size_t)bh * p.Nkv_pad + (size_t)kb * kBN, C::DS_BYTES,
+                    full_bar(s));
         }
       }
     }
@@ -556,15 +555,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     rowmath::store_rows<D>(p, o, l_run, row_base, g, t, b, h);
   } else {  // partials of this split: O (relative to m_run), m_run, l per row of the tile
     float* w = p.ws + ((size_t)(tile - p.split_from) * p.splits + part) * kBM * (D + 2);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-      float* wr = w + (size_t)(row_base - mb * kBM + g + 8 * r) * (D + 2);
-#pragma unroll
-      for (int j = 0; j < DT; ++j) *reinterpret_cast<float2*>(wr + 8 * j + 2 * t) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
-      if (t == 0) *reinterpret_cast<float2*>(wr + D) = make_float2(m_run[r], l_run[r]);
-    }
+    rowmath::store_split_partials<D>(w, o, m_run, l_run, row_base - mb * kBM + g, t, nullptr);
   }
   }  // consumers
 #endif  // ROTVID_WGMMA_ENABLED

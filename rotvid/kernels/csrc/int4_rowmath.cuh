@@ -152,5 +152,26 @@ __device__ __forceinline__ void store_rows_channel_scaled(const Int4AttnParams& 
   }
 }
 
+// The tail split's partials of one thread's rows (row_in_tile: row g of its warp's slice within the 128-row tile):
+// O (times the per-channel vs when given: the int8-fp8 kernel's V scale) relative to m_run, then m_run and the
+// quad-summed l, at ws[row][0..D+1] (wg::combine_splits_kernel merges them).
+template <int D>
+__device__ __forceinline__ void store_split_partials(float* w, const float (&o)[D / 8][4], const float (&m_run)[2],
+                                                     float (&l_run)[2], int row_in_tile, int t, const float* vs) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+    float* wr = w + (size_t)(row_in_tile + 8 * r) * (D + 2);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int d = 8 * j + 2 * t;
+      const float2 sc = vs != nullptr ? *reinterpret_cast<const float2*>(vs + d) : make_float2(1.f, 1.f);
+      *reinterpret_cast<float2*>(wr + d) = make_float2(o[j][2 * r] * sc.x, o[j][2 * r + 1] * sc.y);
+    }
+    if (t == 0) *reinterpret_cast<float2*>(wr + D) = make_float2(m_run[r], l_run[r]);
+  }
+}
+
 }  // namespace rowmath
 }  // namespace rotvid

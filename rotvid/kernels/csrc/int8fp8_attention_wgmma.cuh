@@ -381,20 +381,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     rowmath::store_rows_channel_scaled<D>(p, o, l_run, row_base, g, t, b, h);  // O / l * v_scale (+ v_mean)
   } else if constexpr (NWG == 2) {  // partials of this split: O * v_scale (relative to m_run), m_run, l per row
     float* w = p.ws + ((size_t)(tile - p.split_from) * p.splits + part) * kBM * (D + 2);
-    const float* vs = p.vparams + (size_t)bh * D;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-      float* wr = w + (size_t)(row_base - mb * kBM + g + 8 * r) * (D + 2);
-#pragma unroll
-      for (int j = 0; j < DT; ++j) {
-        const int d = 8 * j + 2 * t;
-        const float2 sc = *reinterpret_cast<const float2*>(vs + d);
-        *reinterpret_cast<float2*>(wr + d) = make_float2(o[j][2 * r] * sc.x, o[j][2 * r + 1] * sc.y);
-      }
-      if (t == 0) *reinterpret_cast<float2*>(wr + D) = make_float2(m_run[r], l_run[r]);
-    }
+    rowmath::store_split_partials<D>(w, o, m_run, l_run, row_base - mb * kBM + g, t, p.vparams + (size_t)bh * D);
   }
   }  // consumers
 #endif  // ROTVID_WGMMA_ENABLED
