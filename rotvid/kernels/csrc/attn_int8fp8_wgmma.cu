@@ -9,8 +9,7 @@
 namespace rotvid {
 namespace {
 
-template <int D, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int BN = 128, int MAGIC = 0, int EMU = 0,
-          int EDEG = 3>
+template <int D, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int BN = 128, int MAGIC = 0>
 cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg8::Cfg<D, STAGES, BN, NWG>;
   using S = wg8::Shape<NWG>;
@@ -20,7 +19,7 @@ cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
       !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG, MAGIC, EMU, EDEG>;
+  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG, MAGIC>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)((p.Nq_pad + S::BM - 1) / S::BM) * p.H * p.B;
@@ -58,12 +57,6 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
     if (variant == 9) return launch8_d<D, 3, 0, 1, 3>(p, stream);
     if (variant == 10) return launch8_d<D, 3, 2, 1, 2, 128, 0>(p, stream);
     if (variant == 11) return launch8_d<D, 3, 2, 1, 2, 128, 1>(p, stream);
-    constexpr int M = D == 64 ? 1 : 0;  // the default's MAGIC
-    if (variant == 14) return launch8_d<D, 3, 2, 1, 2, 128, M, 1, 3>(p, stream);  // 1/4 of the exps on FMA, degree 3
-    if (variant == 15) return launch8_d<D, 3, 2, 1, 2, 128, M, 1, 4>(p, stream);  // degree 4
-    if (variant == 16) return launch8_d<D, 3, 2, 1, 2, 128, M, 2, 3>(p, stream);  // 1/2 of the exps
-    if (variant == 17) return launch8_d<D, 3, 2, 1, 2, 128, M, -1>(p, stream);    // ceiling: 1/4 for free
-    if (variant == 18) return launch8_d<D, 3, 2, 1, 2, 128, 1, 1, 3>(p, stream);  // 1/4 on FMA + MAGIC
   }
 #endif
   // H100, int8fp8_variants.py (attention only, one run): ping-pong 2 + PIPE 1 with 3 stages at both head dims --

@@ -115,27 +115,7 @@ __device__ __forceinline__ void wgmma_pv(float (&acc)[D / 2], const uint32_t (&a
 constexpr uint32_t kMagicI = 0x4B400000u;  // the bits of 12582912.0f = 1.5 * 2^23
 constexpr float kMagicF = 12582912.0f;
 
-// EMU n: the exponentials of n of every 4 n-tiles computed on the FMA pipes instead of MUFU (which the loop's
-// softmax keeps 48% busy at head_dim 128): x = j + f, j = rint(x) by the 1.5 * 2^23 rounding constant, 2^f on
-// [-1/2, 1/2] by a minimax polynomial of degree DEG (relative error 7.5e-5 at 3, 2.7e-6 at 4; e4m3's step is 2^-4),
-// 2^j put into the exponent field with one shift-add. x is clamped at -100 (2^-100: 0 after the e4m3 rounding).
-template <int DEG>
-__device__ __forceinline__ float ex2_poly(float x) {
-  x = fmaxf(x, -100.f);
-  const float tm = __fadd_rn(x, kMagicF);  // bits: kMagicI + rint(x)
-  const float f = __fsub_rn(x, __fsub_rn(tm, kMagicF));
-  float p;
-  if constexpr (DEG == 3) {
-    p = fmaf(fmaf(fmaf(0.0551716648f, f, 0.2426111251f), f, 0.6932609677f), f, 0.9999280572f);
-  } else {
-    p = fmaf(fmaf(fmaf(fmaf(0.0095701013f, f, 0.0559178591f), f, 0.2402474433f), f, 0.6931217909f), f,
-             0.9999992847f);
-  }
-  return __int_as_float(__float_as_int(p) + (__float_as_int(tm) << 23));  // (kMagicI << 23 vanishes mod 2^32)
-}
-
-template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int MAGIC = 0, int EMU = 0,
-          int EDEG = 3>
+template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int MAGIC = 0>
 __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     int8fp8_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -323,15 +303,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
           const float sf = MAGIC != 0 ? __uint_as_float(sacc[4 * j + e]) : __int2float_rn((int)sacc[4 * j + e]);
-          const float xe = fmaf(sf, sqk[r], -mshift[r]);
-          float v;
-          if constexpr (EMU > 0) {
-            v = jj < EMU ? ex2_poly<EDEG>(xe) : rowmath::ex2(xe);
-          } else if constexpr (EMU < 0) {  // timing ceiling only (wrong values): the emulated share for free
-            v = jj < -EMU ? fmaf(xe, 0.01f, 1.f) : rowmath::ex2(xe);
-          } else {
-            v = rowmath::ex2(xe);
-          }
+          float v = rowmath::ex2(fmaf(sf, sqk[r], -mshift[r]));
           if constexpr (PARTIAL) {
             const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
             if (key >= kv_len) v = 0.f;
