@@ -104,8 +104,36 @@ def cos_fp64_rows(out: torch.Tensor, q, k, v, rows: torch.Tensor, kv_len: int | 
     return num / (den_a * den_b) ** 0.5
 
 
+def time_interleaved(fns: dict, rounds: int, budget_ms: float = 1500.0) -> dict[str, float]:
+    """Per-call GPU time of every method of a shape, in interleaved rounds.
+
+    ``fns`` maps a key to ``fn`` or ``(fn, min_reps, budget_ms)``. Each round times every method once
+    (:func:`time_ms` with its budget split over the rounds), the order rotating by one per round, so a drift of the
+    GPU's clock over the shape's run (warming up, throttling) reaches every method alike instead of whichever ran
+    last; a method's time is the median of its per-round medians.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds: expected at least 1, got {rounds}")
+    keys = list(fns)
+    per: dict[str, list[float]] = {key: [] for key in keys}
+    for r in range(rounds):
+        shift = r % len(keys) if keys else 0
+        for key in keys[shift:] + keys[:shift]:
+            fn, min_reps, budget = fns[key] if isinstance(fns[key], tuple) else (fns[key], 3, budget_ms)
+            per[key].append(time_ms(fn, min_reps=min_reps, budget_ms=budget / rounds))
+    return {key: statistics.median(v) for key, v in per.items()}
+
+
+def _under(backend, fn):
+    """``fn`` run inside ``sdpa_kernel(backend)`` (the choice holds for that call only)."""
+    def run():
+        with sdpa_kernel(backend):
+            return fn()
+    return run
+
+
 def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool = False, also_s8: bool = False,
-                with_flash: bool = False) -> list[dict]:
+                with_flash: bool = False, rounds: int = 3) -> list[dict]:
     torch.manual_seed(0)
     b, h, n, d = shape.b, shape.h, shape.n, shape.d
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -113,72 +141,81 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
     flops = 4.0 * b * h * n * n * d
     kv_lens = None if shape.kv_len is None else torch.full((b,), shape.kv_len, dtype=torch.int32, device="cuda")
     rows_idx = torch.randperm(n, device="cuda")[:512].sort().values
-    rows = []
+    masked_note = "unmasked" if kv_lens is not None else ""
+    # 1. every method as a closure (operands prepared now), 2. timed together in interleaved rounds, 3. rows in
+    # the table's order, each output computed once more for its cosine against float64
+    timers: dict = {}
+    plan: list[tuple] = []  # (method, timer key, output fn or None, note or a callable of the times)
 
-    def add(method, ms, out=None, note=""):
-        cos = cos_fp64_rows(out, q, k, v, rows_idx, shape.kv_len) if out is not None else None
-        rows.append(dict(shape=shape.name, method=method, ms=ms, tops=flops / ms / 1e9, cos=cos, note=note))
-
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        f = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
-        add("sdpa-cudnn", time_ms(f, min_reps=1 if rotvid_only else 3, budget_ms=1 if rotvid_only else 1500),
-            f() if kv_lens is None else None, note="unmasked" if kv_lens is not None else "")
+    cudnn = _under(SDPBackend.CUDNN_ATTENTION, lambda: F.scaled_dot_product_attention(q, k, v))
+    timers["cudnn"] = (cudnn, 1, 1.0) if rotvid_only else cudnn
+    plan.append(("sdpa-cudnn", "cudnn", cudnn if kv_lens is None else None, masked_note))
     if with_flash and not rotvid_only:
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            f = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
-            add("sdpa-flash", time_ms(f), f() if kv_lens is None else None, note="unmasked" if kv_lens is not None else "")
+        flash = _under(SDPBackend.FLASH_ATTENTION, lambda: F.scaled_dot_product_attention(q, k, v))
+        timers["flash"] = flash
+        plan.append(("sdpa-flash", "flash", flash if kv_lens is None else None, masked_note))
+    sage_missing = None
     if with_sage and not rotvid_only:
         try:
             from sageattention import sageattn_qk_int8_pv_fp8_cuda_sm90
         except ImportError as err:
-            rows.append(dict(shape=shape.name, method="sageattention2-8b", ms=None, tops=None, cos=None,
-                             note=f"not importable: {err}"[:60]))
+            sage_missing = f"not importable: {err}"[:60]
         else:
-            f = lambda: sageattn_qk_int8_pv_fp8_cuda_sm90(  # noqa: E731
+            sage = lambda: sageattn_qk_int8_pv_fp8_cuda_sm90(  # noqa: E731
                 q, k, v, tensor_layout="HND", qk_quant_gran="per_thread", pv_accum_dtype="fp32+fp32")
-            add("sageattention2-8b", time_ms(f), f() if kv_lens is None else None,
-                note="unmasked" if kv_lens is not None else "")
+            timers["sage"] = sage
+            plan.append(("sageattention2-8b", "sage", sage if kv_lens is None else None, masked_note))
 
-    pre = lambda: cuda_backend.preprocess_int4_cuda(  # noqa: E731
+    timers["pre4"] = lambda: cuda_backend.preprocess_int4_cuda(
         q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True, smooth_q=True)
-    pre_ms = time_ms(pre)
     kernel = cuda_backend._resolve_path("auto", q.device)
     if also_s8 and kernel == "wgmma":
-        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=64, path="s8")
-        att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
-            qkv, n_q=n, n_kv=n, head_dim=d, block_n=64, kv_lens=kv_lens, out_dtype=q.dtype, path="s8")
-        add("rotvid-int4 [s8 mma.sync, bn64] (attn only)", time_ms(att))
+        qkv_s8 = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=64, path="s8")
+        timers["int4-s8"] = lambda: cuda_backend.attention_int4_quantized(
+            qkv_s8, n_q=n, n_kv=n, head_dim=d, block_n=64, kv_lens=kv_lens, out_dtype=q.dtype, path="s8")
+        plan.append(("rotvid-int4 [s8 mma.sync, bn64] (attn only)", "int4-s8", None, ""))
     for p_mode, label in (("range", "rotvid-int4"), ("sym", "rotvid-int4-sym-p")):
         if p_mode == "range":  # the kernel without Q smoothing's bias per key: its cost, same operands otherwise
-            qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True)
-            att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
-                qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode, out_dtype=q.dtype)
-            add(f"{label} [{kernel}] (attn only, Q not smoothed)", time_ms(att))
-        qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode, smooth_v=True,
-                                                smooth_q=True)
-        att = lambda: cuda_backend.attention_int4_quantized(  # noqa: E731
-            qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode, out_dtype=q.dtype)
-        full = lambda: cuda_backend.int4_attention_cuda(  # noqa: E731
-            q, k, v, kv_lens=kv_lens, p_mode=p_mode, block_n=block_n, smooth_v=True, smooth_q=True)
-        att_ms = time_ms(att)
-        full_ms = time_ms(full)
-        add(f"{label} [{kernel}] (attn only)", att_ms)
-        add(label, full_ms, full(), note=f"[{kernel}] pre {pre_ms:.2f} ms = {100 * pre_ms / att_ms:.1f}% of attn")
+            qkv_nq = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True)
+            timers["int4-noq"] = lambda qkv=qkv_nq, pm=p_mode: cuda_backend.attention_int4_quantized(
+                qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=pm, out_dtype=q.dtype)
+            plan.append((f"{label} [{kernel}] (attn only, Q not smoothed)", "int4-noq", None, ""))
+        qkv4 = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode,
+                                                 smooth_v=True, smooth_q=True)
+        timers[f"{label}-att"] = lambda qkv=qkv4, pm=p_mode: cuda_backend.attention_int4_quantized(
+            qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=pm, out_dtype=q.dtype)
+        full4 = lambda pm=p_mode: cuda_backend.int4_attention_cuda(  # noqa: E731
+            q, k, v, kv_lens=kv_lens, p_mode=pm, block_n=block_n, smooth_v=True, smooth_q=True)
+        timers[f"{label}-full"] = full4
+        plan.append((f"{label} [{kernel}] (attn only)", f"{label}-att", None, ""))
+        plan.append((label, f"{label}-full", full4,
+                     lambda t, a=f"{label}-att": f"[{kernel}] pre {t['pre4']:.2f} ms = {100 * t['pre4'] / t[a]:.1f}% of attn"))
     if cuda_backend.arch_entry(q.device).wgmma:
         # the recipe's default smoothing: K only (SMOOTH_V_BY_RECIPE)
         pre8 = lambda: cuda_backend.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)  # noqa: E731
-        pre8_ms = time_ms(pre8)
-        qkv = pre8()
-        att = lambda: cuda_backend.attention_int8fp8_quantized(  # noqa: E731
-            qkv, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype)
-        full = lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)  # noqa: E731
-        whole = lambda: cuda_backend.attention_int8fp8_quantized(  # noqa: E731
-            qkv, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype, split_tail=False)
-        add("rotvid-int8-fp8 [wgmma] (attn only, no tail split)", time_ms(whole))
-        att_ms = time_ms(att)
-        full_ms = time_ms(full)
-        add("rotvid-int8-fp8 [wgmma] (attn only)", att_ms)
-        add("rotvid-int8-fp8", full_ms, full(), note=f"[wgmma] pre {pre8_ms:.2f} ms = {100 * pre8_ms / att_ms:.1f}% of attn")
+        timers["pre8"] = pre8
+        qkv8 = pre8()
+        timers["int8-whole"] = lambda: cuda_backend.attention_int8fp8_quantized(
+            qkv8, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype, split_tail=False)
+        timers["int8-att"] = lambda: cuda_backend.attention_int8fp8_quantized(
+            qkv8, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype)
+        full8 = lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)  # noqa: E731
+        timers["int8-full"] = full8
+        plan.append(("rotvid-int8-fp8 [wgmma] (attn only, no tail split)", "int8-whole", None, ""))
+        plan.append(("rotvid-int8-fp8 [wgmma] (attn only)", "int8-att", None, ""))
+        plan.append(("rotvid-int8-fp8", "int8-full", full8,
+                     lambda t: f"[wgmma] pre {t['pre8']:.2f} ms = {100 * t['pre8'] / t['int8-att']:.1f}% of attn"))
+
+    times = time_interleaved(timers, rounds)
+    rows = []
+    for method, key, out_fn, note in plan:
+        ms = times[key]
+        cos = cos_fp64_rows(out_fn(), q, k, v, rows_idx, shape.kv_len) if out_fn is not None else None
+        rows.append(dict(shape=shape.name, method=method, ms=ms, tops=flops / ms / 1e9, cos=cos,
+                         note=note(times) if callable(note) else note))
+        if method == "sdpa-cudnn" and sage_missing is not None:  # the peer's row stays in the table, as before
+            rows.append(dict(shape=shape.name, method="sageattention2-8b", ms=None, tops=None, cos=None,
+                             note=sage_missing))
     del q, k, v
     torch.cuda.empty_cache()
     return rows
@@ -214,7 +251,8 @@ def markdown(rows: list[dict], block_n: int) -> str:
         f"### kernel_bench: {dev}, {date}, commit {commit}",
         "",
         f"torch {torch.__version__}, CUDA {torch.version.cuda}; rotvid block_n={block_n}; bf16 random inputs; "
-        "TOP/s = 4·B·H·N²·D / median time; ratio = cuDNN time / method time (same run); cos = cosine vs float64 "
+        "time = median over interleaved rounds (every method once per round, the order rotating) of each round's median; "
+        "TOP/s = 4·B·H·N²·D / time; ratio = cuDNN time / method time (same run); cos = cosine vs float64 "
         "attention on 512 sampled query rows (left out where the method ran unmasked on a masked shape).",
         "",
         "| shape | method | ms | TOP/s | vs cuDNN | cos | note |",
@@ -253,6 +291,9 @@ def main() -> None:
     ap.add_argument("--rotvid-only", action="store_true", help="time only rotvid (cuDNN once, for the ratio)")
     ap.add_argument("--markdown-out", type=Path, help="write the markdown section to this file")
     ap.add_argument("--append", type=Path, help="append the markdown section to this results file")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved timing rounds per shape (default 3; every method once per round, the order "
+                         "rotating; a method's time is the median of its round medians)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernel_bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -260,7 +301,8 @@ def main() -> None:
     if args.block_n is None:
         args.block_n = cuda_backend.default_block_n()
     for name in args.shapes:
-        rows += bench_shape(SHAPES[name], args.block_n, not args.no_sage, args.rotvid_only, args.also_s8, args.flash)
+        rows += bench_shape(SHAPES[name], args.block_n, not args.no_sage, args.rotvid_only, args.also_s8, args.flash,
+                            args.rounds)
         print(markdown([r for r in rows if r["shape"] == name], args.block_n).split("\n", 6)[-1], flush=True)
     md = markdown(rows, args.block_n)
     print(md)
