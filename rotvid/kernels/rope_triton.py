@@ -62,7 +62,53 @@ def _generalized_rope_kernel(
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def apply_generalized_rope_triton(x: torch.Tensor, coef: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+@triton.jit
+def _generalized_rope_head_kernel(
+    x_ptr, out_ptr, coef_ptr, idx_ptr,
+    N,
+    sxb, sxh, sxn,
+    sob, soh, son,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PER_HEAD: tl.constexpr,
+):
+    # one program per (head, tile of BLOCK_T tokens, batch row), the head fastest: the programs of one token tile
+    # run side by side and read its table tile from L2
+    h = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    b = tl.program_id(2)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.arange(0, BLOCK_D)
+    tmask = t < N
+    cmask = c < D
+    mask = tmask[:, None] & cmask[None, :]
+    i0 = tl.load(idx_ptr + c * 4 + 0, mask=cmask, other=0)
+    i1 = tl.load(idx_ptr + c * 4 + 1, mask=cmask, other=0)
+    i2 = tl.load(idx_ptr + c * 4 + 2, mask=cmask, other=0)
+    i3 = tl.load(idx_ptr + c * 4 + 3, mask=cmask, other=0)
+    cbase = (t[:, None] * D + c[None, :]) * 4
+    if PER_HEAD:
+        cbase += h * N * D * 4
+    row = x_ptr + b * sxb + h * sxh + t[:, None] * sxn
+    x0 = tl.load(row + i0[None, :], mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(row + i1[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(row + i2[None, :], mask=mask, other=0.0).to(tl.float32)
+    x3 = tl.load(row + i3[None, :], mask=mask, other=0.0).to(tl.float32)
+    c0 = tl.load(coef_ptr + cbase + 0, mask=mask, other=0.0)
+    c1 = tl.load(coef_ptr + cbase + 1, mask=mask, other=0.0)
+    c2 = tl.load(coef_ptr + cbase + 2, mask=mask, other=0.0)
+    c3 = tl.load(coef_ptr + cbase + 3, mask=mask, other=0.0)
+    acc = c0 * x0
+    acc += c1 * x1
+    acc += c2 * x2
+    acc += c3 * x3
+    dst = out_ptr + b * sob + h * soh + t[:, None] * son + c[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def apply_generalized_rope_triton(x: torch.Tensor, coef: torch.Tensor, index: torch.Tensor, *, layout: str = "loop",
+                                  block_t: int = 16, num_warps: int = 4) -> torch.Tensor:
     """The generalized RoPE op on x [B, H, N, D] (fp16 / bf16 / fp32), one pass.
 
     Args:
@@ -89,12 +135,17 @@ def apply_generalized_rope_triton(x: torch.Tensor, coef: torch.Tensor, index: to
     coef = coef.to(device=x.device, dtype=torch.float32).contiguous()
     index = index.to(device=x.device, dtype=torch.int32).contiguous()
     out = torch.empty((b, h, n, d), dtype=x.dtype, device=x.device)
-    block_t = 16
-    grid = (triton.cdiv(n, block_t), b)
-    _generalized_rope_kernel[grid](
-        x, out, coef, index, n,
-        x.stride(0), x.stride(1), x.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        H=h, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=block_t, PER_HEAD=per_head, num_warps=4,
-    )
+    strides = (x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2))
+    if layout == "loop":
+        _generalized_rope_kernel[(triton.cdiv(n, block_t), b)](
+            x, out, coef, index, n, *strides,
+            H=h, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=block_t, PER_HEAD=per_head, num_warps=num_warps,
+        )
+    elif layout == "head":
+        _generalized_rope_head_kernel[(h, triton.cdiv(n, block_t), b)](
+            x, out, coef, index, n, *strides,
+            D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=block_t, PER_HEAD=per_head, num_warps=num_warps,
+        )
+    else:
+        raise ValueError(f"layout: expected 'loop' or 'head', got {layout!r}")
     return out
