@@ -79,6 +79,7 @@ SOURCES = (
     "attn_wgmma.cu",
     "attn_int8fp8_wgmma.cu",
     "attn_int8fp8_mma.cu",
+    "rope_table.cu",
 )
 HEADERS = (
     "int4_common.cuh",
@@ -822,6 +823,79 @@ def pack_reference_int8fp8(
         v_scale.float().reshape(b, h, d).contiguous(),
         v_mean_t,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE·R by the generalized table (rope_table.cu)
+
+ROPE_HEAD_DIMS = (64, 128)
+
+
+@torch.library.custom_op("rotvid::generalized_rope", mutates_args=())
+def _generalized_rope_op(x: torch.Tensor, coef: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return load_extension(x.device).generalized_rope(x, coef, index, None)
+
+
+@_generalized_rope_op.register_fake
+def _(x, coef, index):
+    return x.new_empty(x.shape)
+
+
+def generalized_rope_unsupported(x: torch.Tensor, coef: torch.Tensor) -> str:
+    """Why :func:`generalized_rope_cuda` cannot take ``x`` with a table ``coef`` ("" when it can): a CUDA
+    [B, H, N, D] fp16 / bf16 tensor, D 64 or 128, unit stride on D and rows on 16-byte boundaries, one table shared
+    by the heads ([N, D, 4]), and a GPU the extension builds for. Shapes, strides and host facts only, so the answer
+    is a constant of a compiled graph."""
+    if not x.is_cuda or x.dim() != 4 or x.dtype not in SUPPORTED_DTYPES:
+        return f"x: expected a CUDA [B, H, N, D] fp16 / bf16 tensor, got {x.dtype} {tuple(x.shape)} on {x.device}"
+    if x.shape[-1] not in ROPE_HEAD_DIMS:
+        return f"x: head_dim {x.shape[-1]} (the CUDA kernel takes {ROPE_HEAD_DIMS})"
+    if coef.dim() != 3:
+        return f"coef: a per-head table {tuple(coef.shape)} (the CUDA kernel takes one table [N, D, 4] for all heads)"
+    if x.stride(-1) != 1 or any(s % 8 for s in x.stride()[:3]) or x.storage_offset() % 8:
+        return f"x: strides {tuple(x.stride())} / offset {x.storage_offset()} do not keep rows on 16-byte boundaries"
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return _device_problem(index, False) or _extension_problem(index)
+
+
+_EXTENSION_PROBLEMS: dict[int, str] = {}
+
+
+@torch.compiler.assume_constant_result
+def _extension_problem(device_index: int) -> str:
+    """"" when the extension builds and loads for GPU ``device_index``, else why not (once per process and GPU;
+    under torch.compile a constant of the graph). The RoPE·R callers fall back to the Triton kernel on a failure
+    instead of failing a run that needs no quantized kernel."""
+    if device_index not in _EXTENSION_PROBLEMS:
+        try:
+            load_extension(torch.device("cuda", device_index))
+            _EXTENSION_PROBLEMS[device_index] = ""
+        except Exception as err:  # noqa: BLE001 -- any build or load failure means: use the Triton kernel
+            _EXTENSION_PROBLEMS[device_index] = f"the CUDA extension did not load: {err}"[:500]
+            logger.warning("rotvid: RoPE·R falls back to the Triton kernel: %s", _EXTENSION_PROBLEMS[device_index])
+    return _EXTENSION_PROBLEMS[device_index]
+
+
+def generalized_rope_cuda(x: torch.Tensor, coef: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``out[b, h, n, c] = sum_t coef[n, c, t] * x[b, h, n, index[c, t]]`` in one pass on the GPU (fp32 compute, the
+    Triton kernel's and the compiled PyTorch form's arithmetic: the same bits). Returns a new contiguous tensor.
+
+    Args:
+        x: CUDA fp16 / bf16 [B, H, N, D], D 64 or 128, unit stride on D, rows on 16-byte boundaries.
+        coef: [N, D, 4] (float32 on x's device, else converted), one table for all heads.
+        index: [D, 4] source channels with the table's structure ``(e, e + 1, p, p + 1)``.
+    """
+    reason = generalized_rope_unsupported(x, coef)
+    if reason:
+        raise ValueError(reason)
+    n, d = x.shape[-2:]
+    if tuple(coef.shape) != (n, d, 4):
+        raise ValueError(f"coef: expected shape {(n, d, 4)}, got {tuple(coef.shape)}")
+    if tuple(index.shape) != (d, 4):
+        raise ValueError(f"index: expected shape {(d, 4)}, got {tuple(index.shape)}")
+    coef = coef.to(device=x.device, dtype=torch.float32).contiguous()
+    index = index.to(device=x.device, dtype=torch.int32).contiguous()
+    return _generalized_rope_op(x, coef, index)
 
 
 # --------------------------------------------------------------------------------------------

@@ -147,8 +147,11 @@ def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torc
 
     Token axis second to last (BHND-style); coef broadcasts over x's leading dims (a per-head
     table [H, N, D, 4] needs x [..., H, N, D]). Computes in float64 for float64 x, else float32;
-    returns x.dtype. On CUDA (B, H, N, D) inputs in fp16 / bf16 / fp32 it runs the one-pass Triton
-    kernel :func:`rotvid.kernels.rope_triton.apply_generalized_rope_triton` (float32 compute),
+    returns x.dtype. On CUDA (B, H, N, D) fp16 / bf16 inputs with one table for all heads and D 64
+    or 128 it runs rotvid's CUDA kernel (:func:`rotvid.kernels.cuda_backend.generalized_rope_cuda`,
+    a custom op, so eager and compiled alike; same bits as the two paths below). Otherwise (or when
+    the CUDA extension does not load), on CUDA, the one-pass Triton kernel
+    :func:`rotvid.kernels.rope_triton.apply_generalized_rope_triton` (float32 compute),
     except under ``torch.compile``, where the PyTorch form below is traced (no availability probe
     in the graph) and the compiler fuses the gather, multiply and sum into one pass itself.
     """
@@ -158,6 +161,11 @@ def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torc
     lead = table.coef.shape[:-3]
     if lead and (x.dim() < len(lead) + 2 or tuple(x.shape[-2 - len(lead) : -2]) != tuple(lead)):
         raise ValueError(f"table has leading dims {tuple(lead)}: x must be [..., {', '.join(map(str, lead))}, {n}, {d}]")
+    if x.is_cuda and not lead:
+        from rotvid.kernels import cuda_backend
+
+        if not cuda_backend.generalized_rope_unsupported(x, table.coef):
+            return cuda_backend.generalized_rope_cuda(x, table.coef, table.index)
     if (
         x.is_cuda
         and x.dim() == 4

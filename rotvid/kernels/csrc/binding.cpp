@@ -380,6 +380,50 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   return out;
 }
 
+at::Tensor generalized_rope(const at::Tensor& x, const at::Tensor& coef, const at::Tensor& index,
+                            const c10::optional<at::Tensor>& out_opt) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 4 && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf),
+              "x: fp16 / bf16 CUDA [B,H,N,D]");
+  const int64_t B = x.size(0), H = x.size(1), N = x.size(2), D = x.size(3);
+  TORCH_CHECK(D == 64 || D == 128, "x: head_dim 64 or 128");
+  TORCH_CHECK(x.stride(3) == 1 && x.stride(0) % 8 == 0 && x.stride(1) % 8 == 0 && x.stride(2) % 8 == 0 &&
+                  reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
+              "x: unit stride on D and 16-byte aligned rows");
+  TORCH_CHECK(coef.is_cuda() && coef.scalar_type() == at::kFloat && coef.is_contiguous() &&
+                  coef.sizes() == at::IntArrayRef({N, D, 4}), "coef: contiguous float32 CUDA [N, D, 4]");
+  TORCH_CHECK(index.is_cuda() && index.scalar_type() == at::kInt && index.is_contiguous() &&
+                  index.sizes() == at::IntArrayRef({D, 4}), "index: contiguous int32 CUDA [D, 4]");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out;
+  if (out_opt.has_value()) {
+    out = *out_opt;
+    TORCH_CHECK(out.is_cuda() && out.scalar_type() == x.scalar_type() && out.sizes() == x.sizes() &&
+                    out.stride(3) == 1 && out.stride(0) % 8 == 0 && out.stride(1) % 8 == 0 && out.stride(2) % 8 == 0 &&
+                    reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0,
+                "out: x's shape and dtype, unit stride on D, 16-byte aligned rows");
+  } else {
+    out = at::empty({B, H, N, D}, x.options());
+  }
+  rotvid::RopeTableParams p{};
+  p.x = x.data_ptr();
+  p.out = out.data_ptr();
+  p.coef = coef.data_ptr<float>();
+  p.index = index.data_ptr<int>();
+  p.sxb = x.stride(0);
+  p.sxh = x.stride(1);
+  p.sxn = x.stride(2);
+  p.sob = out.stride(0);
+  p.soh = out.stride(1);
+  p.son = out.stride(2);
+  p.B = (int)B;
+  p.H = (int)H;
+  p.N = (int)N;
+  p.D = (int)D;
+  p.is_bf16 = x.scalar_type() == at::kBFloat16 ? 1 : 0;
+  check_cuda(rotvid::launch_generalized_rope(p, c10::cuda::getCurrentCUDAStream()), "generalized_rope");
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -388,4 +432,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("preprocess_int8fp8", &preprocess_int8fp8, "int8-fp8 pre-processing (INT8 Q/K per token, FP8 V per channel)");
   m.def("attention_int8fp8", &attention_int8fp8,
         "int8-fp8 attention on quantized inputs (mma=false: the sm90 wgmma kernel; true: the sm89+ mma.sync kernel)");
+  m.def("generalized_rope", &generalized_rope, "RoPE·R by the generalized table shared by the heads (one pass)");
 }

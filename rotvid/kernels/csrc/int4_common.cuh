@@ -115,4 +115,17 @@ cudaError_t launch_int8fp8_attention_wgmma(const Int4AttnParams& p, int head_dim
 // cudaErrorNotSupported where the build has no e4m3 mma.sync (below sm89).
 cudaError_t launch_int8fp8_attention_mma(const Int4AttnParams& p, int head_dim, cudaStream_t stream);
 
+// RoPE·R by the generalized table shared by the heads (rope_table.cu): x, out [B, H, N, D] (strides in elements,
+// unit stride on D, 16-byte aligned rows), coef float32 [N, D, 4], index int32 [D, 4]; D 64 or 128.
+struct RopeTableParams {
+  const void* x;
+  void* out;
+  const float* coef;
+  const int* index;
+  long long sxb, sxh, sxn, sob, soh, son;
+  int B, H, N, D;
+  int is_bf16;
+};
+cudaError_t launch_generalized_rope(const RopeTableParams& p, cudaStream_t stream);
+
 }  // namespace rotvid
