@@ -1,9 +1,10 @@
 // RoPE·R through the generalized RoPE table (rotvid.rope.fused_table), one memory-bound pass:
 //   out[b, h, n, c] = c0 x[e] + c1 x[e + 1] + c2 x[p] + c3 x[p + 1],   (c0..c3) = coef[n, c, 0..3],
 // e = the even channel of c's RoPE pair (index[c] = (e, e + 1, p, p + 1), the table's structure), p = the even channel
-// of its partner pair. Computed in float32 as acc = c0 x0, then three FMAs in slot order, rounded once to the
-// input's dtype -- the arithmetic of the Triton kernel (rotvid/kernels/rope_triton.py) and of the compiled PyTorch
-// form, so the three give the same bits.
+// of its partner pair. Computed in float32 as fma(c0, x0, c1 x1), then fma(c2, x2, .), fma(c3, x3, .), rounded once to
+// the input's dtype: the order in which the Triton kernel (rotvid/kernels/rope_triton.py) and the compiled PyTorch
+// form contract their products (found by benchmarks/device/rope_arith_probe.py on an H100: no other order of the
+// six tried gives their bits), so the three give the same bits.
 //
 // The table is shared by the heads ([N, D, 4] float32, 16 bytes per channel and token against 2 bytes of x): a CTA
 // owns ROWS tokens of one batch row, keeps their coefficients in registers (32 per thread) and walks the heads, U at
@@ -102,10 +103,9 @@ __global__ void __launch_bounds__(kThreads) generalized_rope_kernel(const __grid
         for (int s = 0; s < 2; ++s) {
           const int j = 2 * i + s;
           const uint32_t pw = staged[(size_t)u * ROWS * (D / 2) + partner[j]];
-          float acc = cf[j][0] * half_of<T>(ow[i], 0);
-          acc = fmaf(cf[j][1], half_of<T>(ow[i], 1), acc);
-          acc = fmaf(cf[j][2], half_of<T>(pw, 0), acc);
-          acc = fmaf(cf[j][3], half_of<T>(pw, 1), acc);
+          float acc = __fmaf_rn(cf[j][0], half_of<T>(ow[i], 0), __fmul_rn(cf[j][1], half_of<T>(ow[i], 1)));
+          acc = __fmaf_rn(cf[j][2], half_of<T>(pw, 0), acc);
+          acc = __fmaf_rn(cf[j][3], half_of<T>(pw, 1), acc);
           y[s] = acc;
         }
         res[i] = pack2<T>(y[0], y[1]);
