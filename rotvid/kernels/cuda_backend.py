@@ -852,8 +852,11 @@ def generalized_rope_unsupported(x: torch.Tensor, coef: torch.Tensor) -> str:
         return f"x: head_dim {x.shape[-1]} (the CUDA kernel takes {ROPE_HEAD_DIMS})"
     if coef.dim() != 3:
         return f"coef: a per-head table {tuple(coef.shape)} (the CUDA kernel takes one table [N, D, 4] for all heads)"
-    if x.stride(-1) != 1 or any(s % 8 for s in x.stride()[:3]) or x.storage_offset() % 8:
-        return f"x: strides {tuple(x.stride())} / offset {x.storage_offset()} do not keep rows on 16-byte boundaries"
+    if x.stride(-1) != 1 or any(s % 8 for s in x.stride()[:3]):
+        return f"x: strides {tuple(x.stride())} do not keep rows on 16-byte boundaries"
+    # (the storage offset is not a graph constant under torch.compile; there the C++ side checks the alignment)
+    if not torch.compiler.is_compiling() and x.storage_offset() % 8:
+        return f"x: storage offset {x.storage_offset()} does not keep rows on 16-byte boundaries"
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return _device_problem(index, False) or _extension_problem(index)
 
