@@ -7,7 +7,8 @@ Wan 480p); this kernel reads x once (the four gathered reads of a row hit L1), r
 of the table once for all heads of a batch row, and writes the output once, computing in float32.
 
 Programs: one per (tile of ``BLOCK_T`` tokens, batch row); each loops over the heads. A per-head
-table ([H, N, D, 4]) is read inside the loop instead.
+table ([H, N, D, 4]) is read inside the loop instead. On CUDA, ``apply_generalized_rope`` runs rotvid's CUDA kernel
+first (one table for all heads, fp16 / bf16, head_dim 64 / 128); this kernel covers the rest.
 """
 
 from __future__ import annotations
@@ -115,6 +116,11 @@ def apply_generalized_rope_triton(x: torch.Tensor, coef: torch.Tensor, index: to
         x: [B, H, N, D]; any strides with a unit stride on D (else it is made contiguous).
         coef: float32 [N, D, 4] (shared by the heads) or [H, N, D, 4] (per head).
         index: integer [D, 4] source channels.
+        layout, block_t, num_warps: the launch (a tuning aid, benchmarks/device/rope_tune.py): ``"loop"``, one
+            program per tile of ``block_t`` tokens looping over the heads (the default, 16 tokens, 4 warps), or
+            ``"head"``, one program per (head, tile). On an H100 the default was the fastest of those tried, and
+            rotvid's CUDA kernel (rotvid.kernels.cuda_backend.generalized_rope_cuda), which
+            ``apply_generalized_rope`` takes first where it can, runs 3-6x faster with the same bits.
 
     Returns:
         [B, H, N, D] in x's dtype, computed in float32.
