@@ -22,10 +22,20 @@ __all__ = ["AUTO", "RecipeChoice", "RECIPE_TABLE", "FALLBACK_CHOICE", "auto_reci
 
 AUTO = "auto"
 
+# Measured side by side on an H100 (benchmarks/kernel_bench.py, commit 6d2a221, pre-processing included, ratio to
+# cuDNN bf16 in the same run, over the five benchmark shapes).
+_HOPPER_MEASURED = "H100 kernel_bench at 6d2a221: int8-fp8 1.29-1.51x cuDNN bf16, int4 0.79-1.07x"
 _HOPPER_REASON = (
     "no INT4 tensor cores on Hopper: INT4 maths runs at the 8-bit rate, so the 8-bit recipe costs "
-    "no speed and gains ~16-22 dB SQNR over int4 (accuracy study, benchmarks/RESULTS.md)"
+    "no speed and gains ~16-22 dB SQNR over int4 (accuracy study, benchmarks/RESULTS.md); it is also the faster "
+    f"one there ({_HOPPER_MEASURED})"
 )
+# A 4-bit recipe asked for by name on Hopper runs as asked; its reason says what auto would run instead.
+_HOPPER_INT4_NOTE = (
+    "on sm90 the 4-bit recipes run INT4 values on the 8-bit tensor cores: slower and less accurate than int8-fp8, "
+    f"what recipe='auto' picks there ({_HOPPER_MEASURED})"
+)
+_FOUR_BIT = ("int4", "int4-sym-p", "int4-fp8")
 _INT4_REASON = "native INT4 tensor cores (mma.m16n8k64.s4, twice the 8-bit rate): the paper's INT4 recipe"
 
 
@@ -74,14 +84,19 @@ def _where(device: torch.device, cap: tuple[int, int] | None) -> str:
     return f"sm{cap[0]}{cap[1]}"
 
 
+def _default_device(device: torch.device | str | None) -> torch.device:
+    """``device``, or when None the current CUDA device (the CPU without a GPU)."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device(device)
+
+
 def auto_recipe(device: torch.device | str | None = None) -> tuple[str, str]:
     """The recipe ``auto`` picks on ``device`` (default: the current CUDA device, else the CPU).
 
     Returns ``(recipe, reason)``; the reason starts with where it was decided (``sm90``, ``cpu``).
     """
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(device)
+    device = _default_device(device)
     cap = _device_capability(device)
     choice = RECIPE_TABLE.get(cap, FALLBACK_CHOICE) if cap is not None else FALLBACK_CHOICE
     where = _where(device, cap)
@@ -94,8 +109,12 @@ def auto_recipe(device: torch.device | str | None = None) -> tuple[str, str]:
 def resolve_recipe(config_recipe: str, device: torch.device | str | None = None) -> tuple[str, str]:
     """The recipe a config runs on ``device``, and why.
 
-    ``"auto"`` -> :func:`auto_recipe` (the table); any other recipe is kept as requested.
+    ``"auto"`` -> :func:`auto_recipe` (the table); any other recipe is kept as requested (on Hopper a
+    4-bit recipe's reason adds that int8-fp8, auto's choice there, is faster and more accurate).
     """
     if config_recipe == AUTO:
         return auto_recipe(device)
-    return config_recipe, f"{config_recipe} as requested"
+    reason = f"{config_recipe} as requested"
+    if config_recipe in _FOUR_BIT and _device_capability(_default_device(device)) == (9, 0):
+        reason += f"; {_HOPPER_INT4_NOTE}"
+    return config_recipe, reason

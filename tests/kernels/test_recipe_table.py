@@ -58,7 +58,12 @@ def test_explicit_recipe_is_kept_on_every_gpu(gpu_of):
     for cap in ((9, 0), (8, 9), (8, 0)):
         gpu_of(cap)
         for recipe in PIPELINE_RECIPES:
-            assert resolve_recipe(recipe, "cuda:0") == (recipe, f"{recipe} as requested")
+            got, reason = resolve_recipe(recipe, "cuda:0")
+            assert got == recipe and reason.startswith(f"{recipe} as requested"), reason
+            # on Hopper a 4-bit recipe's reason names the faster, more accurate 8-bit one that auto picks there
+            hopper_4bit = cap == (9, 0) and recipe.startswith("int4")
+            assert ("int8-fp8" in reason and "slower" in reason) == hopper_4bit, (cap, recipe, reason)
+            assert (reason == f"{recipe} as requested") == (not hopper_4bit)
 
 
 def test_table_covers_every_arch_with_a_cuda_kernel_and_names_quantized_recipes():
