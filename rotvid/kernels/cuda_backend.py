@@ -656,10 +656,9 @@ def attention_int8fp8_quantized(
     Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in ``out_dtype``;
     ``out``: an optional preallocated output written in place (tests poison it first). ``path``: ``"wgmma"``
     (sm90) or ``"mma"`` (mma.sync, sm89 and sm90); None: the arch default (:func:`int8fp8_path_for`).
-    ``split_tail`` (wgmma path, head_dim 128): the query tiles of a last, partial wave of SMs run split over the keys
-    (2-4 CTAs each, merged by a second kernel), as the INT4 kernel's -- same maths, fp32 summation order of O and l
-    changed for those rows only; False keeps every row's order. At head_dim 64 the wgmma kernel runs three consumer
-    warpgroups (192-row tiles, P.V accumulated straight into O) and every tile whole.
+    ``split_tail`` (wgmma path): the query tiles of a last, partial wave of SMs run split over the keys (2-4 CTAs
+    each, merged by a second kernel), as the INT4 kernel's -- same maths, fp32 summation order of O and l changed
+    for those rows only; False keeps every row's order.
     """
     _check_output_args(out_dtype, head_dim, layout)
     path = _check_int8fp8_device(qkv.q_hat.device, path)

@@ -9,7 +9,7 @@
 namespace rotvid {
 namespace {
 
-template <int D, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int BN = 128, int MAGIC = 0, int PVACC = 0>
+template <int D, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int BN = 128, int MAGIC = 0>
 cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg8::Cfg<D, STAGES, BN, NWG>;
   using S = wg8::Shape<NWG>;
@@ -19,12 +19,12 @@ cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
       !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG, MAGIC, PVACC>;
+  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG, MAGIC>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)((p.Nq_pad + S::BM - 1) / S::BM) * p.H * p.B;
   Int4AttnParams q = p;
-  if (q.splits <= 1 || S::BM != wg::kBM) {  // no tail split (its combine kernel takes 128-row tiles): every tile whole
+  if (q.splits <= 1) {  // no tail split: every tile whole (whatever tile size this variant has)
     q.splits = 1;
     q.split_from = (int)std::min<long long>(tiles, 0x7fffffffLL);
   }
@@ -57,12 +57,6 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
     if (variant == 9) return launch8_d<D, 3, 0, 1, 3>(p, stream);
     if (variant == 10) return launch8_d<D, 3, 2, 1, 2, 128, 0>(p, stream);
     if (variant == 11) return launch8_d<D, 3, 2, 1, 2, 128, 1>(p, stream);
-    if (variant == 30) return launch8_d<D, 3, 2, 1, 2, 128, D == 64 ? 1 : 0, 1>(p, stream);  // PVACC, 2 WGs
-    if (variant == 31) return launch8_d<D, 3, 0, 1, 3, 128, D == 64 ? 1 : 0, 1>(p, stream);  // PVACC, 3 WGs
-    if (variant == 32) return launch8_d<D, 3, 0, 0, 3, 128, D == 64 ? 1 : 0, 1>(p, stream);
-    if (variant == 33) return launch8_d<D, 3, 0, 1, 3, 128, D == 64 ? 1 : 0, 2>(p, stream);  // block-max frame, 3 WGs
-    if (variant == 34) return launch8_d<D, 3, 2, 1, 2, 128, D == 64 ? 1 : 0, 2>(p, stream);  // block-max frame, 2 WGs
-    if (variant == 35) return launch8_d<D, 2, 0, 1, 3, 128, D == 64 ? 1 : 0, 2>(p, stream);
   }
 #endif
   // H100, int8fp8_variants.py (attention only, one run): ping-pong 2 + PIPE 1 with 3 stages at both head dims --
@@ -70,10 +64,7 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
   // Three consumer warpgroups (variants 6-9) spill ~1 KB per thread at 160 registers: 422-469 / 316-351.
   // H200, session 6: scores to float without I2F (MAGIC 1) at head_dim 64 504 -> 552 TOP/s (CogVideoX-5B, two rounds);
   // at head_dim 128 within noise (848-859 vs 844-849 at Wan2.1-1.3B, 860 vs 865 at Wan 14B 720p): kept at I2F there.
-  // H100, session 9: at head_dim 64 P.V straight into O (PVACC 2, same P) frees the registers for three consumer
-  // warpgroups: CogVideoX-5B 555 -> 595-599 TOP/s (variant 33, two rounds); at head_dim 128 it spills and loses 3-4%.
-  if constexpr (D == 64) return launch8_d<D, 3, 0, 1, 3, 128, 1, 2>(p, stream);
-  return launch8_d<D, 3, 2, 1, 2, 128, 0>(p, stream);
+  return launch8_d<D, 3, 2, 1, 2, 128, D == 64 ? 1 : 0>(p, stream);
 }
 
 }  // namespace

@@ -368,8 +368,7 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   p.Nkv_pad = (int)nkv_pad;
   p.qk_scale = (float)qk_scale;
   p.out_bf16 = out_bf16 ? 1 : 0;
-  // (wgmma path at head_dim 128 only: at 64 it runs three consumer warpgroups, 192-row tiles, always whole)
-  const at::Tensor ws = plan_tail_split(p, split_tail && !mma && D == 128, 128, D, q_hat.options());
+  const at::Tensor ws = plan_tail_split(p, split_tail && !mma, 128, D, q_hat.options());  // (wgmma path only)
   if (n_q > 0 && mma) {
     const cudaError_t err = rotvid::launch_int8fp8_attention_mma(p, (int)D, c10::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err != cudaErrorNotSupported, "the int8-fp8 mma.sync kernel needs an sm89+ GPU (e4m3 mma.sync)");

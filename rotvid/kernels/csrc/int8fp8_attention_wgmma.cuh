@@ -115,13 +115,7 @@ __device__ __forceinline__ void wgmma_pv(float (&acc)[D / 2], const uint32_t (&a
 constexpr uint32_t kMagicI = 0x4B400000u;  // the bits of 12582912.0f = 1.5 * 2^23
 constexpr float kMagicF = 12582912.0f;
 
-// PVACC: where P.V goes. 0 -- a fresh accumulator per block, then O = O a + c pv (one FFMA per O element and block:
-// the accumulator costs 64 (head_dim 128) or 32 registers per thread). 2 -- straight into O on the tensor cores, O's
-// reference max moved to every block's max first (O and l times exp2(old - new), one FMUL per O element and block),
-// so P is the block-max recipe's bit for bit and only O's rounding order differs; the freed registers let three
-// consumer warpgroups fit at head_dim 64 (the default there). 1 (tuning build only) -- P against the running max,
-// O rescaled only when it moves: a different recipe (0.2-0.4 dB lower SQNR, RESULTS session 6), not the reference's.
-template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int MAGIC = 0, int PVACC = 0>
+template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int MAGIC = 0>
 __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     int8fp8_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -220,12 +214,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   float l_run[2] = {0.f, 0.f};
 
   uint32_t sacc[NT * 4];  // S of the current key block
-  float pacc[D / 2];      // P8 V8 of the current key block (PVACC 1: O itself)
-  float m_top[2] = {-INFINITY, -INFINITY};  // PVACC 2: the largest block max seen
-  if constexpr (PVACC != 0) {
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) pacc[i] = 0.f;
-  }
+  float pacc[D / 2];      // P8 V8 of the current key block
   uint32_t pf[PKS][4];    // P8 A fragments
   float sqk[2];  // sq * this thread's K group scale, for the block in flight
   float mblk[2];
@@ -246,7 +235,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   auto issue_pv = [&](const int s) {
     const uint64_t desc_v = wg::smem_desc(s_v(s), C::V_SWIZZLE);
     wg::wgmma_fence();
-    wgmma_pv<D, PVACC != 0 ? 1 : 0>(pacc, pf[0], desc_v);
+    wgmma_pv<D, 0>(pacc, pf[0], desc_v);
 #pragma unroll
     for (int k = 1; k < PKS; ++k) wgmma_pv<D, 1>(pacc, pf[k], desc_v + 2 * k);
     wg::wgmma_commit();
@@ -293,46 +282,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
       xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, 2));
       mblk[r] = xm;
     }
-    if constexpr (PVACC == 2) {
-      // O's frame moves to every block's max, so P is the block-max recipe's (bit for bit); O and l are rescaled into
-      // it (a > 1 when the block max is below the old frame; the frame stays within 2^64 of the largest max seen)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        m_top[r] = fmaxf(m_top[r], mblk[r]);
-        const float f = fmaxf(mblk[r], m_top[r] - 64.f);
-        const float a = rowmath::ex2(m_run[r] - f);
-        m_run[r] = f;
-        mblk[r] = f;
-        l_run[r] *= a;
-#pragma unroll
-        for (int j = 0; j < DT; ++j) {
-          pacc[4 * j + 2 * r] *= a;
-          pacc[4 * j + 2 * r + 1] *= a;
-        }
-      }
-      c_fac[0] = c_fac[1] = 1.f;
-    } else if constexpr (PVACC != 0) {
-      // the running max moves to the block max where it is exceeded (no P.V is in flight here)
-      if (__any_sync(0xffffffffu, (mblk[0] > m_run[0]) || (mblk[1] > m_run[1]))) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float m_new = fmaxf(m_run[r], mblk[r]);
-          const float a = rowmath::ex2(m_run[r] - m_new);
-          m_run[r] = m_new;
-          l_run[r] *= a;
-#pragma unroll
-          for (int j = 0; j < DT; ++j) {
-            pacc[4 * j + 2 * r] *= a;
-            pacc[4 * j + 2 * r + 1] *= a;
-          }
-        }
-      }
-      mblk[0] = m_run[0];
-      mblk[1] = m_run[1];
-      c_fac[0] = c_fac[1] = 1.f;
-    } else {
-      rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
-    }
+    rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
   };
   // 448 p, its row sums and the e4m3 A fragments
   auto exps_pack = [&](const int kb, auto partial_tag) {
@@ -380,7 +330,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   // O = O + c pv (O was rescaled by a in online_combine), then the stage goes back to the producer
   auto update_o = [&](const int s) {
 #pragma unroll
-    for (int j = 0; j < (PVACC != 0 ? 0 : DT); ++j) {
+    for (int j = 0; j < DT; ++j) {
       o[j][0] = fmaf(c_fac[0], pacc[4 * j + 0], o[j][0]);
       o[j][1] = fmaf(c_fac[0], pacc[4 * j + 1], o[j][1]);
       o[j][2] = fmaf(c_fac[1], pacc[4 * j + 2], o[j][2]);
@@ -427,13 +377,6 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     }
   }
 
-  if constexpr (PVACC != 0) {
-#pragma unroll
-    for (int j = 0; j < DT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[j][e] = pacc[4 * j + e];
-    }
-  }
   if (part < 0) {
     rowmath::store_rows_channel_scaled<D>(p, o, l_run, row_base, g, t, b, h);  // O / l * v_scale (+ v_mean)
   } else if constexpr (NWG == 2) {  // partials of this split: O * v_scale (relative to m_run), m_run, l per row
