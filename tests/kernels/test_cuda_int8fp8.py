@@ -74,6 +74,9 @@ CASES = [
     (2, 2, 97, 300, 128, [1, 257], torch.bfloat16, "BNHD", True, True),
     (1, 1, 32761, 32761, 128, None, torch.bfloat16, "BHND", True, False),
     (1, 1, 4099, 4099, 64, None, torch.float16, "BNHD", True, True),
+    # many key blocks without V smoothing: O grows over 33 blocks (a P.V accumulated across blocks in the FP8 wgmma
+    # accumulator lost ~6% here while the smoothed case above still passed -- RESULTS, session 9)
+    (1, 1, 4099, 4099, 64, None, torch.bfloat16, "BHND", True, False),
 ]
 
 
