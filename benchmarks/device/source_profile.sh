@@ -1,9 +1,7 @@
 # Device script (session 9): where the int8-fp8 wgmma kernel's warps stall, per SASS instruction. One call at a
 # kernel_bench shape under ncu with the SourceCounters section (warp-state sampling), exported as a per-instruction
-# CSV ($OUT/source_<shape>.csv), plus the kernel's SASS ($OUT/sass.txt). Carry [".whl", ".peers"].
+# CSV ($OUT/source_<shape>.csv: each SASS instruction with its samples per stall reason). Carry [".whl", ".peers"].
 source benchmarks/device/setup.sh
-SO=$(ls /tmp/rext/*/*.so 2>/dev/null | head -1); [ -z "$SO" ] && SO=$(find /tmp/rext -name '*.so' | head -1)
-cuobjdump -sass "$SO" > $OUT/sass_all.txt 2>&1; echo "sass $(wc -l < $OUT/sass_all.txt) lines from $SO"
 for shape in ${PROFILE_SHAPES:-wan1.3b-480p}; do
   timeout 240 ncu --clock-control none -k regex:${PROFILE_KERNEL:-int8fp8_attention} -c 1 --section SourceCounters \
     --section WarpStateStats --import-source no -o $OUT/prof_$shape python3 benchmarks/device/one_call.py $shape \

@@ -30,10 +30,10 @@ _HOPPER_REASON = (
     "no speed and gains ~16-22 dB SQNR over int4 (accuracy study, benchmarks/RESULTS.md); it is also the faster "
     f"one there ({_HOPPER_MEASURED})"
 )
-# A 4-bit recipe asked for by name on Hopper runs as asked; its reason says what auto would run instead.
-_HOPPER_INT4_NOTE = (
-    "on sm90 the 4-bit recipes run INT4 values on the 8-bit tensor cores: slower and less accurate than int8-fp8, "
-    f"what recipe='auto' picks there ({_HOPPER_MEASURED})"
+# What a 4-bit recipe asked for by name on Hopper is told (it still runs as asked).
+_HOPPER_FOUR_BIT_NOTE = (
+    "on sm90 a 4-bit recipe is slower and less accurate than int8-fp8, what recipe='auto' picks there (int4: INT4 "
+    f"values on the 8-bit tensor cores, {_HOPPER_MEASURED}; int4-fp8: no CUDA kernel, the reference runs)"
 )
 _FOUR_BIT = ("int4", "int4-sym-p", "int4-fp8")
 _INT4_REASON = "native INT4 tensor cores (mma.m16n8k64.s4, twice the 8-bit rate): the paper's INT4 recipe"
@@ -41,10 +41,12 @@ _INT4_REASON = "native INT4 tensor cores (mma.m16n8k64.s4, twice the 8-bit rate)
 
 @dataclass(frozen=True)
 class RecipeChoice:
-    """One row of the auto-recipe table: the recipe ``auto`` picks and why."""
+    """One row of the auto-recipe table: the recipe ``auto`` picks and why; ``four_bit_note``: what an explicitly
+    requested 4-bit recipe's reason adds on that GPU ("" = nothing)."""
 
     recipe: str
     reason: str
+    four_bit_note: str = ""
 
 
 # compute capability -> the recipe ``auto`` picks there. Keys match ARCH_TABLE's.
@@ -58,7 +60,7 @@ RECIPE_TABLE: dict[tuple[int, int], RecipeChoice] = {
         "so int8-fp8 could be preferred there for fidelity, but its speed against INT4 was not measured (no Ada GPU "
         "available): int4 until measured",
     ),
-    (9, 0): RecipeChoice("int8-fp8", _HOPPER_REASON),
+    (9, 0): RecipeChoice("int8-fp8", _HOPPER_REASON, four_bit_note=_HOPPER_FOUR_BIT_NOTE),
 }
 
 # Everything else: the CPU, and GPUs without a rotvid CUDA kernel. The PyTorch reference runs
@@ -109,12 +111,13 @@ def auto_recipe(device: torch.device | str | None = None) -> tuple[str, str]:
 def resolve_recipe(config_recipe: str, device: torch.device | str | None = None) -> tuple[str, str]:
     """The recipe a config runs on ``device``, and why.
 
-    ``"auto"`` -> :func:`auto_recipe` (the table); any other recipe is kept as requested (on Hopper a
-    4-bit recipe's reason adds that int8-fp8, auto's choice there, is faster and more accurate).
+    ``"auto"`` -> :func:`auto_recipe` (the table); any other recipe is kept as requested (a 4-bit recipe's
+    reason adds the table row's ``four_bit_note``: on Hopper, that int8-fp8 is faster and more accurate).
     """
     if config_recipe == AUTO:
         return auto_recipe(device)
     reason = f"{config_recipe} as requested"
-    if config_recipe in _FOUR_BIT and _device_capability(_default_device(device)) == (9, 0):
-        reason += f"; {_HOPPER_INT4_NOTE}"
+    row = RECIPE_TABLE.get(_device_capability(_default_device(device)))
+    if config_recipe in _FOUR_BIT and row is not None and row.four_bit_note:
+        reason += f"; {row.four_bit_note}"
     return config_recipe, reason
