@@ -16,8 +16,8 @@ cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
   const uint64_t bh = (uint64_t)p.B * p.H;
   CUtensorMap tm_q, tm_k, tm_v;
   if (!tma::make_map(&tm_q, p.q, bh * p.Nq_pad, D, S::BM, D, C::QK_SWIZZLE) ||
-      !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
-      !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
+      !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, C::SUBN, D, C::QK_SWIZZLE) ||
+      !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, C::SUBN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
   auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG, MAGIC>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
@@ -57,6 +57,15 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
     if (variant == 9) return launch8_d<D, 3, 0, 1, 3>(p, stream);
     if (variant == 10) return launch8_d<D, 3, 2, 1, 2, 128, 0>(p, stream);
     if (variant == 11) return launch8_d<D, 3, 2, 1, 2, 128, 1>(p, stream);
+    // key blocks of 192 / 256 keys (sub-blocks of 64 / 128 per stage; the block max over the whole block: a
+    // numerics parameter) against the same order with 128 keys (40); ptxas spills noted where it spills
+    constexpr int M = D == 64 ? 1 : 0;
+    if (variant == 40) return launch8_d<D, 3, 2, 0, 2, 128, M>(p, stream);
+    if (variant == 41) return launch8_d<D, 3, 2, 0, 2, 192, 1>(p, stream);  // d64: 76 B spill
+    if (variant == 42) return launch8_d<D, 3, 2, 1, 2, 192, 0>(p, stream);  // d64: 16 B, d128: ~1 KB spill
+    if (variant == 43) return launch8_d<D, 3, 2, 0, 2, 192, 0>(p, stream);  // d64: 16 B, d128: ~1 KB spill
+    if (variant == 44) return launch8_d<D, 3, 2, 0, 2, 256, 0>(p, stream);  // d64: 96 B, d128: ~1 KB spill
+    if (variant == 50) return launch8_d<D, 3, 2, 1, 2, 128, M>(p, stream);  // the default before session 10
   }
 #endif
   // H100, int8fp8_variants.py (attention only, one run): ping-pong 2 + PIPE 1 with 3 stages at both head dims --
@@ -64,7 +73,15 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
   // Three consumer warpgroups (variants 6-9) spill ~1 KB per thread at 160 registers: 422-469 / 316-351.
   // H200, session 6: scores to float without I2F (MAGIC 1) at head_dim 64 504 -> 552 TOP/s (CogVideoX-5B, two rounds);
   // at head_dim 128 within noise (848-859 vs 844-849 at Wan2.1-1.3B, 860 vs 865 at Wan 14B 720p): kept at I2F there.
-  return launch8_d<D, 3, 2, 1, 2, 128, D == 64 ? 1 : 0>(p, stream);
+  // H100, session 10 (int8fp8_blocks.py, two interleaved rounds): key blocks of 192 at head_dim 64 -- CogVideoX-5B
+  // 552 -> 578 TOP/s (variant 42; 256-key blocks serialize their wgmmas, C7512); at head_dim 128 blocks of 192 / 256
+  // spill ~1 KB (or, scores without I2F, get warpgroup arrives injected, C7519) and run 40% slower: kept at 128.
+  // The key block is part of the numerics: cuda_backend.INT8FP8_WGMMA_BLOCK_N mirrors this choice.
+  if constexpr (D == 64) {
+    return launch8_d<D, 3, 2, 1, 2, 192, 0>(p, stream);
+  } else {
+    return launch8_d<D, 3, 2, 1, 2, 128, 0>(p, stream);
+  }
 }
 
 }  // namespace

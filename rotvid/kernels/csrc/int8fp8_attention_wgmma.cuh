@@ -1,6 +1,7 @@
 // The int8-fp8 recipe on Hopper's warpgroup tensor cores (sm90a: wgmma, TMA, mbarriers): INT8 Q/K per token,
 // P and V in FP8 e4m3 (V one scale per channel), FP32 accumulation across key blocks. Numerics of
-// rotvid.kernels.reference (recipe "int8-fp8"), per key block of BN = 128 keys:
+// rotvid.kernels.reference (recipe "int8-fp8"), per key block of BN keys (128; 192 at head_dim 64, see Cfg and
+// launch8_dim -- the block max is part of the numerics):
 //   S = Q^ K^T (s8 wgmma, int32, exact; K^ with one scale ks per group of 32 keys -- the keys one thread holds),
 //   m_blk = max over the row of float(S) * (sq ks) (sq = q_scale * qk_scale; the max taken on the integers),
 //   P8 = e4m3(448 * exp2(float(S) sq ks - m_blk)) -- computed as ex2(x sq - (m_blk - log2 448)), so 448 is exact in
@@ -40,12 +41,17 @@ struct Shape {
   static constexpr int CONSUMER_REGS = NWG == 2 ? 240 : 160;  // 24 x 128 + REGS x 128 NWG <= 65536
 };
 
+// A key block of BN = 128, 192 or 256 keys is loaded as NSUB sub-blocks of SUBN = 128 keys (the K group scales'
+// block and the widest V^T row a 128-byte swizzle takes), or 64 when BN is not a multiple of 128: K sub-block i at
+// K + i SUBN D, V^T sub-block i at V + i D SUBN; each sub-block lies in one 128-key group block (its 4 scales).
 template <int D, int ST, int BN, int NWG = 2>
 struct Cfg {
+  static constexpr int SUBN = BN % 128 == 0 ? 128 : 64;
+  static constexpr int NSUB = BN / SUBN;
   static constexpr int Q_BYTES = Shape<NWG>::BM * D;
   static constexpr int K_BYTES = BN * D;
   static constexpr int V_BYTES = D * BN;
-  static constexpr int KS_BYTES = 16;  // the block's four K group scales
+  static constexpr int KS_BYTES = 16 * NSUB;  // the block's four K group scales per sub-block
   static constexpr int STAGES = ST;
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
   // layout: [Q][K0 V0][K1 V1]...[KS0][KS1]...[barriers]
@@ -54,7 +60,7 @@ struct Cfg {
   static constexpr int BARS = (2 * STAGES + 1) * 8;
   static constexpr int SMEM = 1024 + TILES + SMALL + BARS;
   static constexpr int QK_SWIZZLE = D == 128 ? 128 : 64;
-  static constexpr int V_SWIZZLE = BN;
+  static constexpr int V_SWIZZLE = SUBN;
   static constexpr uint32_t TX = K_BYTES + V_BYTES + KS_BYTES;
 };
 
@@ -120,7 +126,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     int8fp8_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef ROTVID_WGMMA_ENABLED
-  static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
+  static_assert(BN == 128 || BN == 192 || BN == 256, "key blocks of 128, 192 or 256 keys");
   static_assert(PIPE == 0 || PIPE == 1, "PIPE 0 or 1");
   static_assert(NWG == 2 || PINGPONG == 0, "the ping-pong turn is for two consumer warpgroups");
   using C = Cfg<D, STAGES, BN, NWG>;
@@ -137,6 +143,8 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   auto s_k = [&](int s) { return base + C::Q_BYTES + s * C::STAGE_BYTES; };
   auto s_v = [&](int s) { return base + C::Q_BYTES + s * C::STAGE_BYTES + C::K_BYTES; };
   auto ks_ptr = [&](int s) { return reinterpret_cast<const float*>(smem + C::TILES + s * C::KS_BYTES); };
+  constexpr int SUBN = C::SUBN;
+  constexpr int NSUB = C::NSUB;
   const uint32_t bars = base + C::TILES + C::SMALL;
   auto full_bar = [&](int s) { return bars + 8 * s; };
   auto empty_bar = [&](int s) { return bars + 8 * (ST + s); };
@@ -178,16 +186,23 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     if (warp == kConsumerWarps && lane == 0) {
       wg::mbar_expect_tx(q_bar, C::Q_BYTES);
       wg::tma_load_2d(s_q, &tm_q, 0, bh * p.Nq_pad + mb * kBM, q_bar);
-      const float* ksg = p.k_scale + (size_t)bh * (p.Nkv_pad / kBN) * 4;
+      const float* ksg = p.k_scale + (size_t)bh * (p.Nkv_pad / 128) * 4;
       const uint32_t small = base + C::TILES;
       for (int i = 0; i < nblk; ++i) {
         const int s = i % ST;
         wg::mbar_wait(empty_bar(s), ((i / ST) & 1) ^ 1);
         wg::mbar_expect_tx(full_bar(s), C::TX);
         const int kb = kb0 + i;
-        wg::tma_load_2d(s_k(s), &tm_k, 0, bh * p.Nkv_pad + kb * kBN, full_bar(s));
-        wg::tma_load_2d(s_v(s), &tm_v, kb * kBN, bh * D, full_bar(s));
-        wg::bulk_load(small + s * C::KS_BYTES, ksg + (size_t)kb * 4, C::KS_BYTES, full_bar(s));
+#pragma unroll
+        for (int hf = 0; hf < NSUB; ++hf) {
+          // a sub-block past Nkv_pad (the last block of 256 keys): K rows of the next head or past the map (zeros),
+          // V^T columns past the map (zeros), the first sub-block's scales again -- all of them masked keys
+          const int key0 = kb * kBN + hf * SUBN;
+          wg::tma_load_2d(s_k(s) + hf * SUBN * D, &tm_k, 0, bh * p.Nkv_pad + key0, full_bar(s));
+          wg::tma_load_2d(s_v(s) + hf * D * SUBN, &tm_v, key0, bh * D, full_bar(s));
+          const int gb = (key0 < p.Nkv_pad ? key0 : kb * kBN) / 128;  // the 128-key group block of the sub-block
+          wg::bulk_load(small + s * C::KS_BYTES + 16 * hf, ksg + (size_t)gb * 4, 16, full_bar(s));
+        }
       }
     }
   } else {  // ---- consumers ----
@@ -203,7 +218,7 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   sq[1] = row_base + g + 8 < p.Nq_pad ? p.q_scale[(size_t)bh * p.Nq_pad + row_base + g + 8] * p.qk_scale : 0.f;
   const uint64_t desc_q = wg::smem_desc(s_q + wg_i * 64 * D, C::QK_SWIZZLE);
 
-  constexpr int NT = kBN / 8;
+  constexpr int NTS = SUBN / 8;  // score n-tiles per sub-block
   constexpr int DT = D / 8;
   constexpr int QKS = D / 32;
   constexpr int PKS = kBN / 32;
@@ -213,31 +228,42 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
 
-  uint32_t sacc[NT * 4];  // S of the current key block
+  uint32_t sacc[NSUB][NTS * 4];  // S of the current key block, per sub-block
   float pacc[D / 2];      // P8 V8 of the current key block
   uint32_t pf[PKS][4];    // P8 A fragments
-  float sqk[2];  // sq * this thread's K group scale, for the block in flight
+  float sqk[NSUB][2];  // sq * this thread's K group scale (per sub-block), for the block in flight
   float mblk[2];
   float c_fac[2];
 
   auto issue_qk = [&](const int s) {
-    const uint64_t desc_k = wg::smem_desc(s_k(s), C::QK_SWIZZLE);
     if constexpr (MAGIC != 0) {
 #pragma unroll
-      for (int i = 0; i < NT * 4; ++i) sacc[i] = kMagicI;
+      for (int hf = 0; hf < NSUB; ++hf)
+#pragma unroll
+        for (int i = 0; i < NTS * 4; ++i) sacc[hf][i] = kMagicI;
     }
     wg::wgmma_fence();
-    wg::wgmma_qk<BN, MAGIC != 0 ? 1 : 0>(sacc, desc_q, desc_k);  // scale-d 1: accumulate onto kMagicI
 #pragma unroll
-    for (int ks = 1; ks < QKS; ++ks) wg::wgmma_qk<BN, 1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
+    for (int hf = 0; hf < NSUB; ++hf) {
+      const uint64_t desc_k = wg::smem_desc(s_k(s) + hf * SUBN * D, C::QK_SWIZZLE);
+      wg::wgmma_qk<SUBN, MAGIC != 0 ? 1 : 0>(sacc[hf], desc_q, desc_k);  // scale-d 1: accumulate onto kMagicI
+#pragma unroll
+      for (int ks = 1; ks < QKS; ++ks) wg::wgmma_qk<SUBN, 1>(sacc[hf], desc_q + 2 * ks, desc_k + 2 * ks);
+    }
     wg::wgmma_commit();
   };
   auto issue_pv = [&](const int s) {
-    const uint64_t desc_v = wg::smem_desc(s_v(s), C::V_SWIZZLE);
+    constexpr int SKS = SUBN / 32;  // k-steps of P.V per sub-block
     wg::wgmma_fence();
-    wgmma_pv<D, 0>(pacc, pf[0], desc_v);
 #pragma unroll
-    for (int k = 1; k < PKS; ++k) wgmma_pv<D, 1>(pacc, pf[k], desc_v + 2 * k);
+    for (int k = 0; k < PKS; ++k) {
+      const uint64_t desc_v = wg::smem_desc(s_v(s) + (k / SKS) * D * SUBN, C::V_SWIZZLE) + 2 * (k % SKS);
+      if (k == 0) {
+        wgmma_pv<D, 0>(pacc, pf[0], desc_v);
+      } else {
+        wgmma_pv<D, 1>(pacc, pf[k], desc_v);
+      }
+    }
     wg::wgmma_commit();
   };
   auto turn_wait = [&]() {
@@ -255,29 +281,38 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   // scores enter the exponent as float(S) * (sq ks) in one FFMA.
   auto scores_max = [&](const int kb, const int s, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
-    const float ks = ks_ptr(s)[t];
-    int mi[4][2];
+    float xmr[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) mi[i][0] = mi[i][1] = INT_MIN;
+    for (int hf = 0; hf < NSUB; ++hf) {
+      const float ks = ks_ptr(s)[4 * hf + t];
+      int mi[4][2];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      int a[4];
+      for (int i = 0; i < 4; ++i) mi[i][0] = mi[i][1] = INT_MIN;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) a[e] = (int)sacc[4 * j + e];
-      if constexpr (PARTIAL) {
-        const int key = kb * kBN + 8 * j + 2 * t;
-        if (key >= kv_len) a[0] = a[2] = INT_MIN;
-        if (key + 1 >= kv_len) a[1] = a[3] = INT_MIN;
+      for (int j = 0; j < NTS; ++j) {
+        int a[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = (int)sacc[hf][4 * j + e];
+        if constexpr (PARTIAL) {
+          const int key = kb * kBN + hf * SUBN + 8 * j + 2 * t;
+          if (key >= kv_len) a[0] = a[2] = INT_MIN;
+          if (key + 1 >= kv_len) a[1] = a[3] = INT_MIN;
+        }
+        mi[j & 3][0] = max(mi[j & 3][0], max(a[0], a[1]));
+        mi[j & 3][1] = max(mi[j & 3][1], max(a[2], a[3]));
       }
-      mi[j & 3][0] = max(mi[j & 3][0], max(a[0], a[1]));
-      mi[j & 3][1] = max(mi[j & 3][1], max(a[2], a[3]));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        sqk[hf][r] = sq[r] * ks;
+        const int m = max(max(mi[0][r], mi[1][r]), max(mi[2][r], mi[3][r]));
+        // (a thread whose keys are all masked offers -inf; a valid key is in every block)
+        const float xm = m == INT_MIN ? -INFINITY : __int2float_rn(MAGIC != 0 ? m - (int)kMagicI : m) * sqk[hf][r];
+        xmr[r] = fmaxf(xmr[r], xm);
+      }
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      sqk[r] = sq[r] * ks;
-      const int m = max(max(mi[0][r], mi[1][r]), max(mi[2][r], mi[3][r]));
-      // (a thread whose keys are all masked offers -inf; a valid key is in every block)
-      float xm = m == INT_MIN ? -INFINITY : __int2float_rn(MAGIC != 0 ? m - (int)kMagicI : m) * sqk[r];
+      float xm = xmr[r];
       xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, 1));
       xm = fmaxf(xm, __shfl_xor_sync(0xffffffffu, xm, 2));
       mblk[r] = xm;
@@ -287,10 +322,14 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   // 448 p, its row sums and the e4m3 A fragments
   auto exps_pack = [&](const int kb, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
-    float mshift[2] = {mblk[0] - rowmath::kLog2Fp8Max, mblk[1] - rowmath::kLog2Fp8Max};
-    if constexpr (MAGIC != 0) {
-      mshift[0] = fmaf(kMagicF, sqk[0], mshift[0]);
-      mshift[1] = fmaf(kMagicF, sqk[1], mshift[1]);
+    float mshift[NSUB][2];
+#pragma unroll
+    for (int hf = 0; hf < NSUB; ++hf) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mshift[hf][r] = mblk[r] - rowmath::kLog2Fp8Max;
+        if constexpr (MAGIC != 0) mshift[hf][r] = fmaf(kMagicF, sqk[hf][r], mshift[hf][r]);
+      }
     }
     float ls[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
@@ -299,11 +338,13 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int j = 4 * k + jj;
+        const int hf = j / NTS, jl = j % NTS;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
-          const float sf = MAGIC != 0 ? __uint_as_float(sacc[4 * j + e]) : __int2float_rn((int)sacc[4 * j + e]);
-          float v = rowmath::ex2(fmaf(sf, sqk[r], -mshift[r]));
+          const uint32_t raw = sacc[hf][4 * jl + e];
+          const float sf = MAGIC != 0 ? __uint_as_float(raw) : __int2float_rn((int)raw);
+          float v = rowmath::ex2(fmaf(sf, sqk[hf][r], -mshift[hf][r]));
           if constexpr (PARTIAL) {
             const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
             if (key >= kv_len) v = 0.f;
