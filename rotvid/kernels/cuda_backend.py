@@ -21,8 +21,7 @@ On sm90 the default is ``"wgmma"`` (block size :func:`default_block_n`); elsewhe
 
 The ``int8-fp8`` recipe: INT8 Q per token and K per group of 32 keys per 128-key block (the keys one thread
 holds: one scale per thread and row), P and V in FP8 e4m3 (V one scale per channel, applied with 1/l in the
-epilogue), key blocks of 128 (192 in the Hopper kernel at head_dim 64: :func:`int8fp8_block_n`; the block max is
-part of the numerics); operands from :func:`preprocess_int8fp8_cuda` (``vt`` holds e4m3 bytes in the
+epilogue), key blocks of 128; operands from :func:`preprocess_int8fp8_cuda` (``vt`` holds e4m3 bytes in the
 s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]). Two kernels of the same numerics (ArchEntry.int8fp8):
 
 * ``"wgmma"`` (sm90, the default there; ``csrc/int8fp8_attention_wgmma.cuh``): s8 and e4m3 wgmma, TMA.
@@ -99,10 +98,7 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 RECIPE_P_MODE = {"int4": "range", "int4-sym-p": "sym"}
 INT8FP8_RECIPE = "int8-fp8"
-INT8FP8_BLOCK_N = 128  # the int8-fp8 K groups' block, the padding, and the mma.sync kernel's key block
-# The Hopper (wgmma) kernel's key block per head_dim. At 64, blocks of 192 keys run 4.7% faster on an H100 than 128
-# (RESULTS.md, session 10); at 128 the larger blocks spill. Mirrors launch8_dim in csrc/attn_int8fp8_wgmma.cu.
-INT8FP8_WGMMA_BLOCK_N = {64: 192, 128: 128}
+INT8FP8_BLOCK_N = 128  # the int8-fp8 kernel's key block (part of the numerics: the reference takes the same)
 INT8FP8_PATHS = ("wgmma", "mma")
 P_MODES = {"range": 0, "sym": 1}
 MAGIC_I = 0x4B400000
@@ -585,15 +581,6 @@ def int4_attention_cuda(
     )
 
 
-def int8fp8_block_n(head_dim: int, path: str) -> int:
-    """Keys per block of the int8-fp8 kernel on ``path`` (``"wgmma"`` / ``"mma"``) at ``head_dim``.
-
-    The block max that P is taken against is part of the recipe's numerics, so the reference twin
-    (:func:`rotvid.kernels.reference.attention_int8fp8_from_quantized`, or ``attention_reference(recipe="int8-fp8",
-    block_n=...)``) takes the same block to reproduce a kernel's output."""
-    return INT8FP8_WGMMA_BLOCK_N.get(head_dim, INT8FP8_BLOCK_N) if path == "wgmma" else INT8FP8_BLOCK_N
-
-
 def int8fp8_path_for(cap: tuple[int, int], path: str | None = None) -> str:
     """The int8-fp8 kernel that runs on compute capability ``cap``: ``path`` (``"wgmma"`` or ``"mma"``) if it runs
     there, ``None`` -> the arch table's default (``"wgmma"`` on sm90, ``"mma"`` on sm89); ValueError naming why not."""
@@ -953,8 +940,7 @@ class CudaBackend:
         kernels = f"{entry.path} path" + (", wgmma kernel (default)" if entry.wgmma else "")
         kernels += f", block_n {default_block_n()} by default"
         if entry.int8fp8:
-            blocks = ", ".join(f"{int8fp8_block_n(d, entry.int8fp8[0])} at head_dim {d}" for d in SUPPORTED_HEAD_DIMS)
-            kernels += f"; int8-fp8 kernels {'/'.join(entry.int8fp8)} ({entry.int8fp8[0]} by default, block_n {blocks})"
+            kernels += f"; int8-fp8 kernels {'/'.join(entry.int8fp8)} ({entry.int8fp8[0]} by default, block_n 128)"
             if not entry.wgmma:
                 kernels += ", the mma.sync kernel's speed on Ada unmeasured"
         return f"available ({kernels})"
@@ -982,12 +968,10 @@ class CudaBackend:
         bm, bn = opts.get("block_m"), opts.get("block_n")
         if bm is not None and bm != BLOCK_M:
             return f"block_m={bm} (the kernel uses {BLOCK_M})"
-        if recipe == INT8FP8_RECIPE and bn is not None:
-            bn8 = int8fp8_block_n(d, int8fp8_path_for(_capability(q.device)))
-            if bn != bn8:
-                return f"block_n={bn} (the int8-fp8 kernel uses {bn8} at head_dim {d})"
-        elif bn is not None and bn not in SUPPORTED_BLOCK_N:
+        if bn is not None and bn not in SUPPORTED_BLOCK_N:
             return f"block_n={bn} (the kernel takes {SUPPORTED_BLOCK_N})"
+        if recipe == INT8FP8_RECIPE and bn is not None and bn != INT8FP8_BLOCK_N:
+            return f"block_n={bn} (the int8-fp8 kernel uses {INT8FP8_BLOCK_N})"
         if any(t.stride(-1) != 1 for t in (q, k, v)):
             return "a non-contiguous head_dim (stride(-1) != 1)"
         if any(st % 8 for t in (q, k, v) for st in t.stride()[:3]):

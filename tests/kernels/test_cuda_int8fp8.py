@@ -56,14 +56,12 @@ def key_scales(k_groups, n_kv):
     return k_groups[:, :, j // 128, k_group_of_key(j)].unsqueeze(-1)
 
 
-def twin(kq, n_q, n_kv, kv_lens, path="wgmma"):
-    """The reference twin on the kernel's own operands (padded rows dropped), with the key block of ``path``'s kernel
-    at this head_dim (:func:`int8fp8_block_n`: the block max is part of the numerics)."""
+def twin(kq, n_q, n_kv, kv_lens):
+    """The reference twin on the kernel's own operands (padded rows dropped)."""
     return attention_int8fp8_from_quantized(
         kq.q_hat[:, :, :n_q], kq.q_scale[:, :, :n_q, None], kq.k_hat[:, :, :n_kv], key_scales(kq.k_scale, n_kv),
         unpermute_v8(kq.vt, n_kv), kq.vparams[:, :, None, :],
-        v_mean=kq.v_mean[:, :, None, :] if kq.v_mean.numel() else None, kv_lens=kv_lens,
-        block_n=cb().int8fp8_block_n(kq.q_hat.shape[-1], path),
+        v_mean=kq.v_mean[:, :, None, :] if kq.v_mean.numel() else None, kv_lens=kv_lens, block_n=128,
     )
 
 
@@ -124,7 +122,7 @@ def test_kernel_matches_twin_on_same_quantized_inputs(case, split_tail):
     # and the end-to-end function agrees with the reference recipe on the raw inputs (fp32 rounding apart)
     full = cb().int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
     rec = attention_reference(q.float(), k.float(), v.float(), recipe="int8-fp8", layout=layout, kv_lens=kv_lens,
-                              block_n=cb().int8fp8_block_n(d, "wgmma"), smooth_k=smooth_k, smooth_v=smooth_v)
+                              block_n=128, smooth_k=smooth_k, smooth_v=smooth_v)
     assert metrics.cosine_similarity(to_bhnd(rec, layout).float(), to_bhnd(full, layout).float()) >= 0.9999
 
 
@@ -144,11 +142,6 @@ def test_dispatcher_runs_int8fp8_on_cuda_and_refuses_block_n():
     backend = cb().CudaBackend()
     assert backend.unsupported_reason(q, k, v, recipe="int8-fp8") is None
     assert "block_n=64" in backend.unsupported_reason(q, k, v, recipe="int8-fp8", block_n=64)
-    assert backend.unsupported_reason(q, k, v, recipe="int8-fp8", block_n=128) is None
-    # at head_dim 64 the Hopper kernel takes blocks of 192 keys: a reference asked for 128 is told so
-    q6, k6, v6 = (t[..., :64].contiguous() for t in (q, k, v))
-    assert "uses 192 at head_dim 64" in backend.unsupported_reason(q6, k6, v6, recipe="int8-fp8", block_n=128)
-    assert backend.unsupported_reason(q6, k6, v6, recipe="int8-fp8", block_n=192) is None
     a = attention(q, k, v, recipe="int8-fp8", backend="auto")
     bb = attention(q, k, v, recipe="int8-fp8", backend="cuda")
     assert torch.equal(a, bb)

@@ -65,7 +65,7 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
     if (variant == 42) return launch8_d<D, 3, 2, 1, 2, 192, 0>(p, stream);  // d64: 16 B, d128: ~1 KB spill
     if (variant == 43) return launch8_d<D, 3, 2, 0, 2, 192, 0>(p, stream);  // d64: 16 B, d128: ~1 KB spill
     if (variant == 44) return launch8_d<D, 3, 2, 0, 2, 256, 0>(p, stream);  // d64: 96 B, d128: ~1 KB spill
-    if (variant == 50) return launch8_d<D, 3, 2, 1, 2, 128, M>(p, stream);  // the default before session 10
+    if (variant == 50) return launch8_d<D, 3, 2, 1, 2, 128, M>(p, stream);  // = the default (for A/B in one build)
   }
 #endif
   // H100, int8fp8_variants.py (attention only, one run): ping-pong 2 + PIPE 1 with 3 stages at both head dims --
@@ -73,15 +73,11 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
   // Three consumer warpgroups (variants 6-9) spill ~1 KB per thread at 160 registers: 422-469 / 316-351.
   // H200, session 6: scores to float without I2F (MAGIC 1) at head_dim 64 504 -> 552 TOP/s (CogVideoX-5B, two rounds);
   // at head_dim 128 within noise (848-859 vs 844-849 at Wan2.1-1.3B, 860 vs 865 at Wan 14B 720p): kept at I2F there.
-  // H100, session 10 (int8fp8_blocks.py, two interleaved rounds): key blocks of 192 at head_dim 64 -- CogVideoX-5B
-  // 552 -> 578 TOP/s (variant 42; 256-key blocks serialize their wgmmas, C7512); at head_dim 128 blocks of 192 / 256
-  // spill ~1 KB (or, scores without I2F, get warpgroup arrives injected, C7519) and run 40% slower: kept at 128.
-  // The key block is part of the numerics: cuda_backend.INT8FP8_WGMMA_BLOCK_N mirrors this choice.
-  if constexpr (D == 64) {
-    return launch8_d<D, 3, 2, 1, 2, 192, 0>(p, stream);
-  } else {
-    return launch8_d<D, 3, 2, 1, 2, 128, 0>(p, stream);
-  }
+  // H100, session 10 (int8fp8_blocks.py, int8fp8_block_error.py): key blocks of 192 at head_dim 64 (variant 42) run
+  // CogVideoX-5B at 571 vs 553 TOP/s (+3.3%, three interleaved rounds) but cost 0.1 dB against float64 (the block max
+  // is part of the numerics): not kept. At head_dim 128 blocks of 192 / 256 spill ~1 KB (or, scores without I2F, get
+  // warpgroup arrives injected, C7519) and run 40% slower. 256-key blocks at 64 serialize their wgmmas (C7512).
+  return launch8_d<D, 3, 2, 1, 2, 128, D == 64 ? 1 : 0>(p, stream);
 }
 
 }  // namespace

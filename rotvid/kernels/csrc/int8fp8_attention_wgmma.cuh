@@ -1,7 +1,7 @@
 // The int8-fp8 recipe on Hopper's warpgroup tensor cores (sm90a: wgmma, TMA, mbarriers): INT8 Q/K per token,
 // P and V in FP8 e4m3 (V one scale per channel), FP32 accumulation across key blocks. Numerics of
-// rotvid.kernels.reference (recipe "int8-fp8"), per key block of BN keys (128; 192 at head_dim 64, see Cfg and
-// launch8_dim -- the block max is part of the numerics):
+// rotvid.kernels.reference (recipe "int8-fp8"), per key block of BN = 128 keys (192 and 256 in tuning variants only,
+// see Cfg and launch8_dim -- the block max is part of the numerics):
 //   S = Q^ K^T (s8 wgmma, int32, exact; K^ with one scale ks per group of 32 keys -- the keys one thread holds),
 //   m_blk = max over the row of float(S) * (sq ks) (sq = q_scale * qk_scale; the max taken on the integers),
 //   P8 = e4m3(448 * exp2(float(S) sq ks - m_blk)) -- computed as ex2(x sq - (m_blk - log2 448)), so 448 is exact in
