@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
         const int kb = kb0 + i;
 #pragma unroll
         for (int hf = 0; hf < NSUB; ++hf) {
-          // a sub-block past Nkv_pad (the last block of 192 / 256 keys): K rows of the next head or past the map (zeros),
-          // V^T columns past the map (zeros), the first sub-block's scales again -- all of them masked keys
+          // a sub-block past Nkv_pad (the last block of 192 / 256 keys): K rows of the next head or past the map
+          // (zeros), V^T columns past the map (zeros), the first sub-block's scales again -- all of them masked keys
           const int key0 = kb * kBN + hf * SUBN;
           wg::tma_load_2d(s_k(s) + hf * SUBN * D, &tm_k, 0, bh * p.Nkv_pad + key0, full_bar(s));
           wg::tma_load_2d(s_v(s) + hf * D * SUBN, &tm_v, key0, bh * D, full_bar(s));
