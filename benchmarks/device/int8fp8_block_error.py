@@ -2,7 +2,8 @@
 reference twin and against float64 attention, for two variants of different key blocks on the same inputs, over
 seeds (the FP8 wgmma accumulator keeps fewer bits than FP32: a longer P.V chain per block adds rounding).
 
-    ROTVID_EXT_CUDA_FLAGS=-DROTVID_INT8FP8_VARIANTS python benchmarks/device/int8fp8_block_error.py --variants 50:128,0:192
+    ROTVID_EXT_CUDA_FLAGS=-DROTVID_INT8FP8_VARIANTS \
+        python benchmarks/device/int8fp8_block_error.py --variants 50:128,0:192
 """
 import argparse
 import os
@@ -14,8 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from rotvid.kernels import cuda_backend as cb, metrics  # noqa: E402
 from tests.kernels.helpers import attention_fp64  # noqa: E402
-from tests.kernels.test_cuda_int8fp8 import key_scales, unpermute_v8  # noqa: E402
-from rotvid.kernels.reference import attention_int8fp8_from_quantized  # noqa: E402
+from tests.kernels.test_cuda_int8fp8 import twin  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--variants", default="50:128,0:192", help="variant:block_n pairs")
@@ -33,10 +33,7 @@ for sv in (False, True):
         truth = attention_fp64(q, k, v)
         for var, bn in pairs:
             os.environ["ROTVID_INT8FP8_VARIANT"] = str(var)
-            ref = attention_int8fp8_from_quantized(
-                kq.q_hat[:, :, : args.n], kq.q_scale[:, :, : args.n, None], kq.k_hat[:, :, : args.n],
-                key_scales(kq.k_scale, args.n), unpermute_v8(kq.vt, args.n), kq.vparams[:, :, None, :],
-                v_mean=kq.v_mean[:, :, None, :] if kq.v_mean.numel() else None, block_n=bn)
+            ref = twin(kq, args.n, args.n, None, block_n=bn)
             got = cb.attention_int8fp8_quantized(kq, n_q=args.n, n_kv=args.n, head_dim=args.d, split_tail=False).float()
             rows[var][0].append(metrics.relative_l2(ref.float(), got))
             rows[var][1].append(metrics.relative_l2(truth.float(), got))

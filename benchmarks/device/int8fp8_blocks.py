@@ -17,8 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.kernel_bench import SHAPES, time_ms  # noqa: E402
 from rotvid.kernels import cuda_backend as cb  # noqa: E402
-from rotvid.kernels.reference import attention_int8fp8_from_quantized  # noqa: E402
-from tests.kernels.test_cuda_int8fp8 import key_scales, unpermute_v8  # noqa: E402
+from tests.kernels.test_cuda_int8fp8 import twin  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--variants", default="0,40,41")
@@ -29,14 +28,6 @@ args = ap.parse_args()
 variants = args.variants.split(",")
 
 
-def twin(kq, n_q, n_kv, kv_lens, block_n):
-    return attention_int8fp8_from_quantized(
-        kq.q_hat[:, :, :n_q], kq.q_scale[:, :, :n_q, None], kq.k_hat[:, :, :n_kv], key_scales(kq.k_scale, n_kv),
-        unpermute_v8(kq.vt, n_kv), kq.vparams[:, :, None, :],
-        v_mean=kq.v_mean[:, :, None, :] if kq.v_mean.numel() else None, kv_lens=kv_lens, block_n=block_n,
-    )
-
-
 # (b, h, n, d, kv_lens, smooth_v)
 CHECKS = [(1, 2, 2000, 128, None, True), (2, 2, 1100, 128, [1100, 333], False), (1, 1, 4099, 64, None, False),
           (2, 3, 1025, 64, [1025, 129], True), (1, 1, 97, 128, None, False)]
@@ -45,7 +36,7 @@ for b, h, n, d, lens, sv in CHECKS:
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     kv_lens = torch.tensor(lens, device="cuda", dtype=torch.int32) if lens else None
     kq = cb.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=sv)
-    refs = {bn: twin(kq, n, n, kv_lens, bn).float() for bn in (128, 192, 256)}
+    refs = {bn: twin(kq, n, n, kv_lens, block_n=bn).float() for bn in (128, 192, 256)}
     for var in variants:
         os.environ["ROTVID_INT8FP8_VARIANT"] = var
         for split in (False, True):

@@ -56,12 +56,13 @@ def key_scales(k_groups, n_kv):
     return k_groups[:, :, j // 128, k_group_of_key(j)].unsqueeze(-1)
 
 
-def twin(kq, n_q, n_kv, kv_lens):
-    """The reference twin on the kernel's own operands (padded rows dropped)."""
+def twin(kq, n_q, n_kv, kv_lens, block_n=128):
+    """The reference twin on the kernel's own operands (padded rows dropped); ``block_n``: keys per block (the
+    kernel's 128; other sizes for the tuning variants)."""
     return attention_int8fp8_from_quantized(
         kq.q_hat[:, :, :n_q], kq.q_scale[:, :, :n_q, None], kq.k_hat[:, :, :n_kv], key_scales(kq.k_scale, n_kv),
         unpermute_v8(kq.vt, n_kv), kq.vparams[:, :, None, :],
-        v_mean=kq.v_mean[:, :, None, :] if kq.v_mean.numel() else None, kv_lens=kv_lens, block_n=128,
+        v_mean=kq.v_mean[:, :, None, :] if kq.v_mean.numel() else None, kv_lens=kv_lens, block_n=block_n,
     )
 
 
