@@ -2,8 +2,8 @@
 reference twin and against float64 attention, for two variants of different key blocks on the same inputs, over
 seeds (the FP8 wgmma accumulator keeps fewer bits than FP32: a longer P.V chain per block adds rounding).
 
-    ROTVID_EXT_CUDA_FLAGS=-DROTVID_INT8FP8_VARIANTS \
-        python benchmarks/device/int8fp8_block_error.py --variants 50:128,0:192
+    export ROTVID_EXT_CUDA_FLAGS=-DROTVID_INT8FP8_VARIANTS
+    python benchmarks/device/int8fp8_block_error.py --variants 50:128,0:192
 """
 import argparse
 import os
