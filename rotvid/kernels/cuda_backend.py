@@ -58,11 +58,14 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from rotvid.kernels.reference import LOG2E, QuantizedQKV, to_bhnd
+
+if TYPE_CHECKING:
+    from rotvid.rope.fused_table import GeneralizedRopeTable
 
 logger = logging.getLogger(__name__)
 
@@ -316,13 +319,15 @@ def _int8fp8_preprocess_op(
     bnhd: bool,
     smooth_k: bool,
     smooth_v: bool,
+    rope_coef: torch.Tensor | None = None,
+    rope_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     ext = load_extension(q.device)
-    return tuple(ext.preprocess_int8fp8(q, k, v, kv_lens, bnhd, smooth_k, smooth_v))
+    return tuple(ext.preprocess_int8fp8(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef, rope_index))
 
 
 @_int8fp8_preprocess_op.register_fake
-def _(q, k, v, kv_lens, bnhd, smooth_k, smooth_v):
+def _(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef=None, rope_index=None):
     if bnhd:
         b, n_q, h, d = q.shape
         n_kv = k.shape[1]
@@ -617,9 +622,16 @@ def preprocess_int8fp8_cuda(
     kv_lens: torch.Tensor | None = None,
     smooth_k: bool = True,
     smooth_v: bool = False,
+    rope: GeneralizedRopeTable | None = None,
 ) -> KernelQKV:
     """Pre-processing of the int8-fp8 recipe on an sm89 / sm90 GPU (the same operands for both kernels): K/V
     smoothing, INT8 Q per token and K per group of 32 keys per 128-key block, per-channel FP8 V.
+
+    ``rope``: a generalized RoPE table (:func:`rotvid.rope.fused_table.fuse_rope_and_rotation`) shared by the heads
+    ([N, D, 4]); Q and K are then RoPE·R-rotated inside the pre-processing (Q rotated and quantized in one pass, K
+    rotated once with its smoothing sums taken on the way), with the bits of
+    ``preprocess_int8fp8_cuda(apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), v)`` and without
+    their separate RoPE·R pass (:func:`rope_fusion_unsupported` says when it applies).
 
     Inputs as :func:`preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose ``k_scale`` holds the K group
     scales fp32 [B, H, Nkv_pad / 128, 4] (:func:`rotvid.kernels.quantize.quantize_k_groups_int8`), ``vt`` the e4m3 bytes of V̂
@@ -633,8 +645,43 @@ def preprocess_int8fp8_cuda(
     """
     _check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     _check_int8fp8_device(q.device)
-    out = _int8fp8_preprocess_op(q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", smooth_k, smooth_v)
+    coef = index = None
+    if rope is not None:
+        reason = rope_fusion_unsupported(q, k, rope, layout=layout)
+        if reason:
+            raise ValueError(f"rope: {reason}")
+        coef = rope.coef.to(device=q.device, dtype=torch.float32).contiguous()
+        index = rope.index.to(device=q.device, dtype=torch.int32).contiguous()
+    out = _int8fp8_preprocess_op(
+        q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", smooth_k, smooth_v, coef, index
+    )
     return KernelQKV(*out)
+
+
+# The rotated K's scratch and the K CTA's float64 sums ([H, D] doubles in shared memory) bound the heads.
+ROPE_FUSION_MAX_HD = 16384
+
+
+def rope_fusion_unsupported(q: torch.Tensor, k: torch.Tensor, rope, *, layout: str = "BHND") -> str:
+    """Why the int8-fp8 pre-processing cannot apply ``rope`` itself ("" when it can): a table shared by the heads
+    ([N, D, 4], N = the queries = the keys), head_dim 64 or 128, at most ``ROPE_FUSION_MAX_HD`` heads x head_dim,
+    rows on 16-byte boundaries. Shapes and strides only (a constant of a compiled graph)."""
+    bq, hq, nq, d = q.shape if layout == "BHND" else (q.shape[0], q.shape[2], q.shape[1], q.shape[3])
+    nk = k.shape[2] if layout == "BHND" else k.shape[1]
+    coef = getattr(rope, "coef", None)
+    if coef is None or getattr(rope, "index", None) is None:
+        return f"expected a GeneralizedRopeTable, got {type(rope).__name__}"
+    if coef.dim() != 3:
+        return f"a per-head table {tuple(coef.shape)} (the pre-processing takes one table [N, D, 4] for all heads)"
+    if tuple(coef.shape) != (nq, d, 4) or nq != nk:
+        return f"a table of shape {tuple(coef.shape)} for {nq} queries and {nk} keys of head_dim {d} (expected ({nq}, {d}, 4) and N_q == N_kv)"
+    if d not in ROPE_HEAD_DIMS:
+        return f"head_dim {d} (RoPE·R in the pre-processing takes {ROPE_HEAD_DIMS})"
+    if hq * d > ROPE_FUSION_MAX_HD:
+        return f"{hq} heads x head_dim {d} > {ROPE_FUSION_MAX_HD}"
+    if any(st % 8 for t in (q, k) for st in t.stride()[:3]):
+        return "strides that are not multiples of 8 elements (rows not 16-byte aligned)"
+    return ""
 
 
 def attention_int8fp8_quantized(
@@ -687,12 +734,16 @@ def int8fp8_attention_cuda(
     smooth_k: bool = True,
     smooth_v: bool = False,
     path: str | None = None,
+    rope: GeneralizedRopeTable | None = None,
 ) -> torch.Tensor:
-    """Pre-processing + int8-fp8 attention on an sm89 / sm90 GPU (``path`` as :func:`attention_int8fp8_quantized`);
-    output has q's shape, layout and dtype."""
+    """Pre-processing + int8-fp8 attention on an sm89 / sm90 GPU (``path`` as :func:`attention_int8fp8_quantized`,
+    ``rope``: RoPE·R applied to q and k inside the pre-processing, as :func:`preprocess_int8fp8_cuda`); output has
+    q's shape, layout and dtype."""
     qb, qh, qn, qd, kn = _check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     path = _check_int8fp8_device(q.device, path)
-    qkv = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
+    qkv = preprocess_int8fp8_cuda(
+        q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v, rope=rope
+    )
     return attention_int8fp8_quantized(
         qkv, n_q=qn, n_kv=kn, head_dim=qd, kv_lens=kv_lens, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout,
         path=path,
@@ -981,15 +1032,24 @@ class CudaBackend:
             return "a data pointer that is not 16-byte aligned"
         return None
 
+    def fuses_rope(self, q, k, rope, *, recipe="int4", layout="BHND") -> bool:
+        """True when :meth:`run` applies ``rope`` (RoPE·R) inside its pre-processing: the int8-fp8 recipe with a
+        table :func:`rope_fusion_unsupported` accepts. (The dispatcher rotates q and k first otherwise.)"""
+        return recipe == INT8FP8_RECIPE and not rope_fusion_unsupported(q, k, rope, layout=layout)
+
     def run(self, q, k, v, *, recipe="int4", layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True,
-            smooth_q=False, smooth_v=False, block_m=None, block_n=None, q_block=None) -> torch.Tensor:
+            smooth_q=False, smooth_v=False, block_m=None, block_n=None, q_block=None, rope=None) -> torch.Tensor:
         why = self.unsupported_reason(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, smooth_q=smooth_q,
                                       block_m=block_m, block_n=block_n, q_block=q_block)
         if why is not None:
             raise ValueError(f"backend: 'cuda' cannot run this call: {why}")
+        if rope is not None and not self.fuses_rope(q, k, rope, recipe=recipe, layout=layout):
+            raise ValueError(f"rope: the CUDA backend cannot apply it in the pre-processing of recipe {recipe!r} "
+                             "(rotate q and k first: rotvid.rope.fused_table.apply_generalized_rope)")
         if recipe == INT8FP8_RECIPE:
             return int8fp8_attention_cuda(
-                q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k, smooth_v=smooth_v
+                q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k, smooth_v=smooth_v,
+                rope=rope,
             )
         return int4_attention_cuda(
             q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=RECIPE_P_MODE[recipe],

@@ -161,6 +161,7 @@ def attention(
     block_m: int | None = None,
     block_n: int | None = None,
     q_block: int | None = None,
+    rope=None,
 ) -> torch.Tensor:
     """Quantized attention ``softmax(q kᵀ · sm_scale) v`` under a recipe, on a chosen backend.
 
@@ -181,6 +182,11 @@ def attention(
             with the reference, pass the same ``block_n``.
         q_block: query rows per Q-smoothing mean; None (default): one mean per head over all query
             rows, the CUDA kernels' Q smoothing (a block size runs on the reference only).
+        rope: a :class:`rotvid.rope.fused_table.GeneralizedRopeTable` (RoPE·R): q and k are
+            un-rotated and the call attends ``apply_generalized_rope(q, rope)`` and ``(k, rope)``.
+            The CUDA backend applies it inside the int8-fp8 pre-processing (same bits, no separate
+            pass, :func:`rotvid.kernels.cuda_backend.rope_fusion_unsupported` says when);
+            otherwise q and k are rotated here first.
 
     Returns:
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in
@@ -198,7 +204,34 @@ def attention(
     chosen, reason = select_backend(q, k, v, backend=backend, **opts)
     if not torch.compiler.is_compiling():  # a logging call would break a compiled graph
         logger.debug("attention backend: %s", reason)
+    if rope is not None:
+        _check_rope(rope, q, k, layout)
+        fuses = getattr(chosen, "fuses_rope", None)
+        if fuses is not None and fuses(q, k, rope, recipe=recipe, layout=layout):
+            return chosen.run(q, k, v, rope=rope, **opts)
+        q, k = _rotate(q, rope, layout), _rotate(k, rope, layout)
     return chosen.run(q, k, v, **opts)
+
+
+def _check_rope(rope, q: torch.Tensor, k: torch.Tensor, layout: str) -> None:
+    from rotvid.rope.fused_table import GeneralizedRopeTable
+
+    if not isinstance(rope, GeneralizedRopeTable):
+        raise ValueError(f"rope: expected a GeneralizedRopeTable or None, got {type(rope).__name__}")
+    _, _, nq, d = reference.to_bhnd(q, layout).shape
+    nk = reference.to_bhnd(k, layout).shape[2]
+    if rope.num_tokens != nq or rope.num_tokens != nk or rope.head_dim != d:
+        raise ValueError(
+            f"rope: a table for {rope.num_tokens} tokens of head_dim {rope.head_dim}, the call has {nq} queries, "
+            f"{nk} keys and head_dim {d}"
+        )
+
+
+def _rotate(x: torch.Tensor, rope, layout: str) -> torch.Tensor:
+    from rotvid.rope.fused_table import apply_generalized_rope
+
+    out = apply_generalized_rope(reference.to_bhnd(x, layout), rope)
+    return out if layout == "BHND" else out.transpose(1, 2)  # (a view: the backends take strided layouts)
 
 
 def describe_backends() -> dict[str, str]:

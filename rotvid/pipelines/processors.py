@@ -5,7 +5,9 @@ Each processor mirrors, line for line, the maths of the diffusers processor it r
 for two steps:
 
 * the RoPE step becomes RoPE·R on the video tokens and R alone on the text tokens
-  (:class:`~rotvid.pipelines.qk_rotation.QKRotator`);
+  (:class:`~rotvid.pipelines.qk_rotation.QKRotator`); where RoPE covers every token through one
+  table (Wan), the table goes to the attention call instead, and the int8-fp8 CUDA pre-processing
+  applies it in its own pass (no separate RoPE·R pass; the FP16 path rotates first);
 * the attention call goes through :meth:`~rotvid.pipelines.runtime.Runtime.attend`, which runs
   the quantized recipe or — by the schedule or as a recorded fallback — the model's own
   attention function on the same rotated tensors (diffusers' ``dispatch_attention_fn`` with the
@@ -32,6 +34,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from rotvid.pipelines.context_parallel import ulysses_attend, ulysses_group
 from rotvid.pipelines.qk_rotation import QKRotator
 from rotvid.pipelines.runtime import AttentionSite, Runtime
+from rotvid.rope.fused_table import apply_generalized_rope
 
 __all__ = [
     "RotvidProcessorBase",
@@ -97,14 +100,23 @@ class RotvidProcessorBase:
         ``fp16`` runs the model's own attention on (q, k, v, mask); default: diffusers' dispatcher.
         Returns BHND.
         """
+        fp16 = self._dispatch_fp16 if fp16 is None else fp16
+        group = ulysses_group(self._parallel_config)
+        table = None
+        if group is None and not self.runtime.observers:
+            table = self.rotator.deferred_table(q, rope, span)
+        if table is not None:
+            # RoPE·R left to the call: the int8-fp8 CUDA pre-processing applies it itself; FP16 rotates here.
+            def fp16_rotated():
+                return fp16(apply_generalized_rope(q, table), apply_generalized_rope(k, table), v, mask)
+
+            return self.runtime.attend(self.site, q, k, v, mask=mask, fp16_attention=fp16_rotated, rope=table)
         q = self.rotator.rotate(q, rope, span)
         k = self.rotator.rotate(k, rope, span)
-        fp16 = self._dispatch_fp16 if fp16 is None else fp16
 
         def attend(q, k, v, mask):
             return self.runtime.attend(self.site, q, k, v, mask=mask, fp16_attention=lambda: fp16(q, k, v, mask))
 
-        group = ulysses_group(self._parallel_config)
         if group is None:
             return attend(q, k, v, mask)
         if self.runtime.observers:

@@ -109,6 +109,21 @@ class QKRotator:
             return x
         return self.rotation.apply(x)
 
+    def deferred_table(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, span: tuple[int, int]
+    ) -> GeneralizedRopeTable | None:
+        """The table that :meth:`rotate` would apply to ``x`` as ``apply_generalized_rope(x, table)``, when that is
+        all it does: the fused path, RoPE on every token (``span`` = all of x's), one table for all heads. The
+        caller may then hand the table on (the int8-fp8 pre-processing applies it itself) and rotate only where
+        it must. ``None`` otherwise (a text span, ``full``, per-block or per-head rotations): rotate first."""
+        if not self.fuse or rope is None or tuple(span) != (0, x.shape[-2]):
+            return None
+        cos, sin = rope
+        if as_token_table(cos, "cos").shape[0] != x.shape[-2]:
+            return None  # (rotate raises the error)
+        table = self._table(cos, sin, _compute_dtype(x))
+        return table if table.coef.dim() == 3 else None
+
     def rotate(
         self,
         x: torch.Tensor,

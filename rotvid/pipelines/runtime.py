@@ -320,19 +320,27 @@ class Runtime:
         *,
         mask: torch.Tensor | None,
         fp16_attention: Callable[[], torch.Tensor],
+        rope=None,
     ) -> torch.Tensor:
         """Run one self-attention.
 
         Args:
             site: where the call sits.
-            q, k, v: [B, H, N, D] (BHND), rotated, in the model's dtype.
+            q, k, v: [B, H, N, D] (BHND), rotated (or, with ``rope``, still to be rotated), in the model's dtype.
             mask: the attention mask the model passed (``None`` for none).
-            fp16_attention: runs the model's own attention on (q, k, v, mask), returns BHND.
+            fp16_attention: runs the model's own attention on the rotated (q, k, v, mask), returns BHND.
+            rope: ``None``, or the RoPE·R table (:class:`~rotvid.rope.fused_table.GeneralizedRopeTable`) still to
+                be applied to q and k: the quantized call hands it to :func:`rotvid.kernels.attention`, whose
+                CUDA int8-fp8 pre-processing applies it itself (one pass less), and ``fp16_attention`` rotates.
 
         Returns:
             [B, H, N_q, D] in q's dtype.
         """
         compiling = torch.compiler.is_compiling()
+        if self.observers and rope is not None:  # observers see rotated tensors
+            from rotvid.rope.fused_table import apply_generalized_rope
+
+            q, k, rope = apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), None
         if self.observers:
             if compiling:
                 raise RuntimeError("rotvid: calibration observers cannot run under torch.compile; calibrate eagerly")
@@ -384,7 +392,7 @@ class Runtime:
             return fp16_attention()
         if run is None and ok is None:
             counters.add("quantized", why)
-            return attention_into_bnhd(q, k, v, backend=backend.name, kv_lens=kv_lens, **opts)
+            return attention_into_bnhd(q, k, v, backend=backend.name, kv_lens=kv_lens, rope=rope, **opts)
         # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.
         take = run if ok is None else (ok if run is None else run & ok)
         counters.add("quantized", why, take)
@@ -393,7 +401,9 @@ class Runtime:
         operands = (q, k, v) if kv_lens is None else (q, k, v, kv_lens)
 
         def quantized(q, k, v, *lens):
-            return kernels.attention(q, k, v, backend=backend.name, kv_lens=lens[0] if lens else None, **opts)
+            return kernels.attention(
+                q, k, v, backend=backend.name, kv_lens=lens[0] if lens else None, rope=rope, **opts
+            )
 
         def fp16(q, k, v, *lens):
             return fp16_attention()

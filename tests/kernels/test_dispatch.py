@@ -55,3 +55,28 @@ def test_auto_on_cpu_picks_reference_and_says_why():
     assert reason.startswith("reference (auto; cuda:")
     out = attention(q, k, v)  # auto works on CPU
     assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_rope_argument_rotates_q_and_k_on_the_reference_backend():
+    """``attention(..., rope=table)`` attends the RoPE·R-rotated q and k (rotated in the dispatcher when the backend
+    does not apply the table itself), in both layouts; a table of the wrong size is refused, naming ``rope``."""
+    from rotvid.rope.fused_table import apply_generalized_rope, fuse_rope_and_rotation
+    from rotvid.rope.rotations import make_rotation
+    from rotvid.rope.tables import rope_table_3d
+
+    cos, sin = rope_table_3d("wan", (2, 3, 4), 128)
+    table = fuse_rope_and_rotation(cos, sin, make_rotation("half", 128, (44, 42, 42))).to(dtype=torch.float32)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 24, 128, generator=g) for _ in range(3))
+    want = attention(apply_generalized_rope(q, table), apply_generalized_rope(k, table), v, recipe="int8-fp8",
+                     backend="reference", block_n=128)
+    got = attention(q, k, v, recipe="int8-fp8", backend="reference", block_n=128, rope=table)
+    assert torch.equal(got, want)
+    t = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731
+    got_bnhd = attention(t(q), t(k), t(v), recipe="int8-fp8", backend="reference", block_n=128, layout="BNHD",
+                         rope=table)
+    assert torch.equal(got_bnhd.transpose(1, 2), want)
+    with pytest.raises(ValueError, match="rope: a table for 24 tokens"):
+        attention(q[:, :, :20], k[:, :, :20], v[:, :, :20], recipe="int8-fp8", backend="reference", rope=table)
+    with pytest.raises(ValueError, match="rope: expected a GeneralizedRopeTable"):
+        attention(q, k, v, recipe="int8-fp8", backend="reference", rope=(cos, sin))

@@ -127,3 +127,36 @@ def test_tiny_wan_transformer_under_cuda_graphs_matches_eager(tmp_path):
     assert calls == 5 * calls_eager, (calls, calls_eager)
     report = handle.report
     assert report.fallback_calls == 0 and report.quantized_calls == report.total_calls
+
+
+@pytest.mark.gpu
+def test_tiny_wan_rope_in_the_preprocessing_equals_the_rope_pass(tmp_path, monkeypatch):
+    """Wan's RoPE covers every token: its processors hand the RoPE·R table to the int8-fp8 call, whose CUDA
+    pre-processing applies it (no separate pass). The transformer's output is bit for bit that of the RoPE·R pass
+    followed by the same kernels (the deferral switched off)."""
+    from rotvid.pipelines import qk_rotation
+
+    pipe = build_tiny_pipeline("wan", tmp_path / "wan", dtype=torch.bfloat16).to("cuda")
+    args, kwargs = transformer_inputs(pipe, "wan", size=64)
+    seen = []
+    original = qk_rotation.QKRotator.deferred_table
+
+    def spy(self, x, rope, span):
+        table = original(self, x, rope, span)
+        seen.append(table is not None)
+        return table
+
+    outs = []
+    for defer in (True, False):
+        monkeypatch.setattr(qk_rotation.QKRotator, "deferred_table", spy if defer else lambda *a: None)
+        handle = apply(pipe, RotvidConfig(recipe="int8-fp8", rotation="half", backend="cuda", schedule="none"))
+        try:
+            handle.tracker.begin(3)
+            handle.tracker.set_step(1)
+            with torch.no_grad():
+                outs.append(pipe.transformer(*args, **kwargs)[0].clone())
+        finally:
+            remove(pipe)
+        assert handle.report.quantized_calls == handle.report.total_calls > 0
+    assert seen and all(seen)
+    assert torch.equal(outs[0], outs[1])

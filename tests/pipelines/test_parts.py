@@ -178,3 +178,21 @@ def test_runtime_falls_back_on_a_mask_it_cannot_express_and_records_why():
         q, k, v, recipe="int4", backend="reference", kv_lens=torch.tensor([5, 3]), smooth_v=True, smooth_q=True)
     rt.drain_counts()
     assert torch.equal(out, ref) and rep.quantized_calls == 1
+
+
+def test_deferred_table_only_when_one_table_covers_every_token():
+    """The table a processor may hand to the attention call (the int8-fp8 CUDA pre-processing applies it itself):
+    exactly what rotate applies, and only where rotate is that one table (RoPE on all tokens, a fused rotation)."""
+    from rotvid.rope.fused_table import apply_generalized_rope
+
+    rot = make_rotation("half", 64, (16, 24, 24))
+    cos, sin = rope_tables(9, 64, 5)
+    x = torch.randn(1, 2, 9, 64)
+    r = QKRotator(rot)
+    table = r.deferred_table(x, (cos, sin), (0, 9))
+    assert table is not None and torch.equal(apply_generalized_rope(x, table), r.rotate(x, (cos, sin), (0, 9)))
+    cos4, sin4 = rope_tables(5, 64, 5)
+    assert r.deferred_table(x, (cos4, sin4), (4, 9)) is None  # a text span: R alone there, rotate first
+    assert r.deferred_table(x, None, (0, 0)) is None
+    assert QKRotator(rot, fuse=False).deferred_table(x, (cos, sin), (0, 9)) is None
+    assert QKRotator(make_rotation("full", 64, None)).deferred_table(x, (cos, sin), (0, 9)) is None

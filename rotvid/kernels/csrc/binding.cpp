@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "int4_common.cuh"
@@ -256,9 +257,12 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
 // token mean when asked), per-channel FP8 e4m3 V over the valid tokens (V smoothed when asked). Returns {q_hat,
 // q_scale, k_hat, k_scale [B,H,Nkv_pad/128,4], vt (e4m3 bytes as int8, [B,H,D,Nkv_pad]), v_scale fp32 [B,H,D],
 // v_mean}; Nkv_pad a multiple of 128.
+// With rope_coef / rope_index (the generalized RoPE table shared by the heads, float32 [N, D, 4] and int32 [D, 4], Nq ==
+// Nkv == N): Q and K are RoPE·R-rotated here, with the bits of generalized_rope followed by this function.
 std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const c10::optional<at::Tensor>& kv_lens, bool bnhd, bool smooth_k,
-                                           bool smooth_v) {
+                                           bool smooth_v, const c10::optional<at::Tensor>& rope_coef,
+                                           const c10::optional<at::Tensor>& rope_index) {
   const QKVDims d = checked_qkv_dims(q, k, v, kv_lens, bnhd);  // (before the guard: CUDA inputs checked first)
   const Dims &dq = d.q, &dk = d.k, &dv = d.v;
   const c10::cuda::CUDAGuard guard(q.device());
@@ -300,6 +304,60 @@ std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor
     p.v_mean = v_mean.data_ptr<float>();
   }
   p.v_scale = v_scale.data_ptr<float>();
+  at::Tensor k_rot;
+  if (rope_coef.has_value() || rope_index.has_value()) {
+    TORCH_CHECK(rope_coef.has_value() && rope_index.has_value(), "rope_coef and rope_index go together");
+    const at::Tensor &coef = *rope_coef, &index = *rope_index;
+    TORCH_CHECK(D == 64 || D == 128, "RoPE·R in the pre-processing: head_dim 64 or 128");
+    TORCH_CHECK(dq.N == dk.N, "RoPE·R in the pre-processing: as many queries as keys (self-attention)");
+    TORCH_CHECK(coef.is_cuda() && coef.scalar_type() == at::kFloat && coef.is_contiguous() &&
+                    coef.sizes() == at::IntArrayRef({dq.N, D, 4}), "rope_coef: contiguous float32 CUDA [N, D, 4]");
+    TORCH_CHECK(index.is_cuda() && index.scalar_type() == at::kInt && index.is_contiguous() &&
+                    index.sizes() == at::IntArrayRef({D, 4}), "rope_index: contiguous int32 CUDA [D, 4]");
+    for (const at::Tensor* x : {&q, &k})
+      TORCH_CHECK(x->stride(0) % 8 == 0 && x->stride(1) % 8 == 0 && x->stride(2) % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 == 0,
+                  "q, k: 16-byte aligned rows for RoPE·R in the pre-processing");
+    k_rot = at::empty({dk.B, dk.H, dk.N, D}, k.options());
+    auto table = [&](const at::Tensor& x, const Dims& dx) {
+      rotvid::RopeTableParams r{};
+      r.x = x.data_ptr();
+      r.coef = coef.data_ptr<float>();
+      r.index = index.data_ptr<int>();
+      r.sxb = dx.sb;
+      r.sxh = dx.sh;
+      r.sxn = dx.sn;
+      r.B = (int)dx.B;
+      r.H = (int)dx.H;
+      r.N = (int)dx.N;
+      r.D = (int)D;
+      r.is_bf16 = x.scalar_type() == at::kBFloat16 ? 1 : 0;
+      return r;
+    };
+    rotvid::RopePreParams r{};
+    r.q = table(q, dq);
+    r.k = table(k, dk);
+    r.k.out = k_rot.data_ptr();
+    r.k.sob = k_rot.stride(0);
+    r.k.soh = k_rot.stride(1);
+    r.k.son = k_rot.stride(2);
+    r.q_out = q_hat.data_ptr<int8_t>();
+    r.q_scale = q_scale.data_ptr<float>();
+    r.nq_pad = (int)nq_pad;
+    r.k_sum = p.k_sum;
+    r.kv_lens = lens;
+    // enough K CTAs to fill the GPU a few times over, each summing up to 8 chunks before its atomics
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int64_t rows = 256 / (D / 8), chunks = (dk.N + rows - 1) / rows;
+    r.k_chunks = (int)std::max<int64_t>(1, std::min<int64_t>(8, chunks * dk.B / (4 * (int64_t)sms)));
+    check_cuda(rotvid::launch_int8fp8_rope(r, stream), "int8fp8_rope");
+    p.k = pre_params(k_rot, Dims{dk.B, dk.H, dk.N, D, k_rot.stride(0), k_rot.stride(1), k_rot.stride(2)}, nkv_pad);
+    p.k.kv_lens = lens;
+    p.k.out = k_hat.data_ptr<int8_t>();
+    p.k.scale = k_scale.data_ptr<float>();
+    p.q_done = 1;
+    p.k_sum_done = 1;
+  }
   check_cuda(rotvid::launch_int8fp8_stats(p, stream), "int8fp8_stats");
   check_cuda(rotvid::launch_int8fp8_quantize(p, stream), "int8fp8_quantize");
   return {q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean};

@@ -1,0 +1,87 @@
+// RoPE·R arithmetic of one token row, shared by the RoPE·R pass (rope_table.cu) and the int8-fp8 pre-processing
+// that applies it itself (preprocess_int8fp8.cu), so that both produce the same bits:
+//   y[c] = fma(c3, x[p + 1], fma(c2, x[p], fma(c0, x[e], c1 x[e + 1]))),   (c0..c3) = coef[n, c, 0..3],
+// e the even channel of c's RoPE pair, p that of its partner pair (index[c] = (e, e + 1, p, p + 1)); float32, rounded
+// once to the input's dtype by the caller. A thread owns 8 consecutive output channels (one 16-byte chunk) of a row.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace rotvid {
+namespace roperows {
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// element j of a pair word (two 16-bit values, j = 0 the low one)
+template <typename T>
+__device__ __forceinline__ float half_of(uint32_t w, int j) {
+  const T* e = reinterpret_cast<const T*>(&w);
+  return to_f32<T>(e[j]);
+}
+
+// x rounded to T and read back as float (what a pass that stores T and a later one that loads it see)
+template <typename T>
+__device__ __forceinline__ float round_to(float x);
+template <>
+__device__ __forceinline__ float round_to<__half>(float x) { return __half2float(__float2half_rn(x)); }
+template <>
+__device__ __forceinline__ float round_to<__nv_bfloat16>(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// this thread's output channels 8 c8 + j of token n: their four coefficients and the partner pair's index (p / 2)
+template <int D>
+__device__ __forceinline__ void load_coefs(const float* coef, const int* index, int n, bool valid, int c8,
+                                           float (&cf)[8][4], int (&partner)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float4 f = valid ? *reinterpret_cast<const float4*>(coef + ((size_t)n * D + c8 * 8 + j) * 4)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+    cf[j][0] = f.x;
+    cf[j][1] = f.y;
+    cf[j][2] = f.z;
+    cf[j][3] = f.w;
+    partner[j] = index[(c8 * 8 + j) * 4 + 2] >> 1;
+  }
+}
+
+// y[j] (float32, not yet rounded) of the thread's 8 channels: `own` its 16-byte input chunk (pair word i = channels
+// 8 c8 + 2i, + 1), `staged` the pair words of the whole row (any partner pair)
+template <typename T>
+__device__ __forceinline__ void rotate8(const uint4& own, const uint32_t* staged, const float (&cf)[8][4],
+                                        const int (&partner)[8], float (&y)[8]) {
+  const uint32_t ow[4] = {own.x, own.y, own.z, own.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int j = 2 * i + s;
+      const uint32_t pw = staged[partner[j]];
+      float acc = __fmaf_rn(cf[j][0], half_of<T>(ow[i], 0), __fmul_rn(cf[j][1], half_of<T>(ow[i], 1)));
+      acc = __fmaf_rn(cf[j][2], half_of<T>(pw, 0), acc);
+      acc = __fmaf_rn(cf[j][3], half_of<T>(pw, 1), acc);
+      y[j] = acc;
+    }
+  }
+}
+
+}  // namespace roperows
+}  // namespace rotvid
