@@ -629,9 +629,9 @@ def preprocess_int8fp8_cuda(
 
     ``rope``: a generalized RoPE table (:func:`rotvid.rope.fused_table.fuse_rope_and_rotation`) shared by the heads
     ([N, D, 4]); Q and K are then RoPE·R-rotated inside the pre-processing (Q rotated and quantized in one pass, K
-    rotated once with its smoothing sums taken on the way), with the bits of
+    rotated into a scratch tensor that the statistics and quantize launches read), with the bits of
     ``preprocess_int8fp8_cuda(apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), v)`` and without
-    their separate RoPE·R pass (:func:`rope_fusion_unsupported` says when it applies).
+    Q's separate RoPE·R pass and its re-read (:func:`rope_fusion_unsupported` says when it applies).
 
     Inputs as :func:`preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose ``k_scale`` holds the K group
     scales fp32 [B, H, Nkv_pad / 128, 4] (:func:`rotvid.kernels.quantize.quantize_k_groups_int8`), ``vt`` the e4m3 bytes of V̂
@@ -658,15 +658,11 @@ def preprocess_int8fp8_cuda(
     return KernelQKV(*out)
 
 
-# The rotated K's scratch and the K CTA's float64 sums ([H, D] doubles in shared memory) bound the heads.
-ROPE_FUSION_MAX_HD = 16384
-
-
 def rope_fusion_unsupported(q: torch.Tensor, k: torch.Tensor, rope, *, layout: str = "BHND") -> str:
     """Why the int8-fp8 pre-processing cannot apply ``rope`` itself ("" when it can): a table shared by the heads
-    ([N, D, 4], N = the queries = the keys), head_dim 64 or 128, at most ``ROPE_FUSION_MAX_HD`` heads x head_dim,
-    rows on 16-byte boundaries. Shapes and strides only (a constant of a compiled graph)."""
-    bq, hq, nq, d = q.shape if layout == "BHND" else (q.shape[0], q.shape[2], q.shape[1], q.shape[3])
+    ([N, D, 4], N = the queries = the keys), head_dim 64 or 128, rows on 16-byte boundaries. Shapes and strides
+    only (a constant of a compiled graph)."""
+    nq, d = (q.shape[2] if layout == "BHND" else q.shape[1]), q.shape[3]
     nk = k.shape[2] if layout == "BHND" else k.shape[1]
     coef = getattr(rope, "coef", None)
     if coef is None or getattr(rope, "index", None) is None:
@@ -677,8 +673,6 @@ def rope_fusion_unsupported(q: torch.Tensor, k: torch.Tensor, rope, *, layout: s
         return f"a table of shape {tuple(coef.shape)} for {nq} queries and {nk} keys of head_dim {d} (expected ({nq}, {d}, 4) and N_q == N_kv)"
     if d not in ROPE_HEAD_DIMS:
         return f"head_dim {d} (RoPE·R in the pre-processing takes {ROPE_HEAD_DIMS})"
-    if hq * d > ROPE_FUSION_MAX_HD:
-        return f"{hq} heads x head_dim {d} > {ROPE_FUSION_MAX_HD}"
     if any(st % 8 for t in (q, k) for st in t.stride()[:3]):
         return "strides that are not multiples of 8 elements (rows not 16-byte aligned)"
     return ""

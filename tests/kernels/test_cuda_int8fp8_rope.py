@@ -1,4 +1,4 @@
-"""RoPE·R inside the int8-fp8 pre-processing (preprocess_int8fp8.cu: rope_q_kernel, rope_k_kernel): the operands it
+"""RoPE·R inside the int8-fp8 pre-processing (preprocess_int8fp8.cu: rope_q_kernel; K through rope_table.cu): the operands it
 writes are byte for byte those of the RoPE·R pass (rope_table.cu) followed by the pre-processing, for every pair
 rotation, both head dims and layouts, odd lengths, kv_lens and the smoothing switches; the attention through the
 dispatcher (``rope=``) equals the attention of the rotated tensors, eager and compiled."""
@@ -46,7 +46,7 @@ def rotated(x, table, layout):
 @pytest.mark.parametrize("layout", ["BHND", "BNHD"])
 def test_fused_rope_preprocess_equals_rope_pass_then_preprocess(spec, d, dtype, layout):
     needs_sm90()
-    # N = 97, 1029, 4410 (CTA tails of 16 / 32 tokens, several K chunks per CTA); 5 heads (a step of 4 + 1)
+    # N = 97, 1029, 4410 (CTA tails of 16 / 32 tokens); 5 heads (a step of 4 + 1)
     for grid, lens in [((1, 97, 1), None), ((3, 7, 49), lambda n: [n, n // 3]), ((10, 21, 21), lambda n: [n - 5, 1])]:
         table, n, q, k, v, kv_lens = inputs(d, dtype, layout, grid, spec, 5, lens, seed=grid[1] + d)
         qr, kr = rotated(q, table, layout), rotated(k, table, layout)

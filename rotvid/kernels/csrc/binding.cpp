@@ -6,7 +6,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
-#include <algorithm>
 #include <vector>
 
 #include "int4_common.cuh"
@@ -258,7 +257,8 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
 // q_scale, k_hat, k_scale [B,H,Nkv_pad/128,4], vt (e4m3 bytes as int8, [B,H,D,Nkv_pad]), v_scale fp32 [B,H,D],
 // v_mean}; Nkv_pad a multiple of 128.
 // With rope_coef / rope_index (the generalized RoPE table shared by the heads, float32 [N, D, 4] and int32 [D, 4], Nq ==
-// Nkv == N): Q and K are RoPE·R-rotated here, with the bits of generalized_rope followed by this function.
+// Nkv == N): Q and K are RoPE·R-rotated here, with the bits of generalized_rope followed by this function -- Q
+// rotated and quantized in one pass, K by generalized_rope into a scratch tensor the statistics and quantize read.
 std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const c10::optional<at::Tensor>& kv_lens, bool bnhd, bool smooth_k,
                                            bool smooth_v, const c10::optional<at::Tensor>& rope_coef,
@@ -336,27 +336,21 @@ std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor
     };
     rotvid::RopePreParams r{};
     r.q = table(q, dq);
-    r.k = table(k, dk);
-    r.k.out = k_rot.data_ptr();
-    r.k.sob = k_rot.stride(0);
-    r.k.soh = k_rot.stride(1);
-    r.k.son = k_rot.stride(2);
     r.q_out = q_hat.data_ptr<int8_t>();
     r.q_scale = q_scale.data_ptr<float>();
     r.nq_pad = (int)nq_pad;
-    r.k_sum = p.k_sum;
-    r.kv_lens = lens;
-    // enough K CTAs to fill the GPU a few times over, each summing up to 8 chunks before its atomics
-    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const int64_t rows = 256 / (D / 8), chunks = (dk.N + rows - 1) / rows;
-    r.k_chunks = (int)std::max<int64_t>(1, std::min<int64_t>(8, chunks * dk.B / (4 * (int64_t)sms)));
     check_cuda(rotvid::launch_int8fp8_rope(r, stream), "int8fp8_rope");
+    rotvid::RopeTableParams rk = table(k, dk);
+    rk.out = k_rot.data_ptr();
+    rk.sob = k_rot.stride(0);
+    rk.soh = k_rot.stride(1);
+    rk.son = k_rot.stride(2);
+    check_cuda(rotvid::launch_generalized_rope(rk, stream), "generalized_rope");
     p.k = pre_params(k_rot, Dims{dk.B, dk.H, dk.N, D, k_rot.stride(0), k_rot.stride(1), k_rot.stride(2)}, nkv_pad);
     p.k.kv_lens = lens;
     p.k.out = k_hat.data_ptr<int8_t>();
     p.k.scale = k_scale.data_ptr<float>();
     p.q_done = 1;
-    p.k_sum_done = 1;
   }
   check_cuda(rotvid::launch_int8fp8_stats(p, stream), "int8fp8_stats");
   check_cuda(rotvid::launch_int8fp8_quantize(p, stream), "int8fp8_quantize");

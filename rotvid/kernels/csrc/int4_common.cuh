@@ -106,7 +106,6 @@ struct Int8Fp8PreParams {
   float* v_mean;               // [BH, D] written when V is smoothed (v_sum), else nullptr
   float* v_scale;              // [BH, D] = amax / 448, 1 where amax is 0
   int q_done;                  // Q^ and its scales already written (launch_int8fp8_rope): no Q tiles
-  int k_sum_done;              // k_sum already accumulated (launch_int8fp8_rope): no K statistics
 };
 cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, cudaStream_t stream);
 cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stream);
@@ -130,20 +129,15 @@ struct RopeTableParams {
 };
 cudaError_t launch_generalized_rope(const RopeTableParams& p, cudaStream_t stream);
 
-// RoPE·R inside the int8-fp8 pre-processing (preprocess_int8fp8.cu), the same bits as launch_generalized_rope
-// followed by the pre-processing of its output: Q rotated and quantized in one pass (INT8 per token, Q^ and q_scale
-// as the quantize launch writes them, padding rows zero), K rotated into k.out with the float64 sums of the rotated
-// values over the valid tokens (the K smoothing mean's sums). Before launch_int8fp8_stats / _quantize with q_done and
-// k_sum_done set and Int8Fp8PreParams.k reading k.out.
+// RoPE·R inside the int8-fp8 pre-processing (preprocess_int8fp8.cu): Q rotated and quantized in one pass (INT8 per
+// token, Q^ and q_scale as the quantize launch writes them, padding rows zero), the same bits as
+// launch_generalized_rope followed by the pre-processing. Before launch_int8fp8_stats / _quantize with q_done set
+// (K goes through launch_generalized_rope into a scratch tensor that Int8Fp8PreParams.k reads).
 struct RopePreParams {
-  RopeTableParams q;   // q.x = Q [B, H, Nq, D] through strides; q.out unused
-  RopeTableParams k;   // k.x = K, k.out = rotated K [B, H, Nkv, D]; coef / index shared with q (Nq == Nkv)
+  RopeTableParams q;   // q.x = Q [B, H, Nq, D] through strides, q.coef / q.index the table; q.out unused
   int8_t* q_out;       // [BH, nq_pad, D]
   float* q_scale;      // [BH, nq_pad]
   int nq_pad;
-  double* k_sum;       // [BH, D] zeroed, or nullptr (K not smoothed)
-  const int* kv_lens;  // [B] or nullptr
-  int k_chunks;        // token chunks (of 256 / (D / 8) tokens) per K CTA
 };
 cudaError_t launch_int8fp8_rope(const RopePreParams& p, cudaStream_t stream);
 

@@ -7,9 +7,10 @@
 //   quantize_kernel    one grid over Q, K and V tiles of 128 rows: INT8 Q per token, INT8 K per group of 32 keys
 //                      per 128-key block, FP8 e4m3 V per channel written transposed and permuted (s8 layout)
 // With RoPE·R applied here (launch_int8fp8_rope, before the two above; the RoPE·R pass's arithmetic, rope_rows.cuh):
-//   rope_q_kernel      Q rotated and quantized per token in one pass (the quantize launch then has no Q tiles)
-//   rope_k_kernel      K rotated into a scratch tensor that the quantize launch reads, with K's float64 token sums
-//                      (the statistics launch then sums V only)
+//   rope_q_kernel      Q rotated and quantized per token in one pass (the quantize launch then has no Q tiles);
+//                      K keeps the RoPE·R pass (rope_table.cu) into a scratch tensor that the two launches read --
+//                      its smoothing sums need every token first (K's own sums in a fused K pass cost more than
+//                      the statistics launch's read of K: RESULTS.md, session 11)
 // Every load is a 16-byte vector (8 channels); a tile's loads are all issued before its first use.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -389,8 +390,6 @@ struct RopeRows {
   static constexpr int TPR = D / 8;              // threads per token row
   static constexpr int ROWS = kThreads / TPR;    // tokens per chunk
   static constexpr int U = kRopeHeadsPerStep;
-  static constexpr int STAGE_BYTES = U * ROWS * TPR * 16;
-  static constexpr int RED_BYTES = U * ROWS * D * 4;
 };
 
 // one step of U heads: every thread's 16-byte chunk of its row for heads h0 .. h0 + U - 1 (zeros where absent),
@@ -456,97 +455,19 @@ __global__ void __launch_bounds__(kThreads) rope_q_kernel(const __grid_constant_
   }
 }
 
-// K: RoPE·R into k.out, and (k_sum) the float64 sums of the rotated values over the valid tokens: per step the
-// rounded values of the U heads go to shared memory, one thread per (head, channel) adds the chunk's ROWS of them
-// in float64 (exact) to the CTA's own sums, which go to k_sum by one atomic add per (head, channel) at the end.
-// grid (ceil(Nkv / (ROWS k_chunks)), B); dynamic shared memory: stage, then (k_sum) red [U][ROWS][D] floats and
-// the sums [H][D] doubles.
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) rope_k_kernel(const __grid_constant__ RopePreParams p) {
-  using RR = RopeRows<D>;
-  extern __shared__ __align__(16) unsigned char dyn[];
-  uint4* stage = reinterpret_cast<uint4*>(dyn);
-  float* red = reinterpret_cast<float*>(dyn + RR::STAGE_BYTES);
-  double* acc = reinterpret_cast<double*>(dyn + RR::STAGE_BYTES + RR::RED_BYTES);
-  const RopeTableParams& x = p.k;
-  const bool sums = p.k_sum != nullptr;
-  const int b = blockIdx.y;
-  const int r = threadIdx.x / RR::TPR, c8 = threadIdx.x % RR::TPR;
-  const int len = p.kv_lens != nullptr ? min(p.kv_lens[b], x.N) : x.N;
-  if (sums)
-    for (int i = threadIdx.x; i < x.H * D; i += kThreads) acc[i] = 0.0;
-  const uint32_t* staged = reinterpret_cast<const uint32_t*>(stage + r * RR::TPR);
-  for (int chunk = 0; chunk < p.k_chunks; ++chunk) {
-    const int n0 = (blockIdx.x * p.k_chunks + chunk) * RR::ROWS;
-    if (n0 >= x.N) break;  // (the same for the whole CTA)
-    const int n = n0 + r;
-    const bool valid = n < x.N;
-    float cf[8][4];
-    int partner[8];
-    roperows::load_coefs<D>(x.coef, x.index, n, valid, c8, cf, partner);
-    char* ob = static_cast<char*>(x.out) + 2 * ((size_t)b * x.sob + (size_t)n * x.son + c8 * 8);
-    for (int h0 = 0; h0 < x.H; h0 += RR::U) {
-      uint4 own[RR::U];
-      load_and_stage<T, D>(x, b, n, valid, c8, r, h0, own, stage);
-#pragma unroll
-      for (int u = 0; u < RR::U; ++u) {
-        const int h = h0 + u;
-        if (h >= x.H) continue;
-        float y[8];
-        roperows::rotate8<T>(own[u], staged + (size_t)u * RR::ROWS * (D / 2), cf, partner, y);
-        uint32_t res[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) res[i] = roperows::pack2<T>(y[2 * i], y[2 * i + 1]);
-        if (valid) *reinterpret_cast<uint4*>(ob + 2 * (size_t)h * x.soh) = make_uint4(res[0], res[1], res[2], res[3]);
-        if (sums) {
-          float* dst = red + (u * RR::ROWS + r) * D + c8 * 8;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) dst[j] = n < len ? roperows::round_to<T>(y[j]) : 0.f;
-        }
-      }
-      if (sums) {
-        __syncthreads();
-        for (int i = threadIdx.x; i < RR::U * D; i += kThreads) {
-          const int u = i / D, c = i % D;
-          if (h0 + u >= x.H) continue;
-          double s = 0.0;
-#pragma unroll 8
-          for (int rr = 0; rr < RR::ROWS; ++rr) s += (double)red[(u * RR::ROWS + rr) * D + c];
-          acc[(h0 + u) * D + c] += s;  // (exact in float64: the order does not matter)
-        }
-        // (the next step's first barrier keeps red until every thread has added it)
-      }
-    }
-  }
-  if (sums) {
-    __syncthreads();
-    double* dst = p.k_sum + (size_t)b * x.H * D;
-    for (int i = threadIdx.x; i < x.H * D; i += kThreads) atomicAdd(dst + i, acc[i]);
-  }
-}
-
 template <typename T, int D>
 cudaError_t rope_typed(const RopePreParams& p, cudaStream_t stream) {
   using RR = RopeRows<D>;
-  if (p.q.D != D || p.k.D != D || p.nq_pad % RR::ROWS != 0 || p.k_chunks < 1) return cudaErrorInvalidValue;
+  if (p.q.D != D || p.nq_pad % RR::ROWS != 0) return cudaErrorInvalidValue;
   if (p.q.B > 0 && p.q.H > 0 && p.nq_pad > 0)
     rope_q_kernel<T, D><<<dim3((unsigned)(p.nq_pad / RR::ROWS), (unsigned)p.q.B), kThreads, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || p.k.B <= 0 || p.k.H <= 0 || p.k.N <= 0) return err;
-  const size_t smem =
-      RR::STAGE_BYTES + (p.k_sum != nullptr ? RR::RED_BYTES + (size_t)p.k.H * D * sizeof(double) : 0);
-  err = cudaFuncSetAttribute(rope_k_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err != cudaSuccess) return err;
-  const long long per = (long long)RR::ROWS * p.k_chunks;
-  const dim3 grid((unsigned)((p.k.N + per - 1) / per), (unsigned)p.k.B);
-  rope_k_kernel<T, D><<<grid, kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t rope_type(const RopePreParams& p, cudaStream_t stream) {
-  if (p.k.D == 64) return rope_typed<T, 64>(p, stream);
-  if (p.k.D == 128) return rope_typed<T, 128>(p, stream);
+  if (p.q.D == 64) return rope_typed<T, 64>(p, stream);
+  if (p.q.D == 128) return rope_typed<T, 128>(p, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -564,7 +485,7 @@ cudaError_t stats_typed(const Int8Fp8PreParams& p, cudaStream_t stream) {
   // launch 1: K sums (smooth_k), and V's max |v| (no V smoothing) or V's sums (V smoothed)
   sp.task[0].x = p.k;
   sp.task[0].sum = p.k_sum;
-  sp.task[0].ctas_per_bh = p.k_sum != nullptr && !p.k_sum_done ? stats_ctas_per_bh(p.k.N) : 0;
+  sp.task[0].ctas_per_bh = p.k_sum != nullptr ? stats_ctas_per_bh(p.k.N) : 0;
   sp.task[1].x = p.v;
   sp.task[1].ctas_per_bh = stats_ctas_per_bh(p.v.N);
   if (p.v_sum != nullptr)
@@ -615,7 +536,7 @@ cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, cudaStream_t stream)
 }
 
 cudaError_t launch_int8fp8_rope(const RopePreParams& p, cudaStream_t stream) {
-  return p.k.is_bf16 ? pre8::rope_type<__nv_bfloat16>(p, stream) : pre8::rope_type<__half>(p, stream);
+  return p.q.is_bf16 ? pre8::rope_type<__nv_bfloat16>(p, stream) : pre8::rope_type<__half>(p, stream);
 }
 
 cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stream) {
