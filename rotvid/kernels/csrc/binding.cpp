@@ -43,6 +43,31 @@ rotvid::PreprocessParams pre_params(const at::Tensor& x, const Dims& d, int64_t 
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// RoPE·R by the generalized table over x (dims d, any layout through its strides) into out ([B, H, N, D] through
+// its strides; nullptr: no output tensor, the fused Q pass of the int8-fp8 pre-processing)
+rotvid::RopeTableParams rope_params(const at::Tensor& x, const Dims& d, const at::Tensor& coef,
+                                    const at::Tensor& index, const at::Tensor* out) {
+  rotvid::RopeTableParams p{};
+  p.x = x.data_ptr();
+  p.coef = coef.data_ptr<float>();
+  p.index = index.data_ptr<int>();
+  p.sxb = d.sb;
+  p.sxh = d.sh;
+  p.sxn = d.sn;
+  if (out != nullptr) {
+    p.out = out->data_ptr();
+    p.sob = out->stride(0);
+    p.soh = out->stride(1);
+    p.son = out->stride(2);
+  }
+  p.B = (int)d.B;
+  p.H = (int)d.H;
+  p.N = (int)d.N;
+  p.D = (int)d.D;
+  p.is_bf16 = x.scalar_type() == at::kBFloat16 ? 1 : 0;
+  return p;
+}
+
 // mean over the valid tokens of each (b, h, channel): float32(sum_f64 / kv_len), one launch after the zeroing of
 // its work space (float64 sums, then one uint32 counter per (b, h))
 at::Tensor token_mean(const at::Tensor& x, const Dims& d, const c10::optional<at::Tensor>& kv_lens,
@@ -319,32 +344,13 @@ std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor
                       reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 == 0,
                   "q, k: 16-byte aligned rows for RoPE·R in the pre-processing");
     k_rot = at::empty({dk.B, dk.H, dk.N, D}, k.options());
-    auto table = [&](const at::Tensor& x, const Dims& dx) {
-      rotvid::RopeTableParams r{};
-      r.x = x.data_ptr();
-      r.coef = coef.data_ptr<float>();
-      r.index = index.data_ptr<int>();
-      r.sxb = dx.sb;
-      r.sxh = dx.sh;
-      r.sxn = dx.sn;
-      r.B = (int)dx.B;
-      r.H = (int)dx.H;
-      r.N = (int)dx.N;
-      r.D = (int)D;
-      r.is_bf16 = x.scalar_type() == at::kBFloat16 ? 1 : 0;
-      return r;
-    };
     rotvid::RopePreParams r{};
-    r.q = table(q, dq);
+    r.q = rope_params(q, dq, coef, index, nullptr);
     r.q_out = q_hat.data_ptr<int8_t>();
     r.q_scale = q_scale.data_ptr<float>();
     r.nq_pad = (int)nq_pad;
     check_cuda(rotvid::launch_int8fp8_rope(r, stream), "int8fp8_rope");
-    rotvid::RopeTableParams rk = table(k, dk);
-    rk.out = k_rot.data_ptr();
-    rk.sob = k_rot.stride(0);
-    rk.soh = k_rot.stride(1);
-    rk.son = k_rot.stride(2);
+    const rotvid::RopeTableParams rk = rope_params(k, dk, coef, index, &k_rot);
     check_cuda(rotvid::launch_generalized_rope(rk, stream), "generalized_rope");
     p.k = pre_params(k_rot, Dims{dk.B, dk.H, dk.N, D, k_rot.stride(0), k_rot.stride(1), k_rot.stride(2)}, nkv_pad);
     p.k.kv_lens = lens;
@@ -456,22 +462,7 @@ at::Tensor generalized_rope(const at::Tensor& x, const at::Tensor& coef, const a
   } else {
     out = at::empty({B, H, N, D}, x.options());
   }
-  rotvid::RopeTableParams p{};
-  p.x = x.data_ptr();
-  p.out = out.data_ptr();
-  p.coef = coef.data_ptr<float>();
-  p.index = index.data_ptr<int>();
-  p.sxb = x.stride(0);
-  p.sxh = x.stride(1);
-  p.sxn = x.stride(2);
-  p.sob = out.stride(0);
-  p.soh = out.stride(1);
-  p.son = out.stride(2);
-  p.B = (int)B;
-  p.H = (int)H;
-  p.N = (int)N;
-  p.D = (int)D;
-  p.is_bf16 = x.scalar_type() == at::kBFloat16 ? 1 : 0;
+  rotvid::RopeTableParams p = rope_params(x, dims_of(x, false), coef, index, &out);
   check_cuda(rotvid::launch_generalized_rope(p, c10::cuda::getCurrentCUDAStream()), "generalized_rope");
   return out;
 }

@@ -26,12 +26,7 @@ constexpr int kThreads = 256;
 constexpr int kTileRows = 128;      // rows (tokens) of one quantize tile: the padding of Q and K/V
 constexpr int kStatsTokens = 1024;  // tokens per statistics CTA
 
-template <typename T>
-__device__ __forceinline__ float to_f32(T x);
-template <>
-__device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+using roperows::to_f32;
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
