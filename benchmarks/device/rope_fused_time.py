@@ -1,7 +1,9 @@
 """Device aid (session 11): RoPE·R inside the int8-fp8 pre-processing against the RoPE·R pass + pre-processing.
 
-On the kernel_bench shapes with RoPE on every token (Wan's case; half rotation, the default; the generalized table
-shared by the heads), interleaved rounds (kernel_bench.time_interleaved), ms per call:
+On the kernel_bench shapes with RoPE on every token (Wan's case; ``--rotation``: half, the default, or any other,
+``full`` included -- its Walsh–Hadamard transform in registers; the generalized table shared by the heads),
+interleaved rounds (kernel_bench.time_interleaved), ms per call:
+  no-rope pre    preprocess_int8fp8_cuda(q, k, v) without any rotation (what RoPE·R adds is measured against it)
   two-pass pre   apply_generalized_rope on Q and on K (rope_table.cu), then preprocess_int8fp8_cuda
   fused pre      preprocess_int8fp8_cuda(q, k, v, rope=table) (rope_q_kernel, K's RoPE·R, the statistics and the
                  K / V quantize launch)
@@ -9,7 +11,8 @@ shared by the heads), interleaved rounds (kernel_bench.time_interleaved), ms per
 and checks that the fused operands equal the two-pass ones byte for byte on each shape. ``--profile``: instead, the
 GPU time per kernel of both pre-processings (torch.profiler, 5 calls after a warm-up).
 
-    python3 benchmarks/device/rope_fused_time.py [--shapes wan1.3b-480p wan14b-720p] [--rounds 3] [--profile]
+    python3 benchmarks/device/rope_fused_time.py [--shapes wan1.3b-480p wan14b-720p] [--rounds 3] [--rotation full]
+        [--profile]
 """
 import argparse
 import sys
@@ -26,14 +29,15 @@ from rotvid.rope.fused_table import apply_generalized_rope, fuse_rope_and_rotati
 from rotvid.rope.rotations import make_rotation  # noqa: E402
 
 
-def wan_inputs(sh):
-    """bf16 q, k, v [B, H, N, D] of a shape and the half-rotation table of random RoPE angles (Wan's [1, N, 1, D])."""
+def wan_inputs(sh, rotation="half"):
+    """bf16 q, k, v [B, H, N, D] of a shape and the table of random RoPE angles (Wan's [1, N, 1, D]) and
+    ``rotation``."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(sh.b, sh.h, sh.n, sh.d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     ang = torch.rand(sh.n, sh.d // 2, device="cuda", dtype=torch.float64) * 6.283
     cos = torch.cos(ang).repeat_interleave(2, dim=-1).float()[None, :, None, :]
     sin = torch.sin(ang).repeat_interleave(2, dim=-1).float()[None, :, None, :]
-    return q, k, v, fuse_rope_and_rotation(cos, sin, make_rotation("half", sh.d)).to(dtype=torch.float32)
+    return q, k, v, fuse_rope_and_rotation(cos, sin, make_rotation(rotation, sh.d)).to(dtype=torch.float32)
 
 
 def profile_kernels(name, pre2, pre1):
@@ -53,17 +57,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="*", default=["wan1.3b-480p", "wan14b-480p", "wan14b-720p", "hunyuan-720p"])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rotation", default="half", help="none, interleaved, half or full (default half)")
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of both pre-processings instead")
     args = ap.parse_args()
     smooth_v = smooth_v_for("int8-fp8", None)
-    print(f"smooth_k True, smooth_v {smooth_v} (the runtime's int8-fp8 defaults)")
+    print(f"smooth_k True, smooth_v {smooth_v} (the runtime's int8-fp8 defaults); rotation {args.rotation}")
     if not args.profile:
-        print("| shape | two-pass pre (ms) | fused pre (ms) | saved (ms) | two-pass attn (ms) | fused attn (ms) | "
-              "saved share | same bytes |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| shape | no-rope pre (ms) | two-pass pre (ms) | fused pre (ms) | saved (ms) | two-pass attn (ms) | "
+              "fused attn (ms) | saved share | same bytes |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.shapes:
         sh = SHAPES[name]
-        q, k, v, table = wan_inputs(sh)
+        q, k, v, table = wan_inputs(sh, args.rotation)
         rot = lambda x: apply_generalized_rope(x, table)  # noqa: E731
         pre2 = lambda: cb.preprocess_int8fp8_cuda(rot(q), rot(k), v, smooth_v=smooth_v)  # noqa: E731
         pre1 = lambda: cb.preprocess_int8fp8_cuda(q, k, v, smooth_v=smooth_v, rope=table)  # noqa: E731
@@ -73,13 +78,14 @@ def main():
             bits = lambda t: t.view(torch.int32) if t.dtype == torch.float32 else t  # noqa: E731
             same = all((x is None and y is None) or torch.equal(bits(x), bits(y)) for x, y in zip(pre2(), pre1()))
             times = time_interleaved({
+                "pre0": lambda: cb.preprocess_int8fp8_cuda(q, k, v, smooth_v=smooth_v),
                 "pre2": pre2,
                 "pre1": pre1,
                 "attn2": lambda: cb.int8fp8_attention_cuda(rot(q), rot(k), v, smooth_v=smooth_v),
                 "attn1": lambda: cb.int8fp8_attention_cuda(q, k, v, smooth_v=smooth_v, rope=table),
             }, args.rounds)
             saved = times["pre2"] - times["pre1"]
-            print(f"| {name} | {times['pre2']:.3f} | {times['pre1']:.3f} | {saved:.3f} | {times['attn2']:.3f} | "
+            print(f"| {name} | {times['pre0']:.3f} | {times['pre2']:.3f} | {times['pre1']:.3f} | {saved:.3f} | {times['attn2']:.3f} | "
                   f"{times['attn1']:.3f} | {100 * (times['attn2'] - times['attn1']) / times['attn2']:.2f}% | {same} |",
                   flush=True)
         del q, k, v, table

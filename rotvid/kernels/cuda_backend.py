@@ -321,13 +321,16 @@ def _int8fp8_preprocess_op(
     smooth_v: bool,
     rope_coef: torch.Tensor | None = None,
     rope_index: torch.Tensor | None = None,
+    rope_hadamard: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     ext = load_extension(q.device)
-    return tuple(ext.preprocess_int8fp8(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef, rope_index))
+    return tuple(
+        ext.preprocess_int8fp8(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef, rope_index, rope_hadamard)
+    )
 
 
 @_int8fp8_preprocess_op.register_fake
-def _(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef=None, rope_index=None):
+def _(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef=None, rope_index=None, rope_hadamard=False):
     if bnhd:
         b, n_q, h, d = q.shape
         n_kv = k.shape[1]
@@ -631,7 +634,8 @@ def preprocess_int8fp8_cuda(
     ([N, D, 4]); Q and K are then RoPE·R-rotated inside the pre-processing (Q rotated and quantized in one pass, K
     rotated into a scratch tensor that the statistics and quantize launches read), with the bits of
     ``preprocess_int8fp8_cuda(apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), v)`` and without
-    Q's separate RoPE·R pass and its re-read (:func:`rope_fusion_unsupported` says when it applies).
+    Q's separate RoPE·R pass and its re-read (:func:`rope_fusion_unsupported` says when it applies). A ``hadamard``
+    table (the ``full`` rotation) is applied with its Walsh–Hadamard transform, in registers after the table.
 
     Inputs as :func:`preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose ``k_scale`` holds the K group
     scales fp32 [B, H, Nkv_pad / 128, 4] (:func:`rotvid.kernels.quantize.quantize_k_groups_int8`), ``vt`` the e4m3 bytes of V̂
@@ -653,7 +657,8 @@ def preprocess_int8fp8_cuda(
         coef = rope.coef.to(device=q.device, dtype=torch.float32).contiguous()
         index = rope.index.to(device=q.device, dtype=torch.int32).contiguous()
     out = _int8fp8_preprocess_op(
-        q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", smooth_k, smooth_v, coef, index
+        q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", smooth_k, smooth_v, coef, index,
+        rope is not None and bool(rope.hadamard),
     )
     return KernelQKV(*out)
 
@@ -877,12 +882,12 @@ ROPE_HEAD_DIMS = (64, 128)
 
 
 @torch.library.custom_op("rotvid::generalized_rope", mutates_args=())
-def _generalized_rope_op(x: torch.Tensor, coef: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return load_extension(x.device).generalized_rope(x, coef, index, None)
+def _generalized_rope_op(x: torch.Tensor, coef: torch.Tensor, index: torch.Tensor, hadamard: bool) -> torch.Tensor:
+    return load_extension(x.device).generalized_rope(x, coef, index, None, hadamard)
 
 
 @_generalized_rope_op.register_fake
-def _(x, coef, index):
+def _(x, coef, index, hadamard):
     return x.new_empty(x.shape)
 
 
@@ -924,9 +929,13 @@ def _extension_problem(device_index: int) -> str:
     return _EXTENSION_PROBLEMS[device_index]
 
 
-def generalized_rope_cuda(x: torch.Tensor, coef: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def generalized_rope_cuda(
+    x: torch.Tensor, coef: torch.Tensor, index: torch.Tensor, *, hadamard: bool = False
+) -> torch.Tensor:
     """``out[b, h, n, c] = sum_t coef[n, c, t] * x[b, h, n, index[c, t]]`` in one pass on the GPU (fp32 compute, the
     Triton kernel's and the compiled PyTorch form's arithmetic: the same bits). Returns a new contiguous tensor.
+    ``hadamard``: then the normalized Walsh–Hadamard transform over D in registers (the ``full`` rotation; the bits
+    of :func:`rotvid.rope.hadamard.fwht` on the table's output rounded to x's dtype).
 
     Args:
         x: CUDA fp16 / bf16 [B, H, N, D], D 64 or 128, unit stride on D, rows on 16-byte boundaries.
@@ -943,7 +952,7 @@ def generalized_rope_cuda(x: torch.Tensor, coef: torch.Tensor, index: torch.Tens
         raise ValueError(f"index: expected shape {(d, 4)}, got {tuple(index.shape)}")
     coef = coef.to(device=x.device, dtype=torch.float32).contiguous()
     index = index.to(device=x.device, dtype=torch.int32).contiguous()
-    return _generalized_rope_op(x, coef, index)
+    return _generalized_rope_op(x, coef, index, bool(hadamard))
 
 
 # --------------------------------------------------------------------------------------------

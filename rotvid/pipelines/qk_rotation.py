@@ -8,8 +8,13 @@ text tokens, for both Q and K. One orthogonal R on every token keeps every score
 
 * ``none`` / ``interleaved`` / ``half`` / ``learned``: RoPE and R are one element-wise op through
   the generalized table (:func:`rotvid.rope.fused_table.fuse_rope_and_rotation`), built from
-  the cos/sin the model's own rotary module produced for this forward.
-* ``full``: RoPE (:func:`rotvid.rope.tables.apply_rope_interleaved`), then the D×D Hadamard.
+  the cos/sin the model's own rotary module produced for this forward. One table covers the whole
+  joint sequence: the text tokens' rows are RoPE's identity (cos 1, sin 0), so they get R alone
+  in the same pass, and the int8-fp8 CUDA pre-processing can apply the table itself
+  (:meth:`QKRotator.deferred_table`) for HunyuanVideo and CogVideoX as for Wan.
+* ``full``: RoPE's table flagged ``hadamard``: the table, then the fast Walsh–Hadamard transform
+  (:func:`rotvid.rope.hadamard.fwht`; in registers inside the CUDA kernels). Text tokens get the
+  transform alone.
 
 Tables are cached: within one forward every block gets the same cos/sin objects; across
 forwards (cond / uncond, steps) the new cos/sin are compared with the cached ones
@@ -47,17 +52,17 @@ class QKRotator:
         rotation: a :class:`rotvid.rope.rotations.Rotation` (already ``select``-ed to a block for
             per-block learned rotations; a remaining per-head lead dim applies per head).
         fuse: apply RoPE·R through one cached generalized table (``True``) or as RoPE then
-            ``rotation.apply`` (``False``; same maths, no table). ``full`` is never fused.
+            ``rotation.apply`` (``False``; same maths, no table).
     """
 
     def __init__(self, rotation: Rotation, *, fuse: bool = True):
         self.rotation = rotation
         self.kind = rotation.kind
-        self.fuse = fuse and rotation.kind != "full"
+        self.fuse = fuse
         self._cache_key: tuple | None = None  # (cos, sin) objects of the cached table
         self._cache_table: GeneralizedRopeTable | None = None
-        self._cache_dtype: torch.dtype | None = None
-        self._forward_memo: tuple | None = None  # (cos, sin, dtype, table) of this forward, compiled only
+        self._cache_dtype: tuple | None = None  # (span, tokens, dtype) of the cached table
+        self._forward_memo: tuple | None = None  # (cos, sin, (span, tokens, dtype), table) of this forward, compiled only
 
     @property
     def is_identity(self) -> bool:
@@ -68,19 +73,38 @@ class QKRotator:
         """Drop the per-forward table of a compiled forward (see the module docstring)."""
         self._forward_memo = None
 
-    def _table_this_forward(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> GeneralizedRopeTable:
+    def _build(self, cos: torch.Tensor, sin: torch.Tensor, span: tuple[int, int], n: int, dtype: torch.dtype):
+        """The table of the whole sequence: RoPE·R on ``span``, R alone (cos 1, sin 0) on the other tokens."""
+        cos = as_token_table(cos, "cos").detach().to(torch.float64)
+        sin = as_token_table(sin, "sin").detach().to(torch.float64)
+        start, stop = span
+        if (start, stop) != (0, n):
+            d = cos.shape[-1]
+            cos = torch.cat([cos.new_ones(start, d), cos, cos.new_ones(n - stop, d)])
+            sin = torch.cat([sin.new_zeros(start, d), sin, sin.new_zeros(n - stop, d)])
+        return fuse_rope_and_rotation(cos, sin, self.rotation).to(dtype=dtype)
+
+    def _table_this_forward(self, cos, sin, span, n, dtype) -> GeneralizedRopeTable:
         memo = self._forward_memo
-        if memo is not None and memo[0] is cos and memo[1] is sin and memo[2] == dtype:
+        if memo is not None and memo[0] is cos and memo[1] is sin and memo[2] == (span, n, dtype):
             return memo[3]
-        table = fuse_rope_and_rotation(cos.detach(), sin.detach(), self.rotation).to(dtype=dtype)
-        self._forward_memo = (cos, sin, dtype, table)
+        table = self._build(cos, sin, span, n, dtype)
+        self._forward_memo = (cos, sin, (span, n, dtype), table)
         return table
 
-    def _table(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> GeneralizedRopeTable:
+    def _table(
+        self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, span: tuple[int, int] | None = None,
+        n: int | None = None,
+    ) -> GeneralizedRopeTable:
+        """The table of a sequence of ``n`` tokens whose ``span`` gets RoPE (default: all of cos's tokens)."""
+        if span is None:
+            n = as_token_table(cos, "cos").shape[0]
+            span = (0, n)
+        span = (int(span[0]), int(span[1]))
         if torch.compiler.is_compiling():
-            return self._table_this_forward(cos, sin, dtype)
+            return self._table_this_forward(cos, sin, span, n, dtype)
         key = self._cache_key
-        if key is not None and self._cache_dtype == dtype:
+        if key is not None and self._cache_dtype == (span, n, dtype):
             if key[0] is cos and key[1] is sin:
                 return self._cache_table
             if (
@@ -92,36 +116,40 @@ class QKRotator:
                 self._cache_key = (cos, sin)
                 return self._cache_table
         # Built in float64 on cos's device, kept in the compute dtype.
-        table = fuse_rope_and_rotation(cos.detach(), sin.detach(), self.rotation).to(dtype=dtype)
+        table = self._build(cos, sin, span, n, dtype)
         self._cache_key = (cos, sin)
         self._cache_table = table
-        self._cache_dtype = dtype
+        self._cache_dtype = (span, n, dtype)
         return table
 
     # ---- the op ------------------------------------------------------------------------------
-    def _rope_and_rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if not self.fuse:
-            return self._rotate_only(apply_rope_interleaved(x, cos, sin))
-        return apply_generalized_rope(x, self._table(cos, sin, _compute_dtype(x)))
-
     def _rotate_only(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-2] == 0 or self.is_identity:
             return x
         return self.rotation.apply(x)
 
+    def _check(self, x: torch.Tensor, rope, span: tuple[int, int]) -> None:
+        start, stop = span
+        n = x.shape[-2]
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"span: expected 0 <= start <= stop <= {n}, got {span}")
+        if rope is not None:
+            n_rope = as_token_table(rope[0], "cos").shape[0]
+            if n_rope != stop - start:
+                raise ValueError(f"rope: expected tables for {stop - start} tokens (span {span}), got {n_rope}")
+
     def deferred_table(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, span: tuple[int, int]
     ) -> GeneralizedRopeTable | None:
-        """The table that :meth:`rotate` would apply to ``x`` as ``apply_generalized_rope(x, table)``, when that is
-        all it does: the fused path, RoPE on every token (``span`` = all of x's), one table for all heads. The
-        caller may then hand the table on (the int8-fp8 pre-processing applies it itself) and rotate only where
-        it must. ``None`` otherwise (a text span, ``full``, per-block or per-head rotations): rotate first."""
-        if not self.fuse or rope is None or tuple(span) != (0, x.shape[-2]):
+        """The table that :meth:`rotate` applies to ``x`` as ``apply_generalized_rope(x, table)`` (the whole
+        sequence: RoPE·R on ``span``, R alone on the text tokens), when it is one table for all heads: the fused
+        path with RoPE. The caller may then hand the table on (the int8-fp8 pre-processing applies it itself) and
+        rotate only where it must. ``None`` otherwise (no RoPE, ``fuse=False``, per-block or per-head rotations):
+        rotate first."""
+        if not self.fuse or rope is None:
             return None
-        cos, sin = rope
-        if as_token_table(cos, "cos").shape[0] != x.shape[-2]:
-            return None  # (rotate raises the error)
-        table = self._table(cos, sin, _compute_dtype(x))
+        self._check(x, rope, span)
+        table = self._table(rope[0], rope[1], _compute_dtype(x), tuple(span), x.shape[-2])
         return table if table.coef.dim() == 3 else None
 
     def rotate(
@@ -138,22 +166,21 @@ class QKRotator:
                 ``span[1] - span[0]`` tokens ([N_r, D] or Wan's [1, N_r, 1, D]); ``None`` when
                 the model applies no RoPE (CogVideoX-2B).
             span: ``(start, stop)`` token range RoPE covers; tokens outside get R alone.
+
+        With ``fuse`` (and RoPE) one table covers the whole sequence, the tokens outside the span with RoPE's
+        identity (cos 1, sin 0), so the call is one pass; otherwise RoPE then ``rotation.apply`` on the span and
+        ``rotation.apply`` on the rest.
         """
-        start, stop = span
-        n = x.shape[-2]
-        if not 0 <= start <= stop <= n:
-            raise ValueError(f"span: expected 0 <= start <= stop <= {n}, got {span}")
+        self._check(x, rope, span)
         if rope is None:
             return self._rotate_only(x)
         cos, sin = rope
-        n_rope = as_token_table(cos, "cos").shape[0]
-        if n_rope != stop - start:
-            raise ValueError(f"rope: expected tables for {stop - start} tokens (span {span}), got {n_rope}")
-        if start == 0 and stop == n:
-            return self._rope_and_rotate(x, cos, sin)
+        if self.fuse:
+            return apply_generalized_rope(x, self._table(cos, sin, _compute_dtype(x), tuple(span), x.shape[-2]))
+        start, stop = span
         parts = [
             self._rotate_only(x[..., :start, :]),
-            self._rope_and_rotate(x[..., start:stop, :], cos, sin),
+            self._rotate_only(apply_rope_interleaved(x[..., start:stop, :], cos, sin)),
             self._rotate_only(x[..., stop:, :]),
         ]
         return torch.cat([p for p in parts if p.shape[-2] > 0], dim=-2)

@@ -16,7 +16,11 @@ and per position four coefficients ``coef[n, c, :]``::
 When pair(p) == pair(c) (none, interleaved) the last two slots repeat the first two with zero
 coefficients. This is the design card's "fuses Interleaved/Half 2×2 rotations into 3D-RoPE
 tables": one element-wise pass applies RoPE and any of none / interleaved / half / learned.
-The full Hadamard is not sparse and is applied after RoPE with ``rotation.apply``.
+
+The full Hadamard is not sparse: its table is RoPE's alone with ``hadamard=True``, which means "then the
+normalized fast Walsh–Hadamard transform over D" (:func:`rotvid.rope.hadamard.fwht`, on the table's output rounded
+to x's dtype, the bits of RoPE followed by ``rotation.apply``). The CUDA kernels run that transform in registers
+after the table, in the same order of additions.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rotvid.rope.rotations import NoRotation, PairRotation, Rotation, interleaved_pairs
+from rotvid.rope.hadamard import fwht
+from rotvid.rope.rotations import FullHadamardRotation, NoRotation, PairRotation, Rotation, interleaved_pairs
 from rotvid.rope.tables import as_token_table
 
 __all__ = ["GeneralizedRopeTable", "fuse_rope_and_rotation", "apply_generalized_rope"]
@@ -45,10 +50,13 @@ class GeneralizedRopeTable:
             [*lead, N, D, 4] for per-head learned rotations (e.g. [H, N, D, 4], broadcast
             against x [B, H, N, D]).
         index: long [D, 4], source channels of each output channel (same for every position).
+        hadamard: after the table, the normalized Walsh–Hadamard transform over D (the ``full`` rotation):
+            ``fwht(table_op(x))`` with the table's output rounded to x's dtype first.
     """
 
     coef: torch.Tensor
     index: torch.Tensor
+    hadamard: bool = False
 
     def __post_init__(self) -> None:
         if self.index.dtype != torch.long or self.index.dim() != 2 or self.index.shape[1] != 4:
@@ -56,6 +64,8 @@ class GeneralizedRopeTable:
         d = self.index.shape[0]
         if self.coef.dim() < 3 or self.coef.shape[-2:] != (d, 4):
             raise ValueError(f"coef must be [..., N, {d}, 4], got {tuple(self.coef.shape)}")
+        if self.hadamard and d & (d - 1):
+            raise ValueError(f"hadamard: the Walsh–Hadamard transform needs a power-of-two head_dim, got {d}")
 
     @property
     def num_tokens(self) -> int:
@@ -67,7 +77,7 @@ class GeneralizedRopeTable:
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "GeneralizedRopeTable":
         """Copy with coef moved/cast (index stays long)."""
-        return GeneralizedRopeTable(self.coef.to(device=device, dtype=dtype), self.index.to(device=device))
+        return GeneralizedRopeTable(self.coef.to(device=device, dtype=dtype), self.index.to(device=device), self.hadamard)
 
 
 def _pair_structure(rotation: Rotation, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,12 +85,12 @@ def _pair_structure(rotation: Rotation, head_dim: int) -> tuple[torch.Tensor, to
         raise ValueError(f"rotation is for head_dim={rotation.head_dim}, cos/sin have D={head_dim}")
     if isinstance(rotation, PairRotation):
         return rotation.column_structure()
-    if isinstance(rotation, NoRotation):
+    if isinstance(rotation, (NoRotation, FullHadamardRotation)):  # (full: RoPE's table, then the FWHT)
         partner = interleaved_pairs(head_dim).flip(-1).reshape(-1)  # c ^ 1
         return partner, torch.ones(head_dim, dtype=torch.float64), torch.zeros(head_dim, dtype=torch.float64)
     raise ValueError(
-        f"rotation.kind must be 'none', 'interleaved', 'half' or 'learned' to fuse into the RoPE table, "
-        f"got {rotation.kind!r} (apply 'full' after RoPE with rotation.apply)"
+        f"rotation.kind must be 'none', 'interleaved', 'half', 'full' or 'learned' to fuse into the RoPE table, "
+        f"got {rotation.kind!r}"
     )
 
 
@@ -91,7 +101,7 @@ def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotat
         cos, sin: diffusers' expanded interleaved RoPE tables, [N, D] or any shape
             :func:`rotvid.rope.tables.as_token_table` accepts (Wan's [1, N, 1, D]), any float
             dtype — as the model's own rotary module returns them at run time.
-        rotation: none, interleaved, half or learned (``full`` raises ValueError).
+        rotation: none, interleaved, half, learned, or full (RoPE's table with ``hadamard=True``).
 
     Returns:
         GeneralizedRopeTable with float64 coef [*lead, N, D, 4] and index [D, 4] on cos's
@@ -128,7 +138,7 @@ def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotat
     for _, value, slot in terms:
         value = value.expand(*lead, n, d)
         coef.scatter_add_(-1, slot.expand(*lead, n, d).unsqueeze(-1), value.unsqueeze(-1))
-    return GeneralizedRopeTable(coef=coef, index=index)
+    return GeneralizedRopeTable(coef=coef, index=index, hadamard=isinstance(rotation, FullHadamardRotation))
 
 
 @functools.lru_cache(maxsize=1)
@@ -154,6 +164,10 @@ def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torc
     :func:`rotvid.kernels.rope_triton.apply_generalized_rope_triton` (float32 compute),
     except under ``torch.compile``, where the PyTorch form below is traced (no availability probe
     in the graph) and the compiler fuses the gather, multiply and sum into one pass itself.
+
+    A ``hadamard`` table (the ``full`` rotation) adds :func:`rotvid.rope.hadamard.fwht` over D after the table's
+    output is rounded to x.dtype: inside the CUDA kernel (in registers, the same order of additions), after the
+    Triton kernel or the PyTorch form otherwise.
     """
     n, d = table.num_tokens, table.head_dim
     if x.dim() < 2 or x.shape[-2:] != (n, d):
@@ -165,7 +179,12 @@ def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torc
         from rotvid.kernels import cuda_backend
 
         if not cuda_backend.generalized_rope_unsupported(x, table.coef):
-            return cuda_backend.generalized_rope_cuda(x, table.coef, table.index)
+            return cuda_backend.generalized_rope_cuda(x, table.coef, table.index, hadamard=table.hadamard)
+    out = _table_op(x, table, lead)
+    return fwht(out) if table.hadamard else out
+
+
+def _table_op(x: torch.Tensor, table: GeneralizedRopeTable, lead: tuple) -> torch.Tensor:
     if (
         x.is_cuda
         and x.dim() == 4

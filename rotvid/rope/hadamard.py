@@ -31,6 +31,7 @@ from torch import nn
 
 __all__ = [
     "hadamard_matrix",
+    "fwht",
     "fuse_v_hadamard",
     "unfuse_v_hadamard",
     "is_v_hadamard_fused",
@@ -57,6 +58,37 @@ def hadamard_matrix(n: int, dtype: torch.dtype = torch.float64, device: torch.de
     while h.shape[0] < n:
         h = torch.kron(h2, h)
     return (h * (n ** -0.5)).to(dtype=dtype, device=device)
+
+
+def _inv_sqrt(d: int, dtype: torch.dtype) -> float:
+    """D^-1/2 rounded to ``dtype`` (a Python float holding a float32 value for float32: the product with a float32
+    tensor is then the correctly rounded float32 product however the scalar is carried, as the kernels' constant)."""
+    return d**-0.5 if dtype == torch.float64 else torch.tensor(d**-0.5, dtype=torch.float32).item()
+
+
+def fwht(x: torch.Tensor) -> torch.Tensor:
+    """``x @ hadamard_matrix(D)`` over the last dim (D a power of two) by the fast Walsh–Hadamard transform.
+
+    log2(D) butterfly stages, stage s first for s = 0, 1, ...: channels i and i + 2^s (bit s of i clear) become
+    (x_i + x_{i+2^s}, x_i - x_{i+2^s}); then one multiply by D^-1/2. Computed in float32 (float64 for float64
+    x), rounded once to x.dtype. That order is the definition: the CUDA kernels that apply the full Hadamard
+    (``rope_rows.cuh``) run the same additions in the same order, so they give these bits. Each output is a
+    sum of D terms formed by a D-leaf tree, not the matmul's order, so it may differ from ``x @ H`` in the last
+    bits (float32 rounding).
+    """
+    d = x.shape[-1]
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"x: the last dim must be a power of two, got {tuple(x.shape)}")
+    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    lead = x.shape[:-1]
+    y = x.to(cd)
+    h = 1
+    while h < d:
+        y = y.reshape(*lead, d // (2 * h), 2, h)
+        a, b = y[..., 0, :], y[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2)
+        h *= 2
+    return (y.reshape(*lead, d) * _inv_sqrt(d, cd)).to(x.dtype)
 
 
 def is_v_hadamard_fused(attn: nn.Module) -> bool:

@@ -40,7 +40,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rotvid.rope.hadamard import hadamard_matrix
+from rotvid.rope.hadamard import fwht, hadamard_matrix
 
 __all__ = [
     "Rotation",
@@ -227,8 +227,10 @@ class NoRotation(Rotation):
 
 
 class FullHadamardRotation(Rotation):
-    """R = H_D, the normalized D×D Sylvester Hadamard (D a power of two), applied online after
-    RoPE (one D×D matmul per token; cannot be fused into the RoPE table)."""
+    """R = H_D, the normalized D×D Sylvester Hadamard (D a power of two), applied after RoPE by the fast
+    Walsh–Hadamard transform (:func:`rotvid.rope.hadamard.fwht`: log2 D butterfly stages, its order defines the
+    bits). Not a pair rotation: the generalized table carries it as a flag (``GeneralizedRopeTable.hadamard``),
+    and the CUDA kernels run the transform in registers after the table."""
 
     kind = "full"
 
@@ -240,12 +242,7 @@ class FullHadamardRotation(Rotation):
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x must be [..., {self.head_dim}], got {tuple(x.shape)}")
-        cd = _compute_dtype(x)
-        key = (x.device, cd)
-        cache = self._device_cache()
-        if key not in cache:
-            cache[key] = hadamard_matrix(self.head_dim, cd, x.device)
-        return (x.to(cd) @ cache[key]).to(x.dtype)
+        return fwht(x)
 
     def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         return hadamard_matrix(self.head_dim, dtype)

@@ -1,6 +1,7 @@
 """RoPE·R inside the int8-fp8 pre-processing (preprocess_int8fp8.cu: rope_q_kernel; K through rope_table.cu): the operands it
 writes are byte for byte those of the RoPE·R pass (rope_table.cu) followed by the pre-processing, for every pair
-rotation, both head dims and layouts, odd lengths, kv_lens and the smoothing switches; the attention through the
+rotation and the full Hadamard (its transform in registers), both head dims and layouts, odd lengths, kv_lens and the
+smoothing switches; the attention through the
 dispatcher (``rope=``) equals the attention of the rotated tensors, eager and compiled."""
 
 import pytest
@@ -41,7 +42,7 @@ def rotated(x, table, layout):
     return apply_generalized_rope(x.transpose(1, 2), table).transpose(1, 2)
 
 
-@pytest.mark.parametrize("spec", ["none", "interleaved", "half", "learned"])
+@pytest.mark.parametrize("spec", ["none", "interleaved", "half", "learned", "full"])
 @pytest.mark.parametrize("d, dtype", [(128, torch.bfloat16), (64, torch.float16)], ids=str)
 @pytest.mark.parametrize("layout", ["BHND", "BNHD"])
 def test_fused_rope_preprocess_equals_rope_pass_then_preprocess(spec, d, dtype, layout):

@@ -7,6 +7,7 @@ import torch
 
 from rotvid.kernels import cuda_backend
 from rotvid.rope.fused_table import apply_generalized_rope, fuse_rope_and_rotation
+from rotvid.rope.hadamard import fwht
 from rotvid.rope.rotations import PairRotation, make_rotation
 from rotvid.rope.tables import rope_table_3d
 
@@ -33,12 +34,15 @@ def test_unsupported_inputs_are_named_on_cpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", ["none", "interleaved", "half", "learned"])
+@pytest.mark.parametrize("spec", ["none", "interleaved", "half", "learned", "full"])
 @pytest.mark.parametrize("d, dtype", [(128, torch.bfloat16), (64, torch.float16), (128, torch.float16)], ids=str)
 @pytest.mark.parametrize("layout", ["BHND", "BNHD"])
 def test_cuda_kernel_equals_triton_and_compiled_form(spec, d, dtype, layout):
+    """``full``: RoPE's table with the Walsh–Hadamard transform in registers; the references are then the Triton
+    kernel / compiled form followed by ``fwht`` (rotvid.rope.hadamard), which fixes the order of additions."""
     from rotvid.kernels.rope_triton import apply_generalized_rope_triton
 
+    then = fwht if spec == "full" else (lambda y: y)
     for grid in [(1, 1, 1), (1, 97, 1), (3, 7, 49)]:  # N = 1, 97, 1029: tails of the 16- / 32-token CTAs
         table, n = make_table(d, spec, grid, "cuda", seed=n_seed(grid))
         b, h = 2, 5  # 5 heads: a step of 4 and a tail of 1
@@ -50,15 +54,17 @@ def test_cuda_kernel_equals_triton_and_compiled_form(spec, d, dtype, layout):
         assert cuda_backend.generalized_rope_unsupported(x, table.coef) == ""
         out = torch.full((b, h, n, d), float("nan"), device="cuda", dtype=dtype)
         ext = cuda_backend.load_extension(x.device)
-        ext.generalized_rope(x, table.coef.contiguous(), table.index.to(torch.int32).contiguous(), out)
+        assert table.hadamard == (spec == "full")
+        ext.generalized_rope(x, table.coef.contiguous(), table.index.to(torch.int32).contiguous(), out,
+                             hadamard=table.hadamard)
         torch.cuda.synchronize()
         assert not torch.isnan(out).any(), "kernel left output elements unwritten (NaN poison survived)"
-        want = apply_generalized_rope_triton(x, table.coef, table.index)
+        want = then(apply_generalized_rope_triton(x, table.coef, table.index))
         assert torch.equal(out, want), f"{spec} {grid}: differs from the Triton kernel"
         if layout == "BHND" and n > 1000:  # (one compile per case)
             idx = table.index.to(x.device)
             compiled = torch.compile(lambda x, c: (x.float()[..., idx] * c).sum(-1).to(x.dtype), fullgraph=True)
-            assert torch.equal(out, compiled(x, table.coef)), f"{spec} {grid}: differs from the compiled PyTorch form"
+            assert torch.equal(out, then(compiled(x, table.coef))), f"{spec} {grid}: differs from the compiled form"
         # and the dispatch takes it
         assert torch.equal(apply_generalized_rope(x, table), out)
 

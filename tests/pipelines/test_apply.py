@@ -83,6 +83,20 @@ def test_text_tokens_need_the_rotation_too(tiny, monkeypatch):
     pipe = tiny("cogvideox")
     ref = run(pipe, "cogvideox")
     monkeypatch.setattr(qk_rotation.QKRotator, "_rotate_only", lambda self, x: x)
+    build = qk_rotation.QKRotator._build
+
+    def without_r_on_text(self, cos, sin, span, n, dtype):
+        # the fused path's table: the text rows become the identity (no RoPE, no R)
+        table = build(self, cos, sin, span, n, dtype)
+        d = table.head_dim
+        eye = torch.zeros(d, 4, dtype=table.coef.dtype)
+        eye[torch.arange(d), torch.arange(d) % 2] = 1.0  # index[c] = (e, e + 1, ...): c is slot c - e
+        outside = torch.ones(n, dtype=torch.bool)
+        outside[span[0] : span[1]] = False
+        table.coef[outside] = eye
+        return table
+
+    monkeypatch.setattr(qk_rotation.QKRotator, "_build", without_r_on_text)
     apply(pipe, RotvidConfig(recipe="fp16", rotation="half"))
     try:
         out = run(pipe, "cogvideox")

@@ -130,14 +130,17 @@ def test_tiny_wan_transformer_under_cuda_graphs_matches_eager(tmp_path):
 
 
 @pytest.mark.gpu
-def test_tiny_wan_rope_in_the_preprocessing_equals_the_rope_pass(tmp_path, monkeypatch):
-    """Wan's RoPE covers every token: its processors hand the RoPE·R table to the int8-fp8 call, whose CUDA
-    pre-processing applies it (no separate pass). The transformer's output is bit for bit that of the RoPE·R pass
-    followed by the same kernels (the deferral switched off)."""
+@pytest.mark.parametrize("rotation", ["half", "full"])
+@pytest.mark.parametrize("family", ["wan", "hunyuan_video", "cogvideox"])
+def test_tiny_rope_in_the_preprocessing_equals_the_rope_pass(tmp_path, monkeypatch, family, rotation):
+    """The processors hand the RoPE·R table of the whole joint sequence (text tokens: R alone; ``full``: the
+    table then the Walsh–Hadamard transform) to the int8-fp8 call, whose CUDA pre-processing applies it (no
+    separate pass). The transformer's output is bit for bit that of the RoPE·R pass followed by the same kernels
+    (the deferral switched off)."""
     from rotvid.pipelines import qk_rotation
 
-    pipe = build_tiny_pipeline("wan", tmp_path / "wan", dtype=torch.bfloat16).to("cuda")
-    args, kwargs = transformer_inputs(pipe, "wan", size=64)
+    pipe = build_tiny_pipeline(family, tmp_path / family, dtype=torch.bfloat16).to("cuda")
+    args, kwargs = transformer_inputs(pipe, family, size=64)
     seen = []
     original = qk_rotation.QKRotator.deferred_table
 
@@ -149,7 +152,7 @@ def test_tiny_wan_rope_in_the_preprocessing_equals_the_rope_pass(tmp_path, monke
     outs = []
     for defer in (True, False):
         monkeypatch.setattr(qk_rotation.QKRotator, "deferred_table", spy if defer else lambda *a: None)
-        handle = apply(pipe, RotvidConfig(recipe="int8-fp8", rotation="half", backend="cuda", schedule="none"))
+        handle = apply(pipe, RotvidConfig(recipe="int8-fp8", rotation=rotation, backend="cuda", schedule="none"))
         try:
             handle.tracker.begin(3)
             handle.tracker.set_step(1)

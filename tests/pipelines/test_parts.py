@@ -93,7 +93,7 @@ def test_rotator_keeps_scores_and_matches_rope_then_rotation(kind, span, fuse):
     rot = make_rotation(kind, d, (16, 24, 24))
     r = QKRotator(rot, fuse=fuse)
     qr, kr = r.rotate(q, (cos, sin), span), r.rotate(k, (cos, sin), span)
-    assert (r._cache_table is not None) == (fuse and kind != "full")
+    assert (r._cache_table is not None) == fuse
 
     def rope_only(x):
         a, b = span
@@ -191,8 +191,18 @@ def test_deferred_table_only_when_one_table_covers_every_token():
     r = QKRotator(rot)
     table = r.deferred_table(x, (cos, sin), (0, 9))
     assert table is not None and torch.equal(apply_generalized_rope(x, table), r.rotate(x, (cos, sin), (0, 9)))
+    # a text span (R alone there: RoPE's identity rows in the same table), either end
     cos4, sin4 = rope_tables(5, 64, 5)
-    assert r.deferred_table(x, (cos4, sin4), (4, 9)) is None  # a text span: R alone there, rotate first
-    assert r.deferred_table(x, None, (0, 0)) is None
+    for span in [(4, 9), (0, 5), (2, 7)]:
+        spanned = r.deferred_table(x, (cos4, sin4), span)
+        assert spanned is not None and spanned.coef.shape == (9, 64, 4)
+        assert torch.equal(apply_generalized_rope(x, spanned), r.rotate(x, (cos4, sin4), span))
+    # the full Hadamard: RoPE's table flagged, the same contract
+    full = QKRotator(make_rotation("full", 64, None))
+    ft = full.deferred_table(x, (cos4, sin4), (4, 9))
+    assert ft is not None and ft.hadamard
+    assert torch.equal(apply_generalized_rope(x, ft), full.rotate(x, (cos4, sin4), (4, 9)))
+    assert r.deferred_table(x, None, (0, 0)) is None  # no RoPE: R alone, rotate first
     assert QKRotator(rot, fuse=False).deferred_table(x, (cos, sin), (0, 9)) is None
-    assert QKRotator(make_rotation("full", 64, None)).deferred_table(x, (cos, sin), (0, 9)) is None
+    with pytest.raises(ValueError, match="rope: expected tables for 4 tokens"):
+        r.deferred_table(x, (cos4, sin4), (5, 9))

@@ -1,5 +1,5 @@
 """Generalized RoPE table: RoPE followed by none / interleaved / half / learned in one
-element-wise op, exact in float64."""
+element-wise op, exact in float64; the full Hadamard as RoPE's table flagged ``hadamard`` (then the FWHT)."""
 
 import math
 
@@ -8,13 +8,14 @@ import torch
 from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
 from rotvid.rope.fused_table import GeneralizedRopeTable, apply_generalized_rope, fuse_rope_and_rotation
+from rotvid.rope.hadamard import fwht
 from rotvid.rope.model_facts import get_rope_facts
 from rotvid.rope.rotations import PairRotation, make_rotation
 from rotvid.rope.tables import apply_rope_interleaved, rope_table_3d
 
 
 def _rotations(head_dim, segs, gen):
-    rots = [make_rotation(s, head_dim, segs) for s in ("none", "interleaved", "half")]
+    rots = [make_rotation(s, head_dim, segs) for s in ("none", "interleaved", "half", "full")]
     for pairing in ("half", "interleaved"):
         angles = torch.rand(head_dim // 2, generator=gen, dtype=torch.float64) * 2 * math.pi
         reflect = (torch.rand(head_dim // 2, generator=gen) > 0.5).to(torch.int8)
@@ -32,6 +33,7 @@ def test_fused_equals_rope_then_rotation_float64(family, head_dim, grid):
     for rot in _rotations(head_dim, segs, gen):
         table = fuse_rope_and_rotation(cos, sin, rot)
         assert table.coef.shape == (cos.shape[0], head_dim, 4) and table.index.shape == (head_dim, 4)
+        assert table.hadamard == (rot.kind == "full")
         ref = rot.apply(apply_rope_interleaved(x, cos, sin))
         assert (apply_generalized_rope(x, table) - ref).abs().max() < 1e-13, (rot.kind, rot.pairing if hasattr(rot, "pairing") else "")
 
@@ -76,8 +78,6 @@ def test_accepts_wan_module_tables_and_float32():
 
 def test_bad_input():
     cos, sin = rope_table_3d("wan", (2, 2, 2), 128)
-    with pytest.raises(ValueError, match="full"):
-        fuse_rope_and_rotation(cos, sin, make_rotation("full", 128))
     with pytest.raises(ValueError, match="head_dim"):
         fuse_rope_and_rotation(cos, sin, make_rotation("half", 64))
     table = fuse_rope_and_rotation(cos, sin, make_rotation("none", 128))
@@ -85,3 +85,20 @@ def test_bad_input():
         apply_generalized_rope(torch.randn(1, 9, 128), table)
     with pytest.raises(ValueError, match="index"):
         GeneralizedRopeTable(coef=torch.zeros(8, 128, 4), index=torch.zeros(128, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="hadamard: .*power-of-two head_dim, got 96"):
+        GeneralizedRopeTable(coef=torch.zeros(8, 96, 4), index=torch.zeros(96, 4, dtype=torch.long), hadamard=True)
+
+
+def test_full_table_is_rope_table_then_fwht_bit_for_bit():
+    """The full rotation's table: RoPE's own table (no pair rotation), flagged; applying it is the table op rounded to
+    x's dtype, then fwht -- the bits the CUDA kernels reproduce."""
+    gen = torch.Generator().manual_seed(3)
+    cos, sin = rope_table_3d("wan", (2, 3, 4), 128)
+    full = fuse_rope_and_rotation(cos, sin, make_rotation("full", 128)).to(dtype=torch.float32)
+    rope_only = fuse_rope_and_rotation(cos, sin, make_rotation("none", 128)).to(dtype=torch.float32)
+    assert full.hadamard and not rope_only.hadamard and full.to(dtype=torch.float64).hadamard
+    assert torch.equal(full.coef, rope_only.coef) and torch.equal(full.index, rope_only.index)
+    x = torch.randn(1, 2, 24, 128, generator=gen).bfloat16()
+    out = apply_generalized_rope(x, full)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, fwht(apply_generalized_rope(x, rope_only)))

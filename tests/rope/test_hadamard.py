@@ -14,6 +14,7 @@ from diffusers.models.transformers.transformer_wan import WanAttention, WanAttnP
 
 from rotvid.rope.hadamard import (
     fuse_v_hadamard,
+    fwht,
     fuse_v_hadamard_single_stream,
     hadamard_matrix,
     is_v_hadamard_fused,
@@ -211,3 +212,39 @@ def test_hunyuan_text_branch_needs_the_same_h():
         attn.add_v_proj.bias.copy_(text_b)
         video, _ = attn(x, ctx, image_rotary_emb=freqs)
         assert (video - ref_video).abs().max() > 1e-2 * ref_video.abs().max()
+
+
+@pytest.mark.parametrize("d", [1, 2, 8, 64, 128])
+def test_fwht_equals_the_hadamard_matrix(d):
+    x = torch.randn(3, 5, d, dtype=torch.float64)
+    assert (fwht(x) - x @ hadamard_matrix(d)).abs().max() < 1e-12
+    x32 = x.float()
+    out = fwht(x32)
+    assert out.dtype == torch.float32 and (out.double() - x @ hadamard_matrix(d)).abs().max() < 1e-5 * d
+    assert fwht(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_fwht_order_is_the_documented_butterfly():
+    """Stage s = 0, 1, ... maps (x_i, x_{i + 2^s}) -> (x_i + x_{i + 2^s}, x_i - x_{i + 2^s}) in float32, then one
+    multiply by D^-1/2 rounded to float32: the CUDA kernels follow this order, so it must not drift. A per-element
+    loop written from that sentence gives the same bits."""
+    d = 16
+    x = torch.randn(7, d) * torch.logspace(-3, 3, d)  # magnitudes that make the rounding order visible
+    want = x.clone()
+    for s in range(4):
+        h = 1 << s
+        nxt = want.clone()
+        for i in range(d):
+            if i & h == 0:
+                nxt[:, i] = want[:, i] + want[:, i + h]
+                nxt[:, i + h] = want[:, i] - want[:, i + h]
+        want = nxt
+    want = want * torch.tensor(d**-0.5, dtype=torch.float32)
+    assert torch.equal(fwht(x), want)
+    # the order matters at these magnitudes: the matmul's float32 sums differ somewhere
+    assert not torch.equal(fwht(x), x @ hadamard_matrix(d, torch.float32))
+
+
+def test_fwht_rejects_non_power_of_two():
+    with pytest.raises(ValueError, match="power of two"):
+        fwht(torch.zeros(2, 12))

@@ -44,10 +44,12 @@ rotvid::PreprocessParams pre_params(const at::Tensor& x, const Dims& d, int64_t 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // RoPE·R by the generalized table over x (dims d, any layout through its strides) into out ([B, H, N, D] through
-// its strides; nullptr: no output tensor, the fused Q pass of the int8-fp8 pre-processing)
+// its strides; nullptr: no output tensor, the fused Q pass of the int8-fp8 pre-processing); hadamard: the full
+// rotation's Walsh-Hadamard transform after the table
 rotvid::RopeTableParams rope_params(const at::Tensor& x, const Dims& d, const at::Tensor& coef,
-                                    const at::Tensor& index, const at::Tensor* out) {
+                                    const at::Tensor& index, const at::Tensor* out, bool hadamard) {
   rotvid::RopeTableParams p{};
+  p.hadamard = hadamard ? 1 : 0;
   p.x = x.data_ptr();
   p.coef = coef.data_ptr<float>();
   p.index = index.data_ptr<int>();
@@ -284,10 +286,11 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
 // With rope_coef / rope_index (the generalized RoPE table shared by the heads, float32 [N, D, 4] and int32 [D, 4], Nq ==
 // Nkv == N): Q and K are RoPE·R-rotated here, with the bits of generalized_rope followed by this function -- Q
 // rotated and quantized in one pass, K by generalized_rope into a scratch tensor the statistics and quantize read.
+// rope_hadamard: the table is the full rotation's (then the Walsh-Hadamard transform, as generalized_rope's).
 std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const c10::optional<at::Tensor>& kv_lens, bool bnhd, bool smooth_k,
                                            bool smooth_v, const c10::optional<at::Tensor>& rope_coef,
-                                           const c10::optional<at::Tensor>& rope_index) {
+                                           const c10::optional<at::Tensor>& rope_index, bool rope_hadamard) {
   const QKVDims d = checked_qkv_dims(q, k, v, kv_lens, bnhd);  // (before the guard: CUDA inputs checked first)
   const Dims &dq = d.q, &dk = d.k, &dv = d.v;
   const c10::cuda::CUDAGuard guard(q.device());
@@ -345,12 +348,12 @@ std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor
                   "q, k: 16-byte aligned rows for RoPE·R in the pre-processing");
     k_rot = at::empty({dk.B, dk.H, dk.N, D}, k.options());
     rotvid::RopePreParams r{};
-    r.q = rope_params(q, dq, coef, index, nullptr);
+    r.q = rope_params(q, dq, coef, index, nullptr, rope_hadamard);
     r.q_out = q_hat.data_ptr<int8_t>();
     r.q_scale = q_scale.data_ptr<float>();
     r.nq_pad = (int)nq_pad;
     check_cuda(rotvid::launch_int8fp8_rope(r, stream), "int8fp8_rope");
-    const rotvid::RopeTableParams rk = rope_params(k, dk, coef, index, &k_rot);
+    const rotvid::RopeTableParams rk = rope_params(k, dk, coef, index, &k_rot, rope_hadamard);
     check_cuda(rotvid::launch_generalized_rope(rk, stream), "generalized_rope");
     p.k = pre_params(k_rot, Dims{dk.B, dk.H, dk.N, D, k_rot.stride(0), k_rot.stride(1), k_rot.stride(2)}, nkv_pad);
     p.k.kv_lens = lens;
@@ -439,7 +442,7 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
 }
 
 at::Tensor generalized_rope(const at::Tensor& x, const at::Tensor& coef, const at::Tensor& index,
-                            const c10::optional<at::Tensor>& out_opt) {
+                            const c10::optional<at::Tensor>& out_opt, bool hadamard) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 4 && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf),
               "x: fp16 / bf16 CUDA [B,H,N,D]");
   const int64_t B = x.size(0), H = x.size(1), N = x.size(2), D = x.size(3);
@@ -462,7 +465,7 @@ at::Tensor generalized_rope(const at::Tensor& x, const at::Tensor& coef, const a
   } else {
     out = at::empty({B, H, N, D}, x.options());
   }
-  rotvid::RopeTableParams p = rope_params(x, dims_of(x, false), coef, index, &out);
+  rotvid::RopeTableParams p = rope_params(x, dims_of(x, false), coef, index, &out, hadamard);
   check_cuda(rotvid::launch_generalized_rope(p, c10::cuda::getCurrentCUDAStream()), "generalized_rope");
   return out;
 }
@@ -475,5 +478,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("preprocess_int8fp8", &preprocess_int8fp8, "int8-fp8 pre-processing (INT8 Q/K per token, FP8 V per channel)");
   m.def("attention_int8fp8", &attention_int8fp8,
         "int8-fp8 attention on quantized inputs (mma=false: the sm90 wgmma kernel; true: the sm89+ mma.sync kernel)");
-  m.def("generalized_rope", &generalized_rope, "RoPE·R by the generalized table shared by the heads (one pass)");
+  m.def("generalized_rope", &generalized_rope,
+        "RoPE·R by the generalized table shared by the heads (one pass; hadamard: then the Walsh-Hadamard transform)",
+        py::arg("x"), py::arg("coef"), py::arg("index"), py::arg("out") = py::none(), py::arg("hadamard") = false);
 }

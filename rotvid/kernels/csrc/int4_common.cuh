@@ -117,7 +117,8 @@ cudaError_t launch_int8fp8_attention_wgmma(const Int4AttnParams& p, int head_dim
 cudaError_t launch_int8fp8_attention_mma(const Int4AttnParams& p, int head_dim, cudaStream_t stream);
 
 // RoPE·R by the generalized table shared by the heads (rope_table.cu): x, out [B, H, N, D] (strides in elements,
-// unit stride on D, 16-byte aligned rows), coef float32 [N, D, 4], index int32 [D, 4]; D 64 or 128.
+// unit stride on D, 16-byte aligned rows), coef float32 [N, D, 4], index int32 [D, 4]; D 64 or 128. hadamard: then
+// the normalized Walsh-Hadamard transform over D (the full rotation; roperows::fwht8).
 struct RopeTableParams {
   const void* x;
   void* out;
@@ -126,6 +127,7 @@ struct RopeTableParams {
   long long sxb, sxh, sxn, sob, soh, son;
   int B, H, N, D;
   int is_bf16;
+  int hadamard;
 };
 cudaError_t launch_generalized_rope(const RopeTableParams& p, cudaStream_t stream);
 

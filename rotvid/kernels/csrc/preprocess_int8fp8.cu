@@ -405,9 +405,9 @@ __device__ __forceinline__ void load_and_stage(const RopeTableParams& x, int b, 
   __syncthreads();
 }
 
-// Q: RoPE·R, then INT8 per token exactly as quantize_q_tile (rows Nq .. nq_pad - 1 zero with scale 0).
-// grid (nq_pad / ROWS, B).
-template <typename T, int D>
+// Q: RoPE·R (HADAMARD: then the Walsh-Hadamard transform on the rounded row, as generalized_rope_kernel), then INT8
+// per token exactly as quantize_q_tile (rows Nq .. nq_pad - 1 zero with scale 0). grid (nq_pad / ROWS, B).
+template <typename T, int D, bool HADAMARD>
 __global__ void __launch_bounds__(kThreads) rope_q_kernel(const __grid_constant__ RopePreParams p) {
   using RR = RopeRows<D>;
   __shared__ __align__(16) uint4 stage[RR::U * RR::ROWS * RR::TPR];
@@ -429,12 +429,16 @@ __global__ void __launch_bounds__(kThreads) rope_q_kernel(const __grid_constant_
       if (h >= x.H) continue;  // (the same for the whole CTA: the shuffles below see every lane)
       float y[8];
       roperows::rotate8<T>(own[u], staged + (size_t)u * RR::ROWS * (D / 2), cf, partner, y);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[j] = valid ? roperows::round_to<T>(y[j]) : 0.f;
+      if (HADAMARD) {
+        roperows::fwht8<D>(y);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = roperows::round_to<T>(y[j]);
+      }
       float amax = 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        y[j] = valid ? roperows::round_to<T>(y[j]) : 0.f;
-        amax = fmaxf(amax, fabsf(y[j]));
-      }
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(y[j]));
       amax = row_max<RR::TPR>(amax);
       uint2 bytes = make_uint2(0u, 0u);
       float scale = 0.f;
@@ -454,8 +458,13 @@ template <typename T, int D>
 cudaError_t rope_typed(const RopePreParams& p, cudaStream_t stream) {
   using RR = RopeRows<D>;
   if (p.q.D != D || p.nq_pad % RR::ROWS != 0) return cudaErrorInvalidValue;
-  if (p.q.B > 0 && p.q.H > 0 && p.nq_pad > 0)
-    rope_q_kernel<T, D><<<dim3((unsigned)(p.nq_pad / RR::ROWS), (unsigned)p.q.B), kThreads, 0, stream>>>(p);
+  if (p.q.B > 0 && p.q.H > 0 && p.nq_pad > 0) {
+    const dim3 grid((unsigned)(p.nq_pad / RR::ROWS), (unsigned)p.q.B);
+    if (p.q.hadamard)
+      rope_q_kernel<T, D, true><<<grid, kThreads, 0, stream>>>(p);
+    else
+      rope_q_kernel<T, D, false><<<grid, kThreads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

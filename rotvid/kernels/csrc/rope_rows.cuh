@@ -3,6 +3,7 @@
 //   y[c] = fma(c3, x[p + 1], fma(c2, x[p], fma(c0, x[e], c1 x[e + 1]))),   (c0..c3) = coef[n, c, 0..3],
 // e the even channel of c's RoPE pair, p that of its partner pair (index[c] = (e, e + 1, p, p + 1)); float32, rounded
 // once to the input's dtype by the caller. A thread owns 8 consecutive output channels (one 16-byte chunk) of a row.
+// The full rotation adds fwht8 on the row rounded to that dtype (rotvid.rope.hadamard.fwht's bits).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -81,6 +82,40 @@ __device__ __forceinline__ void rotate8(const uint4& own, const uint32_t* staged
       y[j] = acc;
     }
   }
+}
+
+// The normalized Walsh-Hadamard transform of a row of D channels, held 8 per thread (channels 8 c8 + j) by the
+// TPR = D / 8 consecutive lanes c8 = lane % TPR, in rotvid.rope.hadamard.fwht's order: stage s = 0, 1, ... maps channels
+// i and i + 2^s (bit s of i clear) to (a + b, a - b) -- stages 0-2 inside the thread, the others (channel bit 3 + t =
+// lane bit t) across lanes by shuffles -- then one multiply by D^-1/2 rounded to float32. Every lane of the warp calls
+// it (full-mask shuffles).
+template <int D>
+__device__ __forceinline__ void fwht8(float (&y)[8]) {
+  static_assert(D == 64 || D == 128, "fwht8: head_dim 64 or 128");
+  constexpr int TPR = D / 8;
+#pragma unroll
+  for (int h = 1; h < 8; h *= 2) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (j & h) continue;
+      const float a = y[j], b = y[j + h];
+      y[j] = __fadd_rn(a, b);
+      y[j + h] = __fsub_rn(a, b);
+    }
+  }
+  const int c8 = threadIdx.x % TPR;
+#pragma unroll
+  for (int m = 1; m < TPR; m *= 2) {
+    const bool upper = (c8 & m) != 0;  // this lane holds the b's of the stage
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float other = __shfl_xor_sync(0xffffffffu, y[j], m);
+      y[j] = upper ? __fsub_rn(other, y[j]) : __fadd_rn(y[j], other);
+    }
+  }
+  constexpr float kScale = D == 64 ? 0.125f : 0.08838834764831845f;  // D^-1/2 rounded to float32
+#pragma unroll
+  for (int j = 0; j < 8; ++j) y[j] = __fmul_rn(y[j], kScale);
 }
 
 }  // namespace roperows

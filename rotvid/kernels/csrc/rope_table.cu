@@ -11,6 +11,11 @@
 // a time: each thread loads its 16-byte chunk of U rows (U loads in flight), the rows go through shared memory so
 // that each output channel reads its partner pair (any pairing: interleaved, half, learned), and every output chunk
 // leaves as one 16-byte store. So x is read once, out written once, the table read once per batch row.
+//
+// HADAMARD (the full rotation, whose table is RoPE's alone): the rotated row is rounded to the input's dtype (what the
+// RoPE pass would store) and goes through the Walsh-Hadamard transform in registers (roperows::fwht8: three stages in
+// the thread, log2(D / 8) by shuffles among the row's lanes) before the store; rows past N compute zeros and skip the
+// store, so every lane takes part in the shuffles.
 #include <cstdint>
 
 #include "int4_common.cuh"
@@ -24,7 +29,7 @@ using roperows::pack2;
 constexpr int kThreads = 256;
 constexpr int kHeadsPerStep = 4;  // U: rows of this many heads in flight per thread
 
-template <typename T, int D>
+template <typename T, int D, bool HADAMARD>
 __global__ void __launch_bounds__(kThreads) generalized_rope_kernel(const __grid_constant__ RopeTableParams p) {
   constexpr int TPR = D / 8;               // threads per token row (16 bytes each)
   constexpr int ROWS = kThreads / TPR;     // tokens per CTA
@@ -57,9 +62,15 @@ __global__ void __launch_bounds__(kThreads) generalized_rope_kernel(const __grid
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int h = h0 + u;
-      if (!valid || h >= p.H) continue;
+      if (h >= p.H) continue;  // (the same for the whole CTA)
       float y[8];
       roperows::rotate8<T>(own[u], staged + (size_t)u * ROWS * (D / 2), cf, partner, y);
+      if (HADAMARD) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = roperows::round_to<T>(y[j]);
+        roperows::fwht8<D>(y);
+      }
+      if (!valid) continue;
       uint32_t res[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) res[i] = pack2<T>(y[2 * i], y[2 * i + 1]);
@@ -74,9 +85,15 @@ cudaError_t launch_typed(const RopeTableParams& p, cudaStream_t stream) {
   const dim3 grid((unsigned)((p.N + rows - 1) / rows), (unsigned)p.B);
   if (p.N <= 0 || p.B <= 0 || p.H <= 0) return cudaSuccess;
   if (p.D == 128) {
-    generalized_rope_kernel<T, 128><<<grid, kThreads, 0, stream>>>(p);
+    if (p.hadamard)
+      generalized_rope_kernel<T, 128, true><<<grid, kThreads, 0, stream>>>(p);
+    else
+      generalized_rope_kernel<T, 128, false><<<grid, kThreads, 0, stream>>>(p);
   } else if (p.D == 64) {
-    generalized_rope_kernel<T, 64><<<grid, kThreads, 0, stream>>>(p);
+    if (p.hadamard)
+      generalized_rope_kernel<T, 64, true><<<grid, kThreads, 0, stream>>>(p);
+    else
+      generalized_rope_kernel<T, 64, false><<<grid, kThreads, 0, stream>>>(p);
   } else {
     return cudaErrorInvalidValue;
   }
