@@ -15,9 +15,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.kernel_bench import SHAPES, time_interleaved  # noqa: E402
+from benchmarks.device.rope_fused_time import wan_inputs  # noqa: E402
 from rotvid.kernels import cuda_backend as cb  # noqa: E402
-from rotvid.rope.fused_table import apply_generalized_rope, fuse_rope_and_rotation  # noqa: E402
-from rotvid.rope.rotations import make_rotation  # noqa: E402
+from rotvid.rope.fused_table import apply_generalized_rope  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--shapes", nargs="*", default=["wan1.3b-480p", "wan14b-480p", "wan14b-720p"])
@@ -27,12 +27,7 @@ print("| shape | RoPE·R on Q + K (ms) | int8-fp8 pre-processing (ms) | int8-fp8
 print("| --- | --- | --- | --- | --- |")
 for name in args.shapes:
     sh = SHAPES[name]
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(sh.b, sh.h, sh.n, sh.d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    ang = torch.rand(sh.n, sh.d // 2, device="cuda", dtype=torch.float64) * 6.283
-    cos = torch.cos(ang).repeat_interleave(2, dim=-1).float()[None, :, None, :]  # Wan's [1, N, 1, D]
-    sin = torch.sin(ang).repeat_interleave(2, dim=-1).float()[None, :, None, :]
-    table = fuse_rope_and_rotation(cos, sin, make_rotation("half", sh.d)).to(dtype=torch.float32)
+    q, k, v, table = wan_inputs(sh)
     times = time_interleaved({
         "rope": lambda: (apply_generalized_rope(q, table), apply_generalized_rope(k, table)),
         "pre": lambda: cb.preprocess_int8fp8_cuda(q, k, v, smooth_v=False),

@@ -10,16 +10,12 @@
 #include <type_traits>
 
 #include "int4_common.cuh"
+#include "rope_rows.cuh"
 
 namespace rotvid {
 namespace pre {
 
-template <typename T>
-__device__ __forceinline__ float to_f32(T x);
-template <>
-__device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+using roperows::to_f32;
 
 template <int QMAX = 7>
 __device__ __forceinline__ int quant7(float x, float inv) {

@@ -387,24 +387,6 @@ struct RopeRows {
   static constexpr int U = kRopeHeadsPerStep;
 };
 
-// one step of U heads: every thread's 16-byte chunk of its row for heads h0 .. h0 + U - 1 (zeros where absent),
-// staged so that rotate8 can read any partner pair of the row
-template <typename T, int D>
-__device__ __forceinline__ void load_and_stage(const RopeTableParams& x, int b, int n, bool valid, int c8, int r,
-                                               int h0, uint4 (&own)[kRopeHeadsPerStep], uint4* stage) {
-  using RR = RopeRows<D>;
-  const char* xb = static_cast<const char*>(x.x) + 2 * ((size_t)b * x.sxb + (size_t)n * x.sxn + c8 * 8);
-#pragma unroll
-  for (int u = 0; u < RR::U; ++u) {
-    const int h = h0 + u;
-    own[u] = valid && h < x.H ? *reinterpret_cast<const uint4*>(xb + 2 * (size_t)h * x.sxh) : make_uint4(0u, 0u, 0u, 0u);
-  }
-  __syncthreads();  // the previous step's rows are read
-#pragma unroll
-  for (int u = 0; u < RR::U; ++u) stage[(u * RR::ROWS + r) * RR::TPR + c8] = own[u];
-  __syncthreads();
-}
-
 // Q: RoPE·R (HADAMARD: then the Walsh-Hadamard transform on the rounded row, as generalized_rope_kernel), then INT8
 // per token exactly as quantize_q_tile (rows Nq .. nq_pad - 1 zero with scale 0). grid (nq_pad / ROWS, B).
 template <typename T, int D, bool HADAMARD>
@@ -419,10 +401,11 @@ __global__ void __launch_bounds__(kThreads) rope_q_kernel(const __grid_constant_
   float cf[8][4];
   int partner[8];
   roperows::load_coefs<D>(x.coef, x.index, n, valid, c8, cf, partner);
+  const char* xb = static_cast<const char*>(x.x) + 2 * ((size_t)b * x.sxb + (size_t)n * x.sxn + c8 * 8);
   const uint32_t* staged = reinterpret_cast<const uint32_t*>(stage + r * RR::TPR);  // row r of head u = 0
   for (int h0 = 0; h0 < x.H; h0 += RR::U) {
     uint4 own[RR::U];
-    load_and_stage<T, D>(x, b, n, valid, c8, r, h0, own, stage);
+    roperows::load_and_stage<D, RR::U, RR::ROWS>(xb, x.sxh, x.H, valid, r, c8, h0, own, stage);
 #pragma unroll
     for (int u = 0; u < RR::U; ++u) {
       const int h = h0 + u;

@@ -64,6 +64,25 @@ __device__ __forceinline__ void load_coefs(const float* coef, const int* index, 
   }
 }
 
+// One step of U heads of a CTA's token rows: the thread's 16-byte chunk of its row r for heads h0 .. h0 + U - 1 (zeros
+// past H or for a row past N) into `own`, U loads in flight, then staged in shared memory as stage[(u ROWS + r) TPR +
+// c8] so that rotate8 can read any partner pair of the row. `chunk`: the thread's chunk of head 0 (x + 2 (b sxb + n sxn
+// + 8 c8) bytes), sxh the head stride in elements.
+template <int D, int U, int ROWS>
+__device__ __forceinline__ void load_and_stage(const char* chunk, long long sxh, int H, bool valid, int r, int c8,
+                                               int h0, uint4 (&own)[U], uint4* stage) {
+  constexpr int TPR = D / 8;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int h = h0 + u;
+    own[u] = valid && h < H ? *reinterpret_cast<const uint4*>(chunk + 2 * (size_t)h * sxh) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  __syncthreads();  // the previous step's rows are read
+#pragma unroll
+  for (int u = 0; u < U; ++u) stage[(u * ROWS + r) * TPR + c8] = own[u];
+  __syncthreads();
+}
+
 // y[j] (float32, not yet rounded) of the thread's 8 channels: `own` its 16-byte input chunk (pair word i = channels
 // 8 c8 + 2i, + 1), `staged` the pair words of the whole row (any partner pair)
 template <typename T>

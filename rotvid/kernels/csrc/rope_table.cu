@@ -48,16 +48,7 @@ __global__ void __launch_bounds__(kThreads) generalized_rope_kernel(const __grid
   char* ob = static_cast<char*>(p.out) + 2 * ((size_t)b * p.sob + (size_t)n * p.son + c8 * 8);
   for (int h0 = 0; h0 < p.H; h0 += U) {
     uint4 own[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int h = h0 + u;
-      own[u] = valid && h < p.H ? *reinterpret_cast<const uint4*>(xb + 2 * (size_t)h * p.sxh)
-                                : make_uint4(0u, 0u, 0u, 0u);
-    }
-    __syncthreads();  // the previous step's rows are read
-#pragma unroll
-    for (int u = 0; u < U; ++u) rows[u][r][c8] = own[u];
-    __syncthreads();
+    roperows::load_and_stage<D, U, ROWS>(xb, p.sxh, p.H, valid, r, c8, h0, own, &rows[0][0][0]);
     const uint32_t* staged = reinterpret_cast<const uint32_t*>(&rows[0][r][0]);  // pair words of row r, head u = 0
 #pragma unroll
     for (int u = 0; u < U; ++u) {
