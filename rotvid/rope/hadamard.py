@@ -25,6 +25,7 @@ output is concatenated with the MLP branch and read by the block's ``proj_out``,
 from __future__ import annotations
 
 import logging
+import struct
 
 import torch
 from torch import nn
@@ -60,10 +61,19 @@ def hadamard_matrix(n: int, dtype: torch.dtype = torch.float64, device: torch.de
     return (h * (n ** -0.5)).to(dtype=dtype, device=device)
 
 
+# D^-1/2 rounded to float32 for D = 1, 2, 4, ..., 2^16, as Python floats (a module constant, so a compiled graph reads
+# it without a host round trip): the product of a float32 tensor with such a scalar is the correctly rounded float32
+# product however the scalar is carried, which is the kernels' float32 constant times the value.
+_INV_SQRT_F32 = {1 << k: struct.unpack("f", struct.pack("f", (1 << k) ** -0.5))[0] for k in range(17)}
+
+
 def _inv_sqrt(d: int, dtype: torch.dtype) -> float:
-    """D^-1/2 rounded to ``dtype`` (a Python float holding a float32 value for float32: the product with a float32
-    tensor is then the correctly rounded float32 product however the scalar is carried, as the kernels' constant)."""
-    return d**-0.5 if dtype == torch.float64 else torch.tensor(d**-0.5, dtype=torch.float32).item()
+    """D^-1/2 in ``dtype`` (float64, or float32 as :data:`_INV_SQRT_F32`)."""
+    if dtype == torch.float64:
+        return d**-0.5
+    if d not in _INV_SQRT_F32:
+        raise ValueError(f"x: head_dim {d} is beyond the float32 table (powers of two up to 2^16)")
+    return _INV_SQRT_F32[d]
 
 
 def fwht(x: torch.Tensor) -> torch.Tensor:

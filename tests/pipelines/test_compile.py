@@ -62,12 +62,13 @@ def transformer_inputs(pipe, family, **call_kw):
     return seen[0]
 
 
-@pytest.mark.parametrize("recipe", ["fp16", "int4"])
+@pytest.mark.parametrize("recipe, rotation", [("fp16", "half"), ("int4", "half"), ("int4", "full")])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_fullgraph_without_graph_break(tiny, family, recipe):
+def test_fullgraph_without_graph_break(tiny, family, recipe, rotation):
+    """``full``: the Walsh–Hadamard transform after the RoPE table, traced like the rest."""
     pipe = tiny(family, num_layers=2)
     args, kwargs = transformer_inputs(pipe, family)
-    handle = apply(pipe, RotvidConfig(recipe=recipe, backend="reference"))
+    handle = apply(pipe, RotvidConfig(recipe=recipe, rotation=rotation, backend="reference"))
     try:
         handle.tracker.begin(3)
         handle.tracker.set_step(1)
