@@ -11,7 +11,8 @@ text tokens, for both Q and K. One orthogonal R on every token keeps every score
   the cos/sin the model's own rotary module produced for this forward. One table covers the whole
   joint sequence: the text tokens' rows are RoPE's identity (cos 1, sin 0), so they get R alone
   in the same pass, and the int8-fp8 CUDA pre-processing can apply the table itself
-  (:meth:`QKRotator.deferred_table`) for HunyuanVideo and CogVideoX as for Wan.
+  (:meth:`QKRotator.deferred_table`) for HunyuanVideo and CogVideoX as for Wan. A model without
+  RoPE (CogVideoX-2B) gets a table of identity rows: R alone on every token, the same way.
 * ``full``: RoPE's table flagged ``hadamard``: the table, then the fast Walsh–Hadamard transform
   (:func:`rotvid.rope.hadamard.fwht`; in registers inside the CUDA kernels). Text tokens get the
   transform alone.
@@ -61,8 +62,8 @@ class QKRotator:
         self.fuse = fuse
         self._cache_key: tuple | None = None  # (cos, sin) objects of the cached table
         self._cache_table: GeneralizedRopeTable | None = None
-        self._cache_dtype: tuple | None = None  # (span, tokens, dtype) of the cached table
-        self._forward_memo: tuple | None = None  # (cos, sin, (span, tokens, dtype), table) of this forward, compiled only
+        self._cache_tag: tuple | None = None  # (no RoPE, span, tokens, dtype, device) of the cached table
+        self._forward_memo: tuple | None = None  # (cos, sin, tag, table) of this forward, compiled only
 
     @property
     def is_identity(self) -> bool:
@@ -73,53 +74,53 @@ class QKRotator:
         """Drop the per-forward table of a compiled forward (see the module docstring)."""
         self._forward_memo = None
 
-    def _build(self, cos: torch.Tensor, sin: torch.Tensor, span: tuple[int, int], n: int, dtype: torch.dtype):
-        """The table of the whole sequence: RoPE·R on ``span``, R alone (cos 1, sin 0) on the other tokens."""
-        cos = as_token_table(cos, "cos").detach().to(torch.float64)
-        sin = as_token_table(sin, "sin").detach().to(torch.float64)
-        start, stop = span
-        if (start, stop) != (0, n):
-            d = cos.shape[-1]
-            cos = torch.cat([cos.new_ones(start, d), cos, cos.new_ones(n - stop, d)])
-            sin = torch.cat([sin.new_zeros(start, d), sin, sin.new_zeros(n - stop, d)])
+    def _build(self, cos, sin, span: tuple[int, int], n: int, dtype: torch.dtype, x: torch.Tensor):
+        """The table of x's whole sequence: RoPE·R on ``span``, R alone (RoPE's identity: cos 1, sin 0) on the other
+        tokens -- on every token when the model has no RoPE (``cos`` None)."""
+        if cos is None:
+            cos = torch.ones(n, x.shape[-1], dtype=torch.float64, device=x.device)
+            sin = torch.zeros_like(cos)
+        else:
+            cos = as_token_table(cos, "cos").detach().to(torch.float64)
+            sin = as_token_table(sin, "sin").detach().to(torch.float64)
+            start, stop = span
+            if (start, stop) != (0, n):
+                d = cos.shape[-1]
+                cos = torch.cat([cos.new_ones(start, d), cos, cos.new_ones(n - stop, d)])
+                sin = torch.cat([sin.new_zeros(start, d), sin, sin.new_zeros(n - stop, d)])
         return fuse_rope_and_rotation(cos, sin, self.rotation).to(dtype=dtype)
 
-    def _table_this_forward(self, cos, sin, span, n, dtype) -> GeneralizedRopeTable:
-        memo = self._forward_memo
-        if memo is not None and memo[0] is cos and memo[1] is sin and memo[2] == (span, n, dtype):
-            return memo[3]
-        table = self._build(cos, sin, span, n, dtype)
-        self._forward_memo = (cos, sin, (span, n, dtype), table)
-        return table
-
-    def _table(
-        self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, span: tuple[int, int] | None = None,
-        n: int | None = None,
-    ) -> GeneralizedRopeTable:
-        """The table of a sequence of ``n`` tokens whose ``span`` gets RoPE (default: all of cos's tokens)."""
-        if span is None:
-            n = as_token_table(cos, "cos").shape[0]
-            span = (0, n)
-        span = (int(span[0]), int(span[1]))
+    def _table(self, rope, span: tuple[int, int], x: torch.Tensor) -> GeneralizedRopeTable:
+        """The table :meth:`rotate` applies to ``x`` (RoPE on ``span``; ``rope`` None: no RoPE, R alone)."""
+        cos, sin = rope if rope is not None else (None, None)
+        n, dtype = x.shape[-2], _compute_dtype(x)
+        span = (0, n) if rope is None else (int(span[0]), int(span[1]))
+        tag = (rope is None, span, n, dtype, x.device)
         if torch.compiler.is_compiling():
-            return self._table_this_forward(cos, sin, span, n, dtype)
+            memo = self._forward_memo
+            if memo is not None and memo[0] is cos and memo[1] is sin and memo[2] == tag:
+                return memo[3]
+            table = self._build(cos, sin, span, n, dtype, x)
+            self._forward_memo = (cos, sin, tag, table)
+            return table
         key = self._cache_key
-        if key is not None and self._cache_dtype == (span, n, dtype):
+        if key is not None and self._cache_tag == tag:
             if key[0] is cos and key[1] is sin:
                 return self._cache_table
             if (
-                key[0].shape == cos.shape
+                cos is not None
+                and key[0].shape == cos.shape
                 and key[0].device == cos.device
                 and torch.equal(key[0], cos)
                 and torch.equal(key[1], sin)
             ):
                 self._cache_key = (cos, sin)
                 return self._cache_table
-        # Built in float64 on cos's device, kept in the compute dtype.
-        table = self._build(cos, sin, span, n, dtype)
+        # Built in float64 on x's device, kept in the compute dtype.
+        table = self._build(cos, sin, span, n, dtype, x)
         self._cache_key = (cos, sin)
         self._cache_table = table
-        self._cache_dtype = (span, n, dtype)
+        self._cache_tag = tag
         return table
 
     # ---- the op ------------------------------------------------------------------------------
@@ -142,14 +143,14 @@ class QKRotator:
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, span: tuple[int, int]
     ) -> GeneralizedRopeTable | None:
         """The table that :meth:`rotate` applies to ``x`` as ``apply_generalized_rope(x, table)`` (the whole
-        sequence: RoPE·R on ``span``, R alone on the text tokens), when it is one table for all heads: the fused
-        path with RoPE. The caller may then hand the table on (the int8-fp8 pre-processing applies it itself) and
-        rotate only where it must. ``None`` otherwise (no RoPE, ``fuse=False``, per-block or per-head rotations):
-        rotate first."""
-        if not self.fuse or rope is None:
+        sequence: RoPE·R on ``span``, R alone on the text tokens, or on every token without RoPE), when it is one
+        table for all heads. The caller may then hand the table on (the int8-fp8 pre-processing applies it itself)
+        and rotate only where it must. ``None`` otherwise (``fuse=False``, per-block or per-head rotations, or
+        nothing to apply: rotation none without RoPE): rotate first."""
+        if not self.fuse or (rope is None and self.is_identity):
             return None
         self._check(x, rope, span)
-        table = self._table(rope[0], rope[1], _compute_dtype(x), tuple(span), x.shape[-2])
+        table = self._table(rope, span, x)
         return table if table.coef.dim() == 3 else None
 
     def rotate(
@@ -167,16 +168,18 @@ class QKRotator:
                 the model applies no RoPE (CogVideoX-2B).
             span: ``(start, stop)`` token range RoPE covers; tokens outside get R alone.
 
-        With ``fuse`` (and RoPE) one table covers the whole sequence, the tokens outside the span with RoPE's
-        identity (cos 1, sin 0), so the call is one pass; otherwise RoPE then ``rotation.apply`` on the span and
-        ``rotation.apply`` on the rest.
+        With ``fuse`` one table covers the whole sequence, the tokens outside the span (all of them without RoPE)
+        with RoPE's identity rows (cos 1, sin 0), so the call is one pass; otherwise RoPE then ``rotation.apply``
+        on the span and ``rotation.apply`` on the rest.
         """
         self._check(x, rope, span)
+        if rope is None and (self.is_identity or x.shape[-2] == 0):
+            return x
+        if self.fuse:
+            return apply_generalized_rope(x, self._table(rope, span, x))
         if rope is None:
             return self._rotate_only(x)
         cos, sin = rope
-        if self.fuse:
-            return apply_generalized_rope(x, self._table(cos, sin, _compute_dtype(x), tuple(span), x.shape[-2]))
         start, stop = span
         parts = [
             self._rotate_only(x[..., :start, :]),

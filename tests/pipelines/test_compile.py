@@ -63,9 +63,10 @@ def transformer_inputs(pipe, family, **call_kw):
 
 
 @pytest.mark.parametrize("recipe, rotation", [("fp16", "half"), ("int4", "half"), ("int4", "full")])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "cogvideox-2b"])
 def test_fullgraph_without_graph_break(tiny, family, recipe, rotation):
-    """``full``: the Walsh–Hadamard transform after the RoPE table, traced like the rest."""
+    """``full``: the Walsh–Hadamard transform after the RoPE table, traced like the rest; CogVideoX-2B (no RoPE):
+    the table of identity rows built inside the graph."""
     pipe = tiny(family, num_layers=2)
     args, kwargs = transformer_inputs(pipe, family)
     handle = apply(pipe, RotvidConfig(recipe=recipe, rotation=rotation, backend="reference"))

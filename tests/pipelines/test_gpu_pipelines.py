@@ -131,11 +131,11 @@ def test_tiny_wan_transformer_under_cuda_graphs_matches_eager(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rotation", ["half", "full"])
-@pytest.mark.parametrize("family", ["wan", "hunyuan_video", "cogvideox"])
+@pytest.mark.parametrize("family", ["wan", "hunyuan_video", "cogvideox", "cogvideox-2b"])
 def test_tiny_rope_in_the_preprocessing_equals_the_rope_pass(tmp_path, monkeypatch, family, rotation):
-    """The processors hand the RoPE·R table of the whole joint sequence (text tokens: R alone; ``full``: the
-    table then the Walsh–Hadamard transform) to the int8-fp8 call, whose CUDA pre-processing applies it (no
-    separate pass). The transformer's output is bit for bit that of the RoPE·R pass followed by the same kernels
+    """The processors hand the RoPE·R table of the whole joint sequence (text tokens: R alone; CogVideoX-2B, no
+    RoPE: R alone on every token; ``full``: the table then the Walsh–Hadamard transform) to the int8-fp8 call,
+    whose CUDA pre-processing applies it (no separate pass). The transformer's output is bit for bit that of the RoPE·R pass followed by the same kernels
     (the deferral switched off)."""
     from rotvid.pipelines import qk_rotation
 

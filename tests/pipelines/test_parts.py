@@ -202,7 +202,13 @@ def test_deferred_table_only_when_one_table_covers_every_token():
     ft = full.deferred_table(x, (cos4, sin4), (4, 9))
     assert ft is not None and ft.hadamard
     assert torch.equal(apply_generalized_rope(x, ft), full.rotate(x, (cos4, sin4), (4, 9)))
-    assert r.deferred_table(x, None, (0, 0)) is None  # no RoPE: R alone, rotate first
+    # no RoPE (CogVideoX-2B): R alone on every token, one table of RoPE's identity rows
+    plain = r.deferred_table(x, None, (0, 0))
+    assert plain is not None and plain.coef.shape == (9, 64, 4)
+    assert torch.equal(apply_generalized_rope(x, plain), r.rotate(x, None, (0, 0)))
+    torch.testing.assert_close(r.rotate(x, None, (0, 0)), rot.apply(x))
+    assert r.deferred_table(x, None, (0, 0)) is plain  # cached
+    assert QKRotator(make_rotation("none", 64, None)).deferred_table(x, None, (0, 0)) is None  # nothing to apply
     assert QKRotator(rot, fuse=False).deferred_table(x, (cos, sin), (0, 9)) is None
     with pytest.raises(ValueError, match="rope: expected tables for 4 tokens"):
         r.deferred_table(x, (cos4, sin4), (5, 9))
