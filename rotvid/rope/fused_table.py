@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from rotvid.rope.hadamard import fwht
-from rotvid.rope.rotations import FullHadamardRotation, NoRotation, PairRotation, Rotation, interleaved_pairs
+from rotvid.rope.rotations import FullHadamardRotation, NoRotation, PairRotation, Rotation
 from rotvid.rope.tables import as_token_table
 
 __all__ = ["GeneralizedRopeTable", "fuse_rope_and_rotation", "apply_generalized_rope"]
@@ -85,9 +85,6 @@ def _pair_structure(rotation: Rotation, head_dim: int) -> tuple[torch.Tensor, to
         raise ValueError(f"rotation is for head_dim={rotation.head_dim}, cos/sin have D={head_dim}")
     if isinstance(rotation, PairRotation):
         return rotation.column_structure()
-    if isinstance(rotation, (NoRotation, FullHadamardRotation)):  # (full: RoPE's table, then the FWHT)
-        partner = interleaved_pairs(head_dim).flip(-1).reshape(-1)  # c ^ 1
-        return partner, torch.ones(head_dim, dtype=torch.float64), torch.zeros(head_dim, dtype=torch.float64)
     raise ValueError(
         f"rotation.kind must be 'none', 'interleaved', 'half', 'full' or 'learned' to fuse into the RoPE table, "
         f"got {rotation.kind!r}"
@@ -115,6 +112,9 @@ def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotat
         raise ValueError(f"cos and sin must both be [N, D] with D even, got {tuple(cos.shape)} and {tuple(sin.shape)}")
     d = cos.shape[-1]
     dev = cos.device
+    hadamard = isinstance(rotation, FullHadamardRotation)
+    if isinstance(rotation, (NoRotation, FullHadamardRotation)):
+        return _rope_only_table(cos, sin, rotation, hadamard)
     partner, diag, off = (t.to(dev) for t in _pair_structure(rotation, d))
     c = torch.arange(d, device=dev)
     e_c = c - c % 2
@@ -138,7 +138,26 @@ def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotat
     for _, value, slot in terms:
         value = value.expand(*lead, n, d)
         coef.scatter_add_(-1, slot.expand(*lead, n, d).unsqueeze(-1), value.unsqueeze(-1))
-    return GeneralizedRopeTable(coef=coef, index=index, hadamard=isinstance(rotation, FullHadamardRotation))
+    return GeneralizedRopeTable(coef=coef, index=index, hadamard=hadamard)
+
+
+def _rope_only_table(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotation, hadamard: bool) -> GeneralizedRopeTable:
+    """RoPE's own table (rotation none, and full before its transform) in closed form: channel c reads its pair
+    (e, e + 1), e = c - c % 2, with cos[c] on itself and sgn(c) sin[c] on its neighbour, zeros in slots 2 and 3 --
+    the values the general construction gives for R = I, built by selects alone. (Under torch.compile the table is
+    built inside the graph: no gather with a computed index here, so none for the compiler to bound.)"""
+    d = cos.shape[-1]
+    if rotation.head_dim != d:
+        raise ValueError(f"rotation is for head_dim={rotation.head_dim}, cos/sin have D={d}")
+    c = torch.arange(d, device=cos.device)
+    even = c % 2 == 0
+    signed_sin = torch.where(even, -sin, sin)  # (x M)[c] = x[c] cos[c] + x[c^1] sgn(c) sin[c], sgn = -1 for even c
+    zeros = torch.zeros_like(cos)
+    coef = torch.stack([torch.where(even, cos, signed_sin), torch.where(even, signed_sin, cos), zeros, zeros], -1)
+    coef = torch.where(coef == 0, 0.0, coef)  # +0 where the general construction's sums give +0 (sin 0 at token 0)
+    e_c = c - c % 2
+    index = torch.stack([e_c, e_c + 1, e_c, e_c + 1], 1)
+    return GeneralizedRopeTable(coef=coef, index=index, hadamard=hadamard)
 
 
 @functools.lru_cache(maxsize=1)

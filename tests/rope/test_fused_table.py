@@ -102,3 +102,17 @@ def test_full_table_is_rope_table_then_fwht_bit_for_bit():
     out = apply_generalized_rope(x, full)
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, fwht(apply_generalized_rope(x, rope_only)))
+
+
+@pytest.mark.parametrize("family, head_dim", [("wan", 128), ("cogvideox", 64)])
+def test_rope_only_table_closed_form_equals_the_general_construction(family, head_dim):
+    """none / full build RoPE's table by selects (no computed-index gather inside a compiled graph); bit for bit the
+    general construction's table for an identity pair rotation (learned, angle 0, interleaved pairing)."""
+    cos, sin = rope_table_3d(family, (3, 5, 4), head_dim)
+    zeros = torch.zeros(head_dim // 2, dtype=torch.float64)
+    identity = PairRotation.learned(zeros, zeros.to(torch.int8), pairing="interleaved", head_dim=head_dim)
+    general = fuse_rope_and_rotation(cos, sin, identity)
+    for kind in ("none", "full"):
+        closed = fuse_rope_and_rotation(cos, sin, make_rotation(kind, head_dim))
+        assert torch.equal(closed.index, general.index)
+        assert torch.equal(closed.coef.view(torch.int64), general.coef.view(torch.int64)), kind
