@@ -74,9 +74,10 @@ class QKRotator:
         """Drop the per-forward table of a compiled forward (see the module docstring)."""
         self._forward_memo = None
 
-    def _build(self, cos, sin, span: tuple[int, int], n: int, dtype: torch.dtype, x: torch.Tensor):
-        """The table of x's whole sequence: RoPE·R on ``span``, R alone (RoPE's identity: cos 1, sin 0) on the other
-        tokens -- on every token when the model has no RoPE (``cos`` None)."""
+    def _build(self, cos, sin, span: tuple[int, int], x: torch.Tensor):
+        """The table of x's whole sequence, in x's compute dtype: RoPE·R on ``span``, R alone (RoPE's identity:
+        cos 1, sin 0) on the other tokens -- on every token when the model has no RoPE (``cos`` None)."""
+        n = x.shape[-2]
         if cos is None:
             cos = torch.ones(n, x.shape[-1], dtype=torch.float64, device=x.device)
             sin = torch.zeros_like(cos)
@@ -88,19 +89,19 @@ class QKRotator:
                 d = cos.shape[-1]
                 cos = torch.cat([cos.new_ones(start, d), cos, cos.new_ones(n - stop, d)])
                 sin = torch.cat([sin.new_zeros(start, d), sin, sin.new_zeros(n - stop, d)])
-        return fuse_rope_and_rotation(cos, sin, self.rotation).to(dtype=dtype)
+        return fuse_rope_and_rotation(cos, sin, self.rotation).to(dtype=_compute_dtype(x))
 
     def _table(self, rope, span: tuple[int, int], x: torch.Tensor) -> GeneralizedRopeTable:
         """The table :meth:`rotate` applies to ``x`` (RoPE on ``span``; ``rope`` None: no RoPE, R alone)."""
         cos, sin = rope if rope is not None else (None, None)
-        n, dtype = x.shape[-2], _compute_dtype(x)
+        n = x.shape[-2]
         span = (0, n) if rope is None else (int(span[0]), int(span[1]))
-        tag = (rope is None, span, n, dtype, x.device)
+        tag = (rope is None, span, n, _compute_dtype(x), x.device)
         if torch.compiler.is_compiling():
             memo = self._forward_memo
             if memo is not None and memo[0] is cos and memo[1] is sin and memo[2] == tag:
                 return memo[3]
-            table = self._build(cos, sin, span, n, dtype, x)
+            table = self._build(cos, sin, span, x)
             self._forward_memo = (cos, sin, tag, table)
             return table
         key = self._cache_key
@@ -117,7 +118,7 @@ class QKRotator:
                 self._cache_key = (cos, sin)
                 return self._cache_table
         # Built in float64 on x's device, kept in the compute dtype.
-        table = self._build(cos, sin, span, n, dtype, x)
+        table = self._build(cos, sin, span, x)
         self._cache_key = (cos, sin)
         self._cache_table = table
         self._cache_tag = tag
@@ -128,6 +129,10 @@ class QKRotator:
         if x.shape[-2] == 0 or self.is_identity:
             return x
         return self.rotation.apply(x)
+
+    def _uses_table(self, rope) -> bool:
+        """Whether :meth:`rotate` applies a table (fused, and something to apply)."""
+        return self.fuse and not (rope is None and self.is_identity)
 
     def _check(self, x: torch.Tensor, rope, span: tuple[int, int]) -> None:
         start, stop = span
@@ -147,7 +152,7 @@ class QKRotator:
         table for all heads. The caller may then hand the table on (the int8-fp8 pre-processing applies it itself)
         and rotate only where it must. ``None`` otherwise (``fuse=False``, per-block or per-head rotations, or
         nothing to apply: rotation none without RoPE): rotate first."""
-        if not self.fuse or (rope is None and self.is_identity):
+        if not self._uses_table(rope):
             return None
         self._check(x, rope, span)
         table = self._table(rope, span, x)
@@ -173,9 +178,7 @@ class QKRotator:
         on the span and ``rotation.apply`` on the rest.
         """
         self._check(x, rope, span)
-        if rope is None and (self.is_identity or x.shape[-2] == 0):
-            return x
-        if self.fuse:
+        if self._uses_table(rope):
             return apply_generalized_rope(x, self._table(rope, span, x))
         if rope is None:
             return self._rotate_only(x)

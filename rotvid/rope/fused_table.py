@@ -80,9 +80,7 @@ class GeneralizedRopeTable:
         return GeneralizedRopeTable(self.coef.to(device=device, dtype=dtype), self.index.to(device=device), self.hadamard)
 
 
-def _pair_structure(rotation: Rotation, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if rotation.head_dim != head_dim:
-        raise ValueError(f"rotation is for head_dim={rotation.head_dim}, cos/sin have D={head_dim}")
+def _pair_structure(rotation: Rotation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if isinstance(rotation, PairRotation):
         return rotation.column_structure()
     raise ValueError(
@@ -112,10 +110,12 @@ def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotat
         raise ValueError(f"cos and sin must both be [N, D] with D even, got {tuple(cos.shape)} and {tuple(sin.shape)}")
     d = cos.shape[-1]
     dev = cos.device
+    if rotation.head_dim != d:
+        raise ValueError(f"rotation is for head_dim={rotation.head_dim}, cos/sin have D={d}")
     hadamard = isinstance(rotation, FullHadamardRotation)
     if isinstance(rotation, (NoRotation, FullHadamardRotation)):
-        return _rope_only_table(cos, sin, rotation, hadamard)
-    partner, diag, off = (t.to(dev) for t in _pair_structure(rotation, d))
+        return _rope_only_table(cos, sin, hadamard)
+    partner, diag, off = (t.to(dev) for t in _pair_structure(rotation))
     c = torch.arange(d, device=dev)
     e_c = c - c % 2
     e_p = partner - partner % 2
@@ -141,15 +141,12 @@ def fuse_rope_and_rotation(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotat
     return GeneralizedRopeTable(coef=coef, index=index, hadamard=hadamard)
 
 
-def _rope_only_table(cos: torch.Tensor, sin: torch.Tensor, rotation: Rotation, hadamard: bool) -> GeneralizedRopeTable:
+def _rope_only_table(cos: torch.Tensor, sin: torch.Tensor, hadamard: bool) -> GeneralizedRopeTable:
     """RoPE's own table (rotation none, and full before its transform) in closed form: channel c reads its pair
     (e, e + 1), e = c - c % 2, with cos[c] on itself and sgn(c) sin[c] on its neighbour, zeros in slots 2 and 3 --
     the values the general construction gives for R = I, built by selects alone. (Under torch.compile the table is
     built inside the graph: no gather with a computed index here, so none for the compiler to bound.)"""
-    d = cos.shape[-1]
-    if rotation.head_dim != d:
-        raise ValueError(f"rotation is for head_dim={rotation.head_dim}, cos/sin have D={d}")
-    c = torch.arange(d, device=cos.device)
+    c = torch.arange(cos.shape[-1], device=cos.device)
     even = c % 2 == 0
     signed_sin = torch.where(even, -sin, sin)  # (x M)[c] = x[c] cos[c] + x[c^1] sgn(c) sin[c], sgn = -1 for even c
     zeros = torch.zeros_like(cos)

@@ -85,9 +85,10 @@ def test_text_tokens_need_the_rotation_too(tiny, monkeypatch):
     monkeypatch.setattr(qk_rotation.QKRotator, "_rotate_only", lambda self, x: x)
     build = qk_rotation.QKRotator._build
 
-    def without_r_on_text(self, cos, sin, span, n, dtype, x):
+    def without_r_on_text(self, cos, sin, span, x):
         # the fused path's table: the text rows become the identity (no RoPE, no R)
-        table = build(self, cos, sin, span, n, dtype, x)
+        table = build(self, cos, sin, span, x)
+        n = x.shape[-2]
         d = table.head_dim
         eye = torch.zeros(d, 4, dtype=table.coef.dtype)
         eye[torch.arange(d), torch.arange(d) % 2] = 1.0  # index[c] = (e, e + 1, ...): c is slot c - e

@@ -70,21 +70,23 @@ __global__ void __launch_bounds__(kThreads) generalized_rope_kernel(const __grid
   }
 }
 
+template <typename T, int D>
+void launch_dim(const RopeTableParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.hadamard)
+    generalized_rope_kernel<T, D, true><<<grid, kThreads, 0, stream>>>(p);
+  else
+    generalized_rope_kernel<T, D, false><<<grid, kThreads, 0, stream>>>(p);
+}
+
 template <typename T>
 cudaError_t launch_typed(const RopeTableParams& p, cudaStream_t stream) {
   const int tpr = p.D / 8, rows = kThreads / tpr;
   const dim3 grid((unsigned)((p.N + rows - 1) / rows), (unsigned)p.B);
   if (p.N <= 0 || p.B <= 0 || p.H <= 0) return cudaSuccess;
   if (p.D == 128) {
-    if (p.hadamard)
-      generalized_rope_kernel<T, 128, true><<<grid, kThreads, 0, stream>>>(p);
-    else
-      generalized_rope_kernel<T, 128, false><<<grid, kThreads, 0, stream>>>(p);
+    launch_dim<T, 128>(p, grid, stream);
   } else if (p.D == 64) {
-    if (p.hadamard)
-      generalized_rope_kernel<T, 64, true><<<grid, kThreads, 0, stream>>>(p);
-    else
-      generalized_rope_kernel<T, 64, false><<<grid, kThreads, 0, stream>>>(p);
+    launch_dim<T, 64>(p, grid, stream);
   } else {
     return cudaErrorInvalidValue;
   }
