@@ -9,42 +9,19 @@
 namespace rotvid {
 namespace {
 
-template <int D, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int BN = 128, int MAGIC = 0, int MC = 0>
+template <int D, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int BN = 128, int MAGIC = 0>
 cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg8::Cfg<D, STAGES, BN, NWG>;
   using S = wg8::Shape<NWG>;
   const uint64_t bh = (uint64_t)p.B * p.H;
-  const int mc = MC != 0 ? 2 : 1;  // multicast: each CTA of a pair loads half the keys of K and half the rows of V^T
   CUtensorMap tm_q, tm_k, tm_v;
   if (!tma::make_map(&tm_q, p.q, bh * p.Nq_pad, D, S::BM, D, C::QK_SWIZZLE) ||
-      !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, C::SUBN / mc, D, C::QK_SWIZZLE) ||
-      !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D / mc, C::SUBN, C::V_SWIZZLE))
+      !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, C::SUBN, D, C::QK_SWIZZLE) ||
+      !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, C::SUBN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG, MAGIC, MC>;
+  auto kernel = wg8::int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG, MAGIC>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
-  if constexpr (MC != 0) {  // pairs of query tiles of one head in clusters of two; no tail split
-    if (p.Nq_pad % S::BM != 0) return cudaErrorInvalidValue;
-    const long long ctas = 2LL * ((p.Nq_pad / S::BM + 1) / 2) * p.H * p.B;
-    if (ctas > 0x7fffffffLL) return cudaErrorInvalidValue;
-    Int4AttnParams q = p;
-    q.splits = 1;
-    q.split_from = 0x7fffffff;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)ctas);
-    cfg.blockDim = dim3(S::THREADS);
-    cfg.dynamicSmemBytes = C::SMEM;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    err = cudaLaunchKernelEx(&cfg, kernel, q, tm_q, tm_k, tm_v);
-    return err != cudaSuccess ? err : cudaGetLastError();
-  }
   const long long tiles = (long long)((p.Nq_pad + S::BM - 1) / S::BM) * p.H * p.B;
   Int4AttnParams q = p;
   if (q.splits <= 1) {  // no tail split: every tile whole (whatever tile size this variant has)
@@ -89,7 +66,6 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
     if (variant == 43) return launch8_d<D, 3, 2, 0, 2, 192, 0>(p, stream);  // d64: 16 B, d128: ~1 KB spill
     if (variant == 44) return launch8_d<D, 3, 2, 0, 2, 256, 0>(p, stream);  // d64: 96 B, d128: ~1 KB spill
     if (variant == 50) return launch8_d<D, 3, 2, 1, 2, 128, M>(p, stream);  // = the default (for A/B in one build)
-    if (variant == 70) return launch8_d<D, 3, 2, 1, 2, 128, M, 1>(p, stream);  // K / V multicast over CTA pairs
   }
 #endif
   // H100, int8fp8_variants.py (attention only, one run): ping-pong 2 + PIPE 1 with 3 stages at both head dims --

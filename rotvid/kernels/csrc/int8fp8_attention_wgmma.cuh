@@ -57,7 +57,7 @@ struct Cfg {
   // layout: [Q][K0 V0][K1 V1]...[KS0][KS1]...[barriers]
   static constexpr int TILES = Q_BYTES + STAGES * STAGE_BYTES;
   static constexpr int SMALL = STAGES * KS_BYTES;
-  static constexpr int BARS = (3 * STAGES + 1) * 8;  // full, empty, Q, and (multicast variant) the peer's empty
+  static constexpr int BARS = (2 * STAGES + 1) * 8;
   static constexpr int SMEM = 1024 + TILES + SMALL + BARS;
   static constexpr int QK_SWIZZLE = D == 128 ? 128 : 64;
   static constexpr int V_SWIZZLE = SUBN;
@@ -113,38 +113,6 @@ __device__ __forceinline__ void wgmma_pv(float (&acc)[D / 2], const uint32_t (&a
   }
 }
 
-// Tuning variant MC (not the default): K^ / V8^T tiles multicast across a cluster of two CTAs working on two query
-// tiles of one head. Each CTA's producer loads half of every K sub-block (its keys) and half of every V^T sub-block
-// (its channels) into both CTAs' shared memory, so each key block is read from L2 once per pair instead of once per
-// CTA (an energy lever: RESULTS.md session 13). A stage goes back to a producer when the consumer warps of both
-// CTAs have released it: each producer, once its own consumers have (its empty barrier), arrives on the peer's
-// "peer" barrier and waits on its own; the consumers are unchanged.
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_peer(uint32_t bar, uint32_t peer) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 ra;\n"
-      "mapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
-      "}\n" ::"r"(bar), "r"(peer)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar,
-                                               uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-      "%3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "h"(mask)
-      : "memory");
-}
-
 // Scores to float. MAGIC 0: I2F of the int32 score (a conversion: quarter rate). MAGIC 1: the QK^T accumulator
 // starts at kMagicI, whose bits as a float read 1.5 * 2^23 + S (exact for |S| < 2^22; |S| <= 127^2 * 128), and the
 // offset is folded into the exponent's constant: x = (1.5 * 2^23 + S) * sq ks - (1.5 * 2^23 sq ks + m_blk - log2 448)
@@ -153,7 +121,7 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap* 
 constexpr uint32_t kMagicI = 0x4B400000u;  // the bits of 12582912.0f = 1.5 * 2^23
 constexpr float kMagicF = 12582912.0f;
 
-template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int MAGIC = 0, int MC = 0>
+template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int MAGIC = 0>
 __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     int8fp8_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -161,7 +129,6 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   static_assert(BN == 128 || BN == 192 || BN == 256, "key blocks of 128, 192 or 256 keys");
   static_assert(PIPE == 0 || PIPE == 1, "PIPE 0 or 1");
   static_assert(NWG == 2 || PINGPONG == 0, "the ping-pong turn is for two consumer warpgroups");
-  static_assert(MC == 0 || BN == 128, "multicast: 128-key blocks");
   using C = Cfg<D, STAGES, BN, NWG>;
   using S = Shape<NWG>;
   constexpr int kBM = S::BM;
@@ -182,22 +149,13 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
   auto full_bar = [&](int s) { return bars + 8 * s; };
   auto empty_bar = [&](int s) { return bars + 8 * (ST + s); };
   const uint32_t q_bar = bars + 8 * 2 * ST;
-  auto peer_bar = [&](int s) { return bars + 8 * (2 * ST + 1 + s); };  // MC: the peer CTA's consumers released s
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // 1-D grid: tiles below split_from run whole; each later tile (the last, partial wave) runs as p.splits CTAs,
   // split `part` taking key blocks [kb0, kb0 + nblk) -- the INT4 kernel's tail split (two consumer warpgroups only:
   // its partials and combine kernel are per 128-row tile)
   int tile = blockIdx.x, part = -1;
-  // MC: CTA pairs on query tiles 2j, 2j + 1 of one head; the odd tile out of a head's last pair (past its last tile)
-  // repeats the last tile's work for the loads and releases and stores nothing. (Values re-derived where used, so
-  // that none stays live in the consumers' registers.)
-  auto mc_slot = [&]() { return 2 * (int)((blockIdx.x / 2) % ((p.Nq_pad / kBM + 1) / 2)) + (int)cluster_rank(); };
-  auto mc_dummy = [&]() { return MC != 0 && mc_slot() >= p.Nq_pad / kBM; };
-  if constexpr (MC != 0) {
-    const int n_qt = p.Nq_pad / kBM;
-    tile = (int)((blockIdx.x / 2) / ((n_qt + 1) / 2)) * n_qt + min(mc_slot(), n_qt - 1);
-  } else if (tile >= p.split_from) {
+  if (tile >= p.split_from) {
     part = (tile - p.split_from) % p.splits;
     tile = p.split_from + (tile - p.split_from) / p.splits;
   }
@@ -217,13 +175,11 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     for (int s = 0; s < ST; ++s) {
       wg::mbar_init(full_bar(s), 1);
       wg::mbar_init(empty_bar(s), kConsumerWarps);
-      if constexpr (MC != 0) wg::mbar_init(peer_bar(s), 1);
     }
     wg::mbar_init(q_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if constexpr (MC != 0) cluster_sync();  // the peer's barriers exist before anything reaches them
 
   if (warp >= kConsumerWarps) {  // ---- producer warpgroup ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(S::PRODUCER_REGS));
@@ -235,10 +191,6 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
       for (int i = 0; i < nblk; ++i) {
         const int s = i % ST;
         wg::mbar_wait(empty_bar(s), ((i / ST) & 1) ^ 1);
-        if (MC != 0 && i >= ST) {  // this CTA's consumers released the stage: tell the peer, and wait for its word
-          mbar_arrive_peer(peer_bar(s), cluster_rank() ^ 1u);
-          wg::mbar_wait(peer_bar(s), ((i / ST) & 1) ^ 1);
-        }
         wg::mbar_expect_tx(full_bar(s), C::TX);
         const int kb = kb0 + i;
 #pragma unroll
@@ -246,14 +198,8 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
           // a sub-block past Nkv_pad (the last block of 192 / 256 keys): K rows of the next head or past the map
           // (zeros), V^T columns past the map (zeros), the first sub-block's scales again -- all of them masked keys
           const int key0 = kb * kBN + hf * SUBN;
-          if constexpr (MC != 0) {  // this CTA's half of the keys and of the channels, into both CTAs
-            const int kh = (int)cluster_rank() * (SUBN / 2), vh = (int)cluster_rank() * (D / 2);
-            tma_load_2d_mc(s_k(s) + hf * SUBN * D + kh * D, &tm_k, 0, bh * p.Nkv_pad + key0 + kh, full_bar(s), 3);
-            tma_load_2d_mc(s_v(s) + hf * D * SUBN + vh * SUBN, &tm_v, key0, bh * D + vh, full_bar(s), 3);
-          } else {
-            wg::tma_load_2d(s_k(s) + hf * SUBN * D, &tm_k, 0, bh * p.Nkv_pad + key0, full_bar(s));
-            wg::tma_load_2d(s_v(s) + hf * D * SUBN, &tm_v, key0, bh * D, full_bar(s));
-          }
+          wg::tma_load_2d(s_k(s) + hf * SUBN * D, &tm_k, 0, bh * p.Nkv_pad + key0, full_bar(s));
+          wg::tma_load_2d(s_v(s) + hf * D * SUBN, &tm_v, key0, bh * D, full_bar(s));
           const int gb = (key0 < p.Nkv_pad ? key0 : kb * kBN) / 128;  // the 128-key group block of the sub-block
           wg::bulk_load(small + s * C::KS_BYTES + 16 * hf, ksg + (size_t)gb * 4, 16, full_bar(s));
         }
@@ -472,15 +418,13 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     }
   }
 
-  if (mc_dummy()) {
-  } else if (part < 0) {
+  if (part < 0) {
     rowmath::store_rows_channel_scaled<D>(p, o, l_run, row_base, g, t, b, h);  // O / l * v_scale (+ v_mean)
   } else if constexpr (NWG == 2) {  // partials of this split: O * v_scale (relative to m_run), m_run, l per row
     float* w = p.ws + ((size_t)(tile - p.split_from) * p.splits + part) * kBM * (D + 2);
     rowmath::store_split_partials<D>(w, o, m_run, l_run, row_base - mb * kBM + g, t, p.vparams + (size_t)bh * D);
   }
   }  // consumers
-  if constexpr (MC != 0) cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers
 #endif  // ROTVID_WGMMA_ENABLED
 }
 
