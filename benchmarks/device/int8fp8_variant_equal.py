@@ -6,6 +6,8 @@ L2 error against the float64 twin of the quantized operands. Cases cover odd and
 several heads, per-batch kv_lens and both head dims.
 
     ROTVID_EXT_CUDA_FLAGS=-DROTVID_INT8FP8_VARIANTS python3 benchmarks/device/int8fp8_variant_equal.py --variants 50,70
+
+(Written for the K/V multicast variant 70 of session 13, commit b70abd1, reverted after its A/B; RESULTS.md.)
 """
 import argparse
 import os
@@ -37,7 +39,7 @@ def run(variant: str, qkv, n: int, d: int, kv_lens, shape) -> torch.Tensor:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default="50,70")
+    ap.add_argument("--variants", required=True, help="two variant numbers, e.g. 50,70")
     args = ap.parse_args()
     a, b = args.variants.split(",")
     failures = 0
