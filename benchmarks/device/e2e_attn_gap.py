@@ -170,7 +170,8 @@ def main() -> None:
     power = [float(s[1]) for s in samples]
     if clocks:
         print(f"\nnvidia-smi over the timing ({len(clocks)} samples): SM clock min {min(clocks):.0f} / median "
-              f"{statistics.median(clocks):.0f} / max {max(clocks):.0f} MHz; power median {statistics.median(power):.0f}"
+              f"{statistics.median(clocks):.0f} / max {max(clocks):.0f} MHz; "
+              f"power median {statistics.median(power):.0f}"
               f" / max {max(power):.0f} W")
 
 

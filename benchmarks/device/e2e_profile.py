@@ -29,7 +29,8 @@ from rotvid.pipelines.compiling import compile_transformers, uncompile_transform
 # Substrings of kernel names, first match wins.
 GROUPS = (
     ("attention", ("attention", "flash", "fmha", "cudnn", "sdpa", "attn_")),
-    ("rotvid pre + split combine", ("preprocess", "rope_", "quantize", "quant_", "stats_kernel", "colsum", "combine_splits")),
+    ("rotvid pre + split combine",
+     ("preprocess", "rope_", "quantize", "quant_", "stats_kernel", "colsum", "combine_splits")),
     ("gemm", ("gemm", "sm90_xmma", "cutlass", "nvjet", "matmul")),
 )
 

@@ -1,4 +1,4 @@
-"""Tuning aid (tuning build, -DROTVID_INT8FP8_VARIANTS): two int8-fp8 kernel variants that claim the same bits, compared.
+"""Tuning aid (tuning build, -DROTVID_INT8FP8_VARIANTS): two int8-fp8 kernel variants claiming the same bits, compared.
 
 Each case runs both variants into NaN-poisoned outputs (``split_tail=False``: every row in one CTA, the summation
 order of the default) and requires no NaN in the valid rows and bit equality; it also prints each one's relative

@@ -37,8 +37,8 @@ class Sampler:
 
     def __init__(self):
         self.proc = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits",
-             "-lms", "100"], stdout=subprocess.PIPE, text=True)
+            ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
+             "--format=csv,noheader,nounits", "-lms", "100"], stdout=subprocess.PIPE, text=True)
 
     def stop(self) -> list[tuple[dt.datetime, float, float, float]]:
         self.proc.terminate()
@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.5)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--variants", nargs="*", default=[],
-                    help="int8-fp8 kernel variants to add (a tuning build: ROTVID_EXT_CUDA_FLAGS=-DROTVID_INT8FP8_VARIANTS)")
+                    help="int8-fp8 kernel variants to add (tuning build: -DROTVID_INT8FP8_VARIANTS)")
     ap.add_argument("--int4", action="store_true", help="also the INT4 recipe (Q/K/V smoothing, range P)")
     ap.add_argument("--cooldown", type=float, default=3.0, help="idle seconds between methods")
     args = ap.parse_args()
