@@ -8,7 +8,8 @@ At the Wan 14B 720p slice the kernel took 145 ms per call in the e2e profile (e2
   op), and times the kernel on those operands against operands pre-processed the same way from
   ``randn`` inputs of the same shape;
 * GPU state: each is timed back to back (``--burst`` calls, one event pair) and isolated (a sleep and a
-  sync before each call, an event pair per call), while ``nvidia-smi`` samples the SM clock and power.
+  sync before each call, an event pair per call: ``sustained_power.isolated_ms``), while ``nvidia-smi``
+  samples the SM clock and power (``sustained_power.Sampler``).
 
 It also counts, on sampled query rows of both inputs, how often the kernel's lazy running max moves
 (a block max above the running max by more than 8 in log2 units), and prints the score spread.
@@ -20,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e_bench import build, make_setup  # noqa: E402
+from sustained_power import Sampler, isolated_ms  # noqa: E402
 
 from rotvid.kernels import cuda_backend as cb  # noqa: E402
 from rotvid.pipelines import RotvidConfig, apply, remove  # noqa: E402
@@ -88,21 +88,6 @@ def time_burst(args: tuple, burst: int) -> float:
     return start.elapsed_time(end) / burst
 
 
-def time_isolated(args: tuple, calls: int, sleep_s: float) -> float:
-    times = []
-    with torch.inference_mode():
-        for _ in range(calls):
-            torch.cuda.synchronize()
-            time.sleep(sleep_s)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            cb._int8fp8_attention_op(*args)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def score_stats(q: torch.Tensor, k: torch.Tensor, rows: int, block: int = 128) -> str:
     """Lazy-max moves per row and score spread on ``rows`` query rows of head 0 (BNHD bf16 inputs, before
     RoPE, K mean removed as K smoothing does)."""
@@ -154,20 +139,17 @@ def main() -> None:
     }
     print(f"captured: {score_stats(q, k, args.rows)}")
     print(f"randn:    {score_stats(rq, rk, args.rows)}")
-    smi = subprocess.Popen(
-        ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "200"],
-        stdout=subprocess.PIPE, text=True,
-    )
+    sampler = Sampler()
     print("\n| operands | round | back to back, ms/call | isolated, ms/call |\n| --- | --- | --- | --- |")
     for rnd in range(args.rounds):
         for name, a in sets.items():
             b2b = time_burst(a, args.burst)
-            iso = time_isolated(a, args.calls, args.sleep)
+            with torch.inference_mode():
+                iso = isolated_ms(lambda a=a: cb._int8fp8_attention_op(*a), args.calls, args.sleep)
             print(f"| {name} | {rnd} | {b2b:.2f} | {iso:.2f} |", flush=True)
-    smi.terminate()
-    samples = [line.split(",") for line in smi.communicate()[0].splitlines() if "," in line]
-    clocks = [float(s[0]) for s in samples]
-    power = [float(s[1]) for s in samples]
+    samples = sampler.stop()
+    clocks = [smp[1] for smp in samples]
+    power = [smp[2] for smp in samples]
     if clocks:
         print(f"\nnvidia-smi over the timing ({len(clocks)} samples): SM clock min {min(clocks):.0f} / median "
               f"{statistics.median(clocks):.0f} / max {max(clocks):.0f} MHz; "
