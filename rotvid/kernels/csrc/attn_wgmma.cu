@@ -12,7 +12,7 @@ namespace {
 using tma::encode_fn;
 using tma::make_map;
 
-template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool SQ = false>
+template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool SQ = false, int FP8PV = 0>
 cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg::Cfg<D, STAGES, BN>;
   const uint64_t bh = (uint64_t)p.B * p.H;
@@ -21,7 +21,7 @@ cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
       !make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, SQ>;
+  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, SQ, FP8PV>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)(p.Nq_pad / wg::kBM) * p.H * p.B;
@@ -66,6 +66,13 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
     if (variant == 25) return launch_d<D, PMODE, 4, 2, 1, 128, SQ>(p, stream);
     if (variant == 26) return launch_d<D, PMODE, 3, 2, 2, 128, SQ>(p, stream);
     if (variant == 27) return launch_d<D, PMODE, 3, 1, 1, 128, SQ>(p, stream);
+    // 41 / 42: the default schedule with P.V on the e4m3 tensor cores (FP8PV 1 / 2, int4_attention_wgmma.cuh;
+    // p.vt must hold V^ in sign-magnitude bytes)
+    if (variant == 41 || variant == 42) {
+      constexpr int PP = D == 128 ? 2 : 0, PI = D == 128 ? 1 : 0;
+      return variant == 41 ? launch_d<D, PMODE, 3, PP, PI, 128, SQ, 1>(p, stream)
+                           : launch_d<D, PMODE, 3, PP, PI, 128, SQ, 2>(p, stream);
+    }
   }
 #endif
   // block_n 128 (H100, kernel_variants.py, same runs; identical output bits): head_dim 128 overlaps the next

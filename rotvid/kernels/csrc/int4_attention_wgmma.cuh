@@ -197,7 +197,48 @@ __device__ __forceinline__ void wgmma_rs_m64n64k32(uint32_t (&d)[32], const uint
   }
 }
 
+// P.V in e4m3: f32 += e4m3 x e4m3, A from registers, B = V^T (K-major) from shared memory (the int8-fp8 kernel's
+// P8 V8, and the FP8PV variants of this kernel).
+template <int SCALE_D>
+__device__ __forceinline__ void wgmma_rs_e4m3_m64n128k32(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (SCALE_D == 0) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 0, 1, 1;\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  }
+}
+
+template <int SCALE_D>
+__device__ __forceinline__ void wgmma_rs_e4m3_m64n64k32(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (SCALE_D == 0) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 0, 1, 1;\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+  }
+}
+
 using rowmath::ex2;
+using rowmath::pack_e4m3x4;
 using rowmath::pack_low_bytes;
 
 template <int BN, int SCALE_D>
@@ -218,9 +259,26 @@ __device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t 
   }
 }
 
+template <int D, int SCALE_D>
+__device__ __forceinline__ void wgmma_pv_e4m3(float (&acc)[D / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (D == 128) {
+    wgmma_rs_e4m3_m64n128k32<SCALE_D>(acc, a, db);
+  } else {
+    wgmma_rs_e4m3_m64n64k32<SCALE_D>(acc, a, db);
+  }
+}
+
+// FP8PV (tuning variants, issue 12's first lever): P^ V^ on the e4m3 tensor cores. The byte k of P^ (0..15) read as
+// e4m3 is k 2^-9 (subnormals and the first binade are evenly spaced at 2^-9), and V^ arrives in sign-magnitude
+// bytes (|v| | sign << 7), which read as e4m3 are v 2^-9; every product is an integer times 2^-18 and the block's
+// sum (|P^ V^| <= 15 * 7 * BN < 2^14) is exact if the FP32 accumulation is. The 2^18 goes into c. FP8PV 1: P^
+// bytes as the u8 path forms them (bit-identical to it if the accumulation is exact); FP8PV 2: P^ 2^-9 =
+// e4m3(ex2(x - m_blk + log2(15) - 9)), the factor folded into the exponent and the rounding done by the e4m3
+// conversion (round to nearest even on the 2^-9 grid = rint), so P^ can differ from the u8 path's at the rare
+// scores where ex2.approx of the shifted argument rounds across a half.
 // SQ: Q smoothing -- scores x sq + k_bias[key] (p.k_bias, the ΔS of the per-head Q mean, log2 domain), the row max
 // and the exponent taken on those sums; otherwise the product by sq is folded into the exponent's FFMA as before.
-template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool SQ = false>
+template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool SQ = false, int FP8PV = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -332,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // S of the current key block, and with PIPE 3 of the next one (indexed by compile-time constants only)
   uint32_t sbuf[PIPE == 3 ? 2 : 1][NT * 4];
-  uint32_t pacc[D / 2];       // P^ V^ of the current key block
+  std::conditional_t<FP8PV != 0, float, uint32_t> pacc[D / 2];  // P^ V^ of the current key block
   uint32_t pf[kBN / 32][4];    // P^ A fragments of the current key block
   float x[NT][4];              // scores of the block in the log2 domain (before the row scale sq)
   float mblk[2];               // block row maxima (times sq)
@@ -356,9 +414,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_pv = [&](const int s) {
     const uint64_t desc_v = smem_desc(s_v(s), C::V_SWIZZLE);
     wgmma_fence();
-    wgmma_pv<D, 0>(pacc, pf[0], desc_v);  // scale-d 0: starts at zero
+    if constexpr (FP8PV != 0) {
+      wgmma_pv_e4m3<D, 0>(pacc, pf[0], desc_v);
 #pragma unroll
-    for (int k = 1; k < PKS; ++k) wgmma_pv<D, 1>(pacc, pf[k], desc_v + 2 * k);
+      for (int k = 1; k < PKS; ++k) wgmma_pv_e4m3<D, 1>(pacc, pf[k], desc_v + 2 * k);
+    } else {
+      wgmma_pv<D, 0>(pacc, pf[0], desc_v);  // scale-d 0: starts at zero
+#pragma unroll
+      for (int k = 1; k < PKS; ++k) wgmma_pv<D, 1>(pacc, pf[k], desc_v + 2 * k);
+    }
     wgmma_commit();
   };
 
@@ -415,7 +479,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     // kernel's
     uint32_t p_sum[2] = {0u, 0u};
 
+    // FP8PV 2: the row maxima shifted by -(log2(kPMul) - 9), so that ex2 gives kPMul 2^-9 p
+    [[maybe_unused]] float mexp[2] = {mblk[0], mblk[1]};
+    if constexpr (FP8PV == 2) {
+      constexpr float kShift = PMODE == kPRange ? -5.0931094f : -6.1926451f;  // log2(15) - 9, log2(7) - 9
+      mexp[0] = mblk[0] - kShift;
+      mexp[1] = mblk[1] - kShift;
+    }
     auto make_pf = [&](const int k) {
+      if constexpr (FP8PV == 2) {
+        float pe[4][4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = 4 * k + jj;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1;
+            pe[jj][e] = ex2(SQ ? x[j][e] - mexp[r] : fmaf(x[j][e], sq[r], -mexp[r]));
+            if constexpr (PARTIAL) {
+              const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
+              if (key >= kv_len) pe[jj][e] = 0.f;
+            }
+          }
+        }
+        auto& f = pf[k];
+        f[0] = pack_e4m3x4(pe[0][0], pe[0][1], pe[1][0], pe[1][1]);  // byte = P^ (the e4m3 code of P^ 2^-9)
+        f[1] = pack_e4m3x4(pe[0][2], pe[0][3], pe[1][2], pe[1][3]);
+        f[2] = pack_e4m3x4(pe[2][0], pe[2][1], pe[3][0], pe[3][1]);
+        f[3] = pack_e4m3x4(pe[2][2], pe[2][3], pe[3][2], pe[3][3]);
+        p_sum[0] = __dp4a(f[0], 0x01010101u, __dp4a(f[2], 0x01010101u, p_sum[0]));
+        p_sum[1] = __dp4a(f[1], 0x01010101u, __dp4a(f[3], 0x01010101u, p_sum[1]));
+      } else {
       uint32_t pw[4][4];  // float bits; low byte = P^ of n-tiles 4k..4k+3
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
@@ -438,6 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       f[3] = pack_low_bytes(pw[2][2], pw[2][3], pw[3][2], pw[3][3]);
       p_sum[0] = __dp4a(f[0], 0x01010101u, __dp4a(f[2], 0x01010101u, p_sum[0]));  // row g
       p_sum[1] = __dp4a(f[1], 0x01010101u, __dp4a(f[3], 0x01010101u, p_sum[1]));  // row g + 8
+      }
     };
 #pragma unroll
     for (int k = 0; k < PKS; ++k) make_pf(k);
@@ -456,6 +551,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // O = O a + c (P^ V^) v_scale (P^ V^ == P~ V^ + 8 colsum exactly), then the stage goes back to the producer
   auto update_o = [&](const int s) {
     const float* svp = vp_ptr(s);
+    // FP8PV: the accumulator holds P^ V^ 2^-18; (c 2^18) (P^ V^ 2^-18) is c P^ V^ exactly
+    const float cf0 = FP8PV != 0 ? c_fac[0] * 262144.f : c_fac[0];
+    const float cf1 = FP8PV != 0 ? c_fac[1] * 262144.f : c_fac[1];
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
       // v_scale of columns 8j+2t and 8j+2t+1 (vparams interleaves them with column-sum bits this kernel does not
@@ -465,11 +563,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       vp.y = svp[2 * (8 * j + 2 * t) + 2];
       float u[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) u[e] = __int2float_rn((int)pacc[4 * j + e]);  // exact (|P^ V^| < 2^24)
-      o[j][0] = fmaf(c_fac[0] * u[0], vp.x, o[j][0]);
-      o[j][1] = fmaf(c_fac[0] * u[1], vp.y, o[j][1]);
-      o[j][2] = fmaf(c_fac[1] * u[2], vp.x, o[j][2]);
-      o[j][3] = fmaf(c_fac[1] * u[3], vp.y, o[j][3]);
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (FP8PV != 0) {
+          u[e] = pacc[4 * j + e];
+        } else {
+          u[e] = __int2float_rn((int)pacc[4 * j + e]);  // exact (|P^ V^| < 2^24)
+        }
+      }
+      o[j][0] = fmaf(cf0 * u[0], vp.x, o[j][0]);
+      o[j][1] = fmaf(cf0 * u[1], vp.y, o[j][1]);
+      o[j][2] = fmaf(cf1 * u[2], vp.x, o[j][2]);
+      o[j][3] = fmaf(cf1 * u[3], vp.y, o[j][3]);
     }
     __syncwarp();
     if ((utid & 31) == 0) mbar_arrive(empty_bar(s));
