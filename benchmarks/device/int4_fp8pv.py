@@ -1,15 +1,18 @@
-"""Tuning aid (tuning build, -DROTVID_WGMMA_VARIANTS): the INT4 Hopper kernel with P.V on the e4m3 tensor cores.
+"""Tuning aid (tuning build, -DROTVID_WGMMA_VARIANTS): the INT4 Hopper kernel's P.V on the e4m3 tensor cores.
 
-Variants 41 / 42 of ``attn_wgmma.cu`` (``FP8PV`` 1 / 2 in ``int4_attention_wgmma.cuh``) read V^ in sign-magnitude
-bytes, which as e4m3 are v 2^-9; this script makes that copy of the pre-processed V^T for them.
+The default wgmma kernel (``FP8PV`` 2 in ``int4_attention_wgmma.cuh``) and tuning variant 41 (``FP8PV`` 1) read V^ as
+sign-magnitude bytes (the e4m3 values v 2^-9; the pre-processing for path "wgmma"); variant 40 (``FP8PV`` 0) is the
+kernel before, u8 x s8, which reads the two's-complement bytes of the s8 pre-processing.
 
-``--check``: every case runs the default (0), 41 and 42 into NaN-poisoned outputs with the tail split off, and prints
-whether 41 equals the default bit for bit (it should, if the FP32 accumulation of the e4m3 products is exact), how
-many outputs 42 changes, and each one's relative L2 error against the reference on the same quantized inputs.
-``--time``: attention-only time of 0 / 41 / 42 (and cuDNN, and the SageAttention2-8b peer when importable) at the
+``--check``: every case runs 40, 41 and the default (0) into NaN-poisoned outputs with the tail split off, and prints
+whether 41 equals 40 bit for bit (it does if the FP32 accumulation of the e4m3 products is exact), how many outputs
+the default changes against 40, and each one's relative L2 error against the reference on the same quantized inputs.
+``--time``: attention-only time of 40 / 41 / 0 (and cuDNN, and the SageAttention2-8b peer when importable) at the
 kernel_bench shapes, interleaved rounds, INT4 range P with Q/K/V smoothing (kernel_bench's rotvid-int4 operands).
 
     ROTVID_EXT_CUDA_FLAGS=-DROTVID_WGMMA_VARIANTS python3 benchmarks/device/int4_fp8pv.py --check --time
+
+(Session 14: variants 41 / 42 of commit c518387 were FP8PV 1 / 2 with FP8PV 0 the default; RESULTS.md.)
 """
 import argparse
 import os
@@ -26,18 +29,13 @@ from rotvid.kernels import cuda_backend as cb  # noqa: E402
 from rotvid.kernels import metrics  # noqa: E402
 from rotvid.kernels.reference import attention_from_quantized, preprocess_int4  # noqa: E402
 
-VARIANTS = ("0", "41", "42")
+VARIANTS = ("40", "41", "0")
 
 
-def sign_magnitude(vt: torch.Tensor) -> torch.Tensor:
-    """INT4 values in two's-complement int8 -> sign-magnitude bytes (|v| | sign << 7), as int8."""
-    v = vt.to(torch.int16)
-    return torch.where(v < 0, 128 - v, v).to(torch.uint8).view(torch.int8)
-
-
-def attend(kq, kq_sm, variant, *, n, d, kv_lens, p_mode, out=None, split_tail=True):
+def attend(kq_tc, kq_sm, variant, *, n, d, kv_lens, p_mode, out=None, split_tail=True):
+    """``kq_tc``: operands with two's-complement V^ bytes (variant 40), ``kq_sm``: sign-magnitude (41, 0)."""
     os.environ["ROTVID_WGMMA_VARIANT"] = variant
-    return cb.attention_int4_quantized(kq if variant == "0" else kq_sm, n_q=n, n_kv=n, head_dim=d, block_n=128,
+    return cb.attention_int4_quantized(kq_tc if variant == "40" else kq_sm, n_q=n, n_kv=n, head_dim=d, block_n=128,
                                        kv_lens=kv_lens, p_mode=p_mode, path="wgmma", out=out,
                                        out_dtype=torch.bfloat16, split_tail=split_tail)
 
@@ -62,8 +60,9 @@ def check() -> int:
         kv_lens = None if lens is None else torch.tensor(lens, device="cuda", dtype=torch.int32)
         ref_q = preprocess_int4(q, k, v, kv_lens=kv_lens, block_n=128, smooth_v=True, smooth_q=sq)
         ref = attention_from_quantized(ref_q, p_mode=p_mode, out_dtype=torch.float32)
+        kq_sm = cb.pack_reference_quantized(ref_q, p_mode=p_mode, path="wgmma")
         kq = cb.pack_reference_quantized(ref_q, p_mode=p_mode, path="s8")
-        kq_sm = kq._replace(vt=sign_magnitude(kq.vt))
+        kq = kq._replace(vt=kq.vt.view(torch.uint8))  # (the wgmma path takes uint8; variant 40 reads these bytes)
         outs = {}
         for var in VARIANTS:
             out = torch.full((bsz, h, n, d), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -71,14 +70,15 @@ def check() -> int:
             torch.cuda.synchronize()
             outs[var] = out
         nan = any(bool(torch.isnan(o).any()) for o in outs.values())
-        same41 = torch.equal(outs["41"], outs["0"])
-        diff42 = int((outs["42"] != outs["0"]).sum())
+        same41 = torch.equal(outs["41"], outs["40"])
+        diff0 = int((outs["0"] != outs["40"]).sum())
         rel = {var: max(metrics.relative_l2(ref[bi, hi], o[bi, hi].float()) for bi in range(bsz) for hi in range(h))
                for var, o in outs.items()}
         ok = not nan and same41 and max(rel.values()) <= 2e-3 + 2.0**-8
         failures += not ok
         print(f"B{bsz} H{h} N{n} D{d} kv_lens {lens} smooth_q {sq} {p_mode}: {'OK' if ok else 'FAIL'} "
-              f"(NaN {nan}; 41 bit-equal to 0: {same41}; 42 differs in {diff42} of {outs['0'].numel()}; "
+              f"(NaN {nan}; 41 bit-equal to 40: {same41}; the default differs from 40 in {diff0} of "
+              f"{outs['0'].numel()}; "
               f"worst rel L2 vs reference " + ", ".join(f"{k} {x:.2e}" for k, x in rel.items()) + ")", flush=True)
     print(f"{len(CASES) - failures}/{len(CASES)} cases OK")
     return failures
@@ -90,7 +90,7 @@ def time_shapes(shapes, rounds: int) -> None:
     except ImportError as err:
         sageattn_qk_int8_pv_fp8_cuda_sm90 = None
         print(f"(the peer is not importable: {err})")
-    print("| shape | method | ms | vs cuDNN | vs default |")
+    print("| shape | method | ms | vs cuDNN | vs 40 (the u8 x s8 kernel) |")
     print("| --- | --- | --- | --- | --- |")
     for name in shapes:
         s = SHAPES[name]
@@ -98,8 +98,10 @@ def time_shapes(shapes, rounds: int) -> None:
         q, k, v = (torch.randn(s.b, s.h, s.n, s.d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         k += torch.randn(1, s.h, 1, s.d, device="cuda", dtype=torch.bfloat16)
         kv_lens = None if s.kv_len is None else torch.full((s.b,), s.kv_len, dtype=torch.int32, device="cuda")
-        kq = cb.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=128, smooth_v=True, smooth_q=True)
-        kq_sm = kq._replace(vt=sign_magnitude(kq.vt))
+        kq_sm = cb.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=128, smooth_v=True, smooth_q=True,
+                                        path="wgmma")
+        kq = cb.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=128, smooth_v=True, smooth_q=True, path="s8")
+        kq = kq._replace(vt=kq.vt.view(torch.uint8))
         timers = {"cudnn": _under(SDPBackend.CUDNN_ATTENTION, lambda: F.scaled_dot_product_attention(q, k, v))}
         if sageattn_qk_int8_pv_fp8_cuda_sm90 is not None:
             timers["sage"] = lambda: sageattn_qk_int8_pv_fp8_cuda_sm90(
@@ -109,7 +111,7 @@ def time_shapes(shapes, rounds: int) -> None:
         t = time_interleaved(timers, rounds)
         for key, ms in t.items():
             label = {"cudnn": "sdpa-cudnn", "sage": "sageattention2-8b"}.get(key, f"rotvid-int4 attn only, v{key}")
-            print(f"| {name} | {label} | {ms:.2f} | {t['cudnn'] / ms:.3f}× | {t['0'] / ms:.3f}× |", flush=True)
+            print(f"| {name} | {label} | {ms:.2f} | {t['cudnn'] / ms:.3f}× | {t['40'] / ms:.3f}× |", flush=True)
     os.environ.pop("ROTVID_WGMMA_VARIANT", None)
 
 

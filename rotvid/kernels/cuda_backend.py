@@ -14,8 +14,11 @@ Instruction paths, chosen by compute capability from :data:`ARCH_TABLE`:
 * ``"s8"`` (any supported GPU): the same INT4-valued numbers on INT8 ``mma.sync.m16n8k32.s8``
   (identical integer products, so identical outputs).
 * ``"wgmma"`` (sm90, block_n 64 or 128): the same numbers on Hopper's warpgroup tensor cores
-  (``wgmma.mma_async ... s8`` for QKᵀ, ``u8 x s8`` for P̂V̂, operands brought in by TMA;
-  ``csrc/int4_attention_wgmma.cuh``); the s8 kernel layout, and output bits identical to the s8 path.
+  (``wgmma.mma_async ... s8`` for QKᵀ, ``e4m3 x e4m3`` for P̂V̂ -- INT4 values are exact in e4m3 and the block's
+  sum is exact in the FP32 accumulator --, operands brought in by TMA; ``csrc/int4_attention_wgmma.cuh``). The s8
+  kernel layout, except ``vt``: uint8 sign-magnitude bytes. P̂ is rounded by the e4m3 conversion of a shifted
+  exponent, so a few outputs in 10⁴ differ from the s8 path's (rare ±1 flips of P̂ where ex2.approx rounds the
+  other way); the bound against the reference is the s8 path's.
 
 On sm90 the default is ``"wgmma"`` (block size :func:`default_block_n`); elsewhere the arch path.
 
@@ -38,8 +41,10 @@ takes), with BH = batch·heads, ``Nq_pad`` = Nq rounded up to 128, ``Nkv_pad`` t
 * ``q_hat`` int8 [B, H, Nq_pad, DB], ``k_hat`` int8 [B, H, Nkv_pad, DB]; DB = D (s8) or D/2
   (s4, element 2c in the low nibble of byte c); padded rows are zero.
 * ``q_scale`` fp32 [B, H, Nq_pad], ``k_scale`` fp32 [B, H, Nkv_pad] (zero on padded rows).
-* ``vt`` int8 [B, H, D, Nkv_pad] (s8) or [B, H, D, Nkv_pad/2] (s4): V̂ transposed, key
-  positions permuted inside chunks of 32 (s8) / 64 (s4) keys (:func:`vt_key_permutation`).
+* ``vt`` int8 [B, H, D, Nkv_pad] (s8) or [B, H, D, Nkv_pad/2] (s4), or uint8 [B, H, D, Nkv_pad] (wgmma: the
+  sign-magnitude byte ``|v| | sign << 7``, which the kernel reads as the e4m3 value v·2⁻⁹): V̂ transposed, key
+  positions permuted inside chunks of 32 (s8, wgmma) / 64 (s4) keys (:func:`vt_key_permutation`). Operands are
+  pre-processed for one path: the kernels refuse a ``vt`` of another path's format.
 * ``vparams`` fp32 [B, H, Nkv_pad/block_n, D, 2]: ``v_scale`` (the P levels' factor 1/15 or 1/7
   cancels in O / l, both being in units of P̂), and the bits of int32 ``0x4B400000 + 8*colsum``
   (range) or ``0x4B400000`` (sym), the accumulator initialiser of P̃V̂ in the mma.sync kernels.
@@ -243,14 +248,15 @@ def _int4_preprocess_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
            torch.Tensor]:
     ext = load_extension(q.device)
-    s4 = _resolve_path(path, q.device) == "s4"
-    return tuple(ext.preprocess_int4(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, s4, p_mode, smooth_q,
-                                     qk_scale))
+    kernel = _resolve_path(path, q.device)
+    return tuple(ext.preprocess_int4(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, kernel == "s4", p_mode,
+                                     smooth_q, qk_scale, kernel == "wgmma"))
 
 
 @_int4_preprocess_op.register_fake
 def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode, smooth_q, qk_scale):
-    s4 = _resolve_path(path, q.device) == "s4"
+    kernel = _resolve_path(path, q.device)
+    s4 = kernel == "s4"
     if bnhd:
         b, n_q, h, d = q.shape
         n_kv = k.shape[1]
@@ -265,7 +271,7 @@ def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode, smooth_
         q.new_empty((b, h, nq_pad), **f32),
         q.new_empty((b, h, nkv_pad, db), **i8),
         q.new_empty((b, h, nkv_pad), **f32),
-        q.new_empty((b, h, d, nkv_pad // 2 if s4 else nkv_pad), **i8),
+        q.new_empty((b, h, d, nkv_pad // 2 if s4 else nkv_pad), dtype=vt_dtype(kernel), device=q.device),
         q.new_empty((b, h, nkv_pad // block_n, d, 2), **f32),
         q.new_empty((b, h, d) if smooth_v else (0,), **f32),
         q.new_empty((b, h, nkv_pad) if smooth_q else (0,), **f32),
@@ -542,6 +548,11 @@ def attention_int4_quantized(
     if block_n not in SUPPORTED_BLOCK_N:
         raise ValueError(f"block_n: expected one of {SUPPORTED_BLOCK_N}, got {block_n!r}")
     path = _check_path(path, qkv.q_hat.device)
+    want = vt_dtype(_resolve_path(path, qkv.q_hat.device))
+    if qkv.vt.dtype != want:
+        raise ValueError(f"qkv.vt: the {_resolve_path(path, qkv.q_hat.device)!r} kernel takes {want} V^T bytes, got "
+                         f"{qkv.vt.dtype}: pre-process for the same path (preprocess_int4_cuda / "
+                         f"pack_reference_quantized with path={path!r})")
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
     k_bias = qkv.k_bias if qkv.k_bias is not None else qkv.q_scale.new_empty((0,))
     args = (
@@ -753,6 +764,18 @@ def int8fp8_attention_cuda(
 # Packing the reference's quantized operands into the kernel layout (for tests)
 
 
+def vt_dtype(path: str) -> torch.dtype:
+    """The dtype of the INT4 ``vt`` operand of a (resolved) path: uint8 sign-magnitude bytes for the wgmma kernel's
+    e4m3 P·V, int8 two's complement (s8) or nibbles (s4) for the mma.sync kernels."""
+    return torch.uint8 if path == "wgmma" else torch.int8
+
+
+def sign_magnitude_bytes(x: torch.Tensor) -> torch.Tensor:
+    """INT4 values (int8 in [-7, 7]) -> uint8 ``|x| | sign << 7``: the e4m3 codes of x·2⁻⁹."""
+    v = x.to(torch.int16)
+    return torch.where(v < 0, 128 - v, v).to(torch.uint8)
+
+
 def vt_key_permutation(n_pad: int, path: str, device=None) -> torch.Tensor:
     """Long [n_pad]: the key index stored at each position of the V^T layout (int4_common.cuh)."""
     chk = 64 if path == "s4" else 32
@@ -790,6 +813,8 @@ def pack_reference_quantized(
     """
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
+    if path not in PATHS:
+        raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
     b, h, n_q, d = qkv.q_hat.shape
     n_kv = qkv.k_hat.shape[2]
     nq_pad, nkv_pad = _pads(n_q, n_kv, qkv.block_n)
@@ -804,6 +829,8 @@ def pack_reference_quantized(
     vt = v_hat.transpose(2, 3)[..., perm].contiguous()
     if path == "s4":
         q_hat, k_hat, vt = _pack_nibbles(q_hat), _pack_nibbles(k_hat), _pack_nibbles(vt)
+    elif path == "wgmma":
+        vt = sign_magnitude_bytes(vt)
     vs = qkv.v_scale.float()
     cs = MAGIC_I + (8 * qkv.v_colsum.to(torch.int32) if p_mode == "range" else 0 * qkv.v_colsum.to(torch.int32))
     vparams = torch.stack([vs, cs.to(torch.int32).view(torch.float32)], dim=-1).contiguous()

@@ -4,7 +4,9 @@ Bounds (numerics_int4.md): on the SAME quantized inputs the kernel differs from 
 only by fp32 summation order in l / O and ex2.approx rounding (rare ±1 flips of P̃), so we
 require relative L2 <= 2e-3 and cosine >= 0.99999 against the reference computed in fp32.
 Pre-processing must be bit-identical. The s4 (native INT4 mma) and s8 (INT8 mma) paths do the
-same integer products, so their outputs must be bit-identical too.
+same integer products, so their outputs must be bit-identical too. The Hopper (wgmma) kernel does the same
+exact products on the e4m3 tensor cores but rounds P̂ by the e4m3 conversion of a shifted exponent, so it may
+differ from the s8 path at rare outputs (WGMMA_DIFF_MAX of them), within the same bound of the reference.
 """
 
 import functools
@@ -20,6 +22,16 @@ pytestmark = pytest.mark.gpu
 
 REL_L2_MAX = 2e-3
 COS_MIN = 0.99999
+# outputs (fraction) where the wgmma kernel may differ from the s8 path: ±1 flips of P̂ where ex2.approx of the
+# shifted exponent rounds the other way (measured on an H100: at most 4e-4, RESULTS.md session 14)
+WGMMA_DIFF_MAX = 2e-3
+
+
+def assert_wgmma_near_s8(wgmma, s8):
+    """The wgmma kernel against the s8 path on the same operands: equal but for rare P̂ flips."""
+    frac = (wgmma != s8).float().mean().item()
+    assert frac <= WGMMA_DIFF_MAX, f"{frac:.2e} of the outputs differ between the wgmma and s8 kernels"
+    assert metrics.relative_l2(s8.float(), wgmma.float()) <= 1e-3
 
 
 def cb():
@@ -126,22 +138,23 @@ WGMMA_CASES = [
 @pytest.mark.parametrize("block_n", [64, 128])
 @pytest.mark.parametrize("p_mode", ["range", "sym"])
 @pytest.mark.parametrize("case", WGMMA_CASES, ids=lambda c: f"b{c[0]}h{c[1]}q{c[2]}k{c[3]}d{c[4]}")
-def test_wgmma_kernel_matches_reference_and_s8_path_bitwise(case, p_mode, block_n):
-    """The Hopper kernel (wgmma + TMA) against the reference on the same quantized inputs, and bit
-    for bit against the mma.sync s8 path (same per-row arithmetic, exact integer products) when the tail
-    split is off; with it on (the default; these small grids leave most SMs idle, so most cases split),
-    within the same bound of the reference."""
+def test_wgmma_kernel_matches_reference_and_s8_path(case, p_mode, block_n):
+    """The Hopper kernel (wgmma + TMA) against the reference on the same quantized inputs, and against the mma.sync
+    s8 path (same per-row arithmetic, exact products; P̂ rounded by the e4m3 conversion) when the tail split is off:
+    equal but for rare P̂ flips; with it on (the default; these small grids leave most SMs idle, so most cases
+    split), within the same bound of the reference."""
     needs_wgmma()
     b, h, n_q, n_kv, d, lens, dtype, layout, smooth_v = case
     q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=3 * n_q + n_kv + d + len(p_mode), kv_lens=lens)
     ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=smooth_v)
     ref = attention_from_quantized(ref_q, p_mode=p_mode, out_dtype=torch.float32, layout=layout)
     kq = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="s8")
-    run = functools.partial(run_kernel_on, kq, n_q=n_q, n_kv=n_kv, d=d, block_n=block_n, kv_lens=kv_lens,
+    kq_wg = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="wgmma")
+    run = functools.partial(run_kernel_on, n_q=n_q, n_kv=n_kv, d=d, block_n=block_n, kv_lens=kv_lens,
                             p_mode=p_mode, dtype=dtype, layout=layout, b=b, h=h)
-    outs = {"wgmma": run(path="wgmma", split_tail=False), "s8": run(path="s8"), "split": run(path="wgmma")}
-    mism = (outs["wgmma"] != outs["s8"]).sum().item()
-    assert mism == 0, f"{mism} of {outs['s8'].numel()} outputs differ between the wgmma and s8 kernels"
+    outs = {"wgmma": run(kq_wg, path="wgmma", split_tail=False), "s8": run(kq, path="s8"),
+            "split": run(kq_wg, path="wgmma")}
+    assert_wgmma_near_s8(outs["wgmma"], outs["s8"])
     r = cb_to_bhnd(ref, layout)
     rounding = 2.0 ** (-8 if dtype == torch.bfloat16 else -11)
     for key in ("wgmma", "split"):
@@ -174,7 +187,30 @@ def test_wgmma_path_errors_name_the_argument():
     with pytest.raises(ValueError, match="path: expected one of"):
         cb().int4_attention_cuda(q, k, v, path="s16")
 
-@pytest.mark.parametrize("path", ["s8", "s4"])
+
+def test_operands_of_another_path_are_refused():
+    """The wgmma kernel reads V̂ as sign-magnitude bytes (uint8), the mma.sync kernels as two's complement (int8):
+    operands pre-processed for one path are refused by the other, naming the argument."""
+    needs_wgmma()
+    q, k, v, _ = make_inputs(1, 2, 200, 200, 128, torch.bfloat16, "BHND", seed=4)
+    for made, run in (("s8", "wgmma"), ("wgmma", "s8")):
+        kq = cb().preprocess_int4_cuda(q, k, v, block_n=128, path=made)
+        with pytest.raises(ValueError, match="qkv.vt: the 'wgmma' kernel takes torch.uint8|qkv.vt: the 's8' kernel"):
+            cb().attention_int4_quantized(kq, n_q=200, n_kv=200, head_dim=128, block_n=128, path=run)
+    kq = cb().preprocess_int4_cuda(q, k, v, block_n=128)  # the arch default on both sides
+    assert kq.vt.dtype == torch.uint8
+    assert not torch.isnan(cb().attention_int4_quantized(kq, n_q=200, n_kv=200, head_dim=128, block_n=128)).any()
+
+
+def test_sign_magnitude_bytes_are_the_e4m3_values():
+    """Every INT4 value's sign-magnitude byte, read as e4m3, is v·2⁻⁹; every P̂ byte k in [0, 15] is k·2⁻⁹."""
+    v = torch.arange(-7, 8, dtype=torch.int8)
+    as_e4m3 = cb().sign_magnitude_bytes(v).view(torch.float8_e4m3fn).float() * 512
+    assert torch.equal(as_e4m3, v.float())
+    k = torch.arange(16, dtype=torch.uint8)
+    assert torch.equal(k.view(torch.float8_e4m3fn).float() * 512, k.float())
+
+@pytest.mark.parametrize("path", ["s8", "s4", "wgmma"])
 @pytest.mark.parametrize(
     "b, h, n_q, n_kv, d, lens, dtype, layout, block_n, smooth_k, smooth_v, p_mode",
     [
@@ -186,6 +222,8 @@ def test_wgmma_path_errors_name_the_argument():
 )
 def test_preprocess_is_bit_identical_to_reference(b, h, n_q, n_kv, d, lens, dtype, layout, block_n, smooth_k,
                                                   smooth_v, p_mode, path):
+    if path == "wgmma":
+        needs_wgmma()
     q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=7 * n_q + d, bias=3.0, kv_lens=lens)
     ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k,
                             smooth_v=smooth_v)
@@ -287,7 +325,8 @@ SQ_CASES = [
 @pytest.mark.parametrize("case", SQ_CASES, ids=lambda c: f"b{c[0]}h{c[1]}q{c[2]}k{c[3]}d{c[4]}bn{c[8]}")
 def test_q_smoothing_kernels_match_reference_on_same_quantized_inputs(case, p_mode):
     """Every INT4 kernel with Q smoothed (k_bias = the reference's ΔS) against the reference on the same quantized
-    inputs; the wgmma kernel bit for bit against the s8 path (tail split off), the s4 path against s8."""
+    inputs; the wgmma kernel against the s8 path (tail split off; equal but for rare P̂ flips), s4 against s8 bit for
+    bit."""
     b, h, n_q, n_kv, d, lens, dtype, layout, block_n, smooth_v = case
     q, k, v, kv_lens = q_biased_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=n_q + n_kv + d + len(p_mode), kv_lens=lens)
     ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=smooth_v, smooth_q=True)
@@ -299,10 +338,10 @@ def test_q_smoothing_kernels_match_reference_on_same_quantized_inputs(case, p_mo
     assert kq.k_bias.numel() == b * h * (-(-n_kv // block_n) * block_n)
     outs = {"s8": run(kq, path="s8")}
     if cb().arch_entry().wgmma:
-        outs["wgmma"] = run(kq, path="wgmma", split_tail=False)
-        outs["split"] = run(kq, path="wgmma")
-        mism = (outs["wgmma"] != outs["s8"]).sum().item()
-        assert mism == 0, f"{mism} of {outs['s8'].numel()} outputs differ between the wgmma and s8 kernels"
+        kq_wg = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="wgmma")
+        outs["wgmma"] = run(kq_wg, path="wgmma", split_tail=False)
+        outs["split"] = run(kq_wg, path="wgmma")
+        assert_wgmma_near_s8(outs["wgmma"], outs["s8"])
     if n_q <= 1025:  # (the s4 path runs emulated on Hopper: slow)
         outs["s4"] = run(cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="s4"), path="s4")
         assert torch.equal(outs["s4"], outs["s8"])
@@ -319,7 +358,7 @@ def test_q_smoothing_kernels_match_reference_on_same_quantized_inputs(case, p_mo
         assert metrics.relative_l2(ref, no_bias.float()) > 10 * REL_L2_MAX
 
 
-@pytest.mark.parametrize("path", ["s8", "s4"])
+@pytest.mark.parametrize("path", ["s8", "s4", "wgmma"])
 @pytest.mark.parametrize(
     "b, h, n_q, n_kv, d, lens, dtype, layout, block_n, sm_scale",
     [
@@ -331,6 +370,8 @@ def test_q_smoothing_kernels_match_reference_on_same_quantized_inputs(case, p_mo
 def test_q_smoothing_preprocess_equals_reference(b, h, n_q, n_kv, d, lens, dtype, layout, block_n, sm_scale, path):
     """Q minus its per-head mean, quantized: bit-identical to the reference; the per-key ΔS within fp32 rounding of
     the reference's (a dot product over D summed in another order)."""
+    if path == "wgmma":
+        needs_wgmma()
     q, k, v, kv_lens = q_biased_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=5 * n_q + d, kv_lens=lens)
     ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=True, smooth_q=True)
     want = cb().pack_reference_quantized(ref_q, path=path, sm_scale=sm_scale)

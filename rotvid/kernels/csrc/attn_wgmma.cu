@@ -12,7 +12,7 @@ namespace {
 using tma::encode_fn;
 using tma::make_map;
 
-template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool SQ = false, int FP8PV = 0>
+template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool SQ = false, int FP8PV = 2>
 cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg::Cfg<D, STAGES, BN>;
   const uint64_t bh = (uint64_t)p.B * p.H;
@@ -66,12 +66,12 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
     if (variant == 25) return launch_d<D, PMODE, 4, 2, 1, 128, SQ>(p, stream);
     if (variant == 26) return launch_d<D, PMODE, 3, 2, 2, 128, SQ>(p, stream);
     if (variant == 27) return launch_d<D, PMODE, 3, 1, 1, 128, SQ>(p, stream);
-    // 41 / 42: the default schedule with P.V on the e4m3 tensor cores (FP8PV 1 / 2, int4_attention_wgmma.cuh;
-    // p.vt must hold V^ in sign-magnitude bytes)
-    if (variant == 41 || variant == 42) {
+    // 40: the default schedule with the u8 x s8 P.V of before (FP8PV 0: p.vt must hold two's-complement V^ bytes,
+    // the s8 pre-processing's); 41: P^ bytes formed as the s8 path does, P.V in e4m3 (FP8PV 1: bit-identical to s8)
+    if (variant == 40 || variant == 41) {
       constexpr int PP = D == 128 ? 2 : 0, PI = D == 128 ? 1 : 0;
-      return variant == 41 ? launch_d<D, PMODE, 3, PP, PI, 128, SQ, 1>(p, stream)
-                           : launch_d<D, PMODE, 3, PP, PI, 128, SQ, 2>(p, stream);
+      return variant == 40 ? launch_d<D, PMODE, 3, PP, PI, 128, SQ, 0>(p, stream)
+                           : launch_d<D, PMODE, 3, PP, PI, 128, SQ, 1>(p, stream);
     }
   }
 #endif

@@ -112,7 +112,8 @@ QKVDims checked_qkv_dims(const at::Tensor& q, const at::Tensor& k, const at::Ten
 std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                         const c10::optional<at::Tensor>& kv_lens, bool bnhd, int64_t block_n,
                                         bool smooth_k, bool smooth_v, bool s4, int64_t p_mode, bool smooth_q,
-                                        double qk_scale) {
+                                        double qk_scale, bool wgmma) {
+  TORCH_CHECK(!(s4 && wgmma), "s4 / wgmma: one V^T format");
   TORCH_CHECK(block_n == 64 || block_n == 128, "block_n: 64 or 128");
   const QKVDims d = checked_qkv_dims(q, k, v, kv_lens, bnhd);  // (before the guard: CUDA inputs checked first)
   const Dims &dq = d.q, &dk = d.k, &dv = d.v;
@@ -127,7 +128,8 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
   auto q_scale = at::empty({dq.B, dq.H, nq_pad}, f32);
   auto k_hat = at::empty({dk.B, dk.H, nkv_pad, DB}, i8);
   auto k_scale = at::empty({dk.B, dk.H, nkv_pad}, f32);
-  auto vt = at::empty({dv.B, dv.H, D, s4 ? nkv_pad / 2 : nkv_pad}, i8);
+  // V^T: int8 (two's complement, or s4 nibbles), or uint8 sign-magnitude bytes for the wgmma kernel's e4m3 P.V
+  auto vt = at::empty({dv.B, dv.H, D, s4 ? nkv_pad / 2 : nkv_pad}, wgmma ? q.options().dtype(at::kByte) : i8);
   auto vparams = at::empty({dv.B, dv.H, nkv_pad / block_n, D, 2}, f32);
   // Q smoothing: one mean per head over all query rows; its ΔS enters the scores as a bias per key
   at::Tensor q_mean, k_bias = at::empty({0}, f32);
@@ -167,9 +169,10 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
       v_mean = token_mean(v, dv, kv_lens, stream);
       p.mean = v_mean.data_ptr<float>();
     }
-    p.out = vt.data_ptr<int8_t>();
+    p.out = static_cast<int8_t*>(vt.data_ptr());
     p.scale = vparams.data_ptr<float>();
-    check_cuda(rotvid::launch_quant_v_int4(p, (int)block_n, s4, (int)p_mode, stream), "quant_v_int4");
+    const int v_format = s4 ? rotvid::kVNibbles : wgmma ? rotvid::kVSignMagnitude : rotvid::kVTwosComplement;
+    check_cuda(rotvid::launch_quant_v_int4(p, (int)block_n, v_format, (int)p_mode, stream), "quant_v_int4");
   }
   return {q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, k_bias};
 }
@@ -215,8 +218,10 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
                   k_hat.scalar_type() == at::kChar, "k_hat: shape/dtype");
   TORCH_CHECK(k_scale.sizes() == at::IntArrayRef({B, H, nkv_pad}) && k_scale.is_contiguous() &&
                   k_scale.scalar_type() == at::kFloat, "k_scale: shape/dtype");
-  TORCH_CHECK(vt.sizes() == at::IntArrayRef({B, H, D, s4 ? nkv_pad / 2 : nkv_pad}) && vt.is_contiguous() &&
-                  vt.scalar_type() == at::kChar, "vt: shape/dtype");
+  TORCH_CHECK(vt.sizes() == at::IntArrayRef({B, H, D, s4 ? nkv_pad / 2 : nkv_pad}) && vt.is_contiguous(), "vt: shape");
+  TORCH_CHECK(vt.scalar_type() == (wgmma ? at::kByte : at::kChar),
+              wgmma ? "vt: the wgmma kernel takes uint8 sign-magnitude V^T bytes (pre-processing with path 'wgmma')"
+                    : "vt: the mma.sync kernels take int8 V^T bytes (pre-processing with path 's8' / 's4')");
   TORCH_CHECK(vparams.sizes() == at::IntArrayRef({B, H, nkv_pad / block_n, D, 2}) && vparams.is_contiguous() &&
                   vparams.scalar_type() == at::kFloat, "vparams: shape/dtype");
   const bool has_bias = k_bias.numel() > 0;
@@ -244,7 +249,7 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   rotvid::Int4AttnParams p{};
   p.q = q_hat.data_ptr<int8_t>();
   p.k = k_hat.data_ptr<int8_t>();
-  p.vt = vt.data_ptr<int8_t>();
+  p.vt = static_cast<const int8_t*>(vt.data_ptr());
   p.q_scale = q_scale.data_ptr<float>();
   p.k_scale = k_scale.data_ptr<float>();
   p.vparams = vparams.data_ptr<float>();

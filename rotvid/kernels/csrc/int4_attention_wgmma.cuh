@@ -1,12 +1,17 @@
 // INT4-valued flash attention on Hopper's warpgroup tensor cores (sm90a: wgmma, TMA, mbarriers).
 //
 // Same numerics as int4_attention.cuh at the same block_n (DESIGN.md §The numerics; the per-row arithmetic
-// below is that kernel's, so the output bits are identical): per key block of BN (64 or 128) keys
+// below is that kernel's): per key block of BN (64 or 128) keys
 //   S = Q^ K^T (int32), x = float(S) * k_scale, m_blk = sq * max(x), p = ex2(x sq - m_blk) (with Q smoothing, SQ:
 //   x = float(S) * k_scale * sq + k_bias[key], m_blk = max(x), p = ex2(x - m_blk)),
 //   P^ = rint(15 p) in [0, 15] (range; the INT4 kernels' P~ = P^ - 8) | rint(7 p) (sym),
-//   O = O a + c float(P^ V^) v_scale, l = l a + c rowsum(P^) (O and l in units of P^; the u8 x s8 product
-//   P^ V^ = P~ V^ + 8 colsum(V^) exactly).
+//   O = O a + c (P^ V^) v_scale, l = l a + c rowsum(P^) (O and l in units of P^; P^ V^ = P~ V^ + 8 colsum(V^)
+//   exactly).
+// P^ V^ runs on the e4m3 tensor cores (FP8PV 2, the default; see FP8PV below): P^ and V^ are exact in e4m3 and
+// the block's sum is exact in the FP32 accumulator (checked on an H100: FP8PV 1 is bit-identical to the u8 x s8
+// path, RESULTS.md), and P^ is rounded by the e4m3 conversion of ex2(x - m_blk + log2(15) - 9). Against the
+// mma.sync s8 kernel the output differs only where ex2.approx of that shifted argument rounds P^ the other way
+// (a few outputs in 10^4; the bound against the reference is unchanged).
 //
 // CTA = 3 warpgroups: warpgroups 0 and 1 are consumers of 64 query rows each (BM = 128); warpgroup 2 is
 // the producer (setmaxnreg gives its registers to the consumers): one thread issues TMA copies of the Q
@@ -268,17 +273,18 @@ __device__ __forceinline__ void wgmma_pv_e4m3(float (&acc)[D / 2], const uint32_
   }
 }
 
-// FP8PV (tuning variants, issue 12's first lever): P^ V^ on the e4m3 tensor cores. The byte k of P^ (0..15) read as
+// FP8PV (issue 12's first lever; 2 is the default, 0 and 1 tuning variants 40 / 41): P^ V^ on the e4m3 tensor cores. The byte k of P^ (0..15) read as
 // e4m3 is k 2^-9 (subnormals and the first binade are evenly spaced at 2^-9), and V^ arrives in sign-magnitude
 // bytes (|v| | sign << 7), which read as e4m3 are v 2^-9; every product is an integer times 2^-18 and the block's
-// sum (|P^ V^| <= 15 * 7 * BN < 2^14) is exact if the FP32 accumulation is. The 2^18 goes into c. FP8PV 1: P^
+// sum (|P^ V^| <= 15 * 7 * BN < 2^14) is exact if the FP32 accumulation is. The 2^18 goes into c. FP8PV 0: the
+// u8 x s8 product of two's-complement V^ bytes (the kernel before, 4-22% slower on an H100). FP8PV 1: P^
 // bytes as the u8 path forms them (bit-identical to it if the accumulation is exact); FP8PV 2: P^ 2^-9 =
 // e4m3(ex2(x - m_blk + log2(15) - 9)), the factor folded into the exponent and the rounding done by the e4m3
 // conversion (round to nearest even on the 2^-9 grid = rint), so P^ can differ from the u8 path's at the rare
 // scores where ex2.approx of the shifted argument rounds across a half.
 // SQ: Q smoothing -- scores x sq + k_bias[key] (p.k_bias, the ΔS of the per-head Q mean, log2 domain), the row max
 // and the exponent taken on those sums; otherwise the product by sq is folded into the exponent's FFMA as before.
-template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool SQ = false, int FP8PV = 0>
+template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool SQ = false, int FP8PV = 2>
 __global__ void __launch_bounds__(kThreads, 1)
     int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {

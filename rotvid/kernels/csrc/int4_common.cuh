@@ -91,7 +91,10 @@ struct PreprocessParams {
 // float64 sums and B*H uint32 counters after them, all zero on entry.
 cudaError_t launch_token_mean_f64(const PreprocessParams& p, double* work, float* mean, cudaStream_t stream);
 cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream);
-cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream);
+// V^T bytes: two's complement (the s8 mma.sync kernel), two values per byte (s4), or sign-magnitude |v| | sign << 7
+// (the Hopper kernel, whose P.V reads them as the e4m3 values v 2^-9)
+enum VFormat { kVTwosComplement = 0, kVNibbles = 1, kVSignMagnitude = 2 };
+cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, int v_format, int p_mode, cudaStream_t stream);
 
 // The int8-fp8 pre-processing (preprocess_int8fp8.cu; sm89 / sm90 kernels share its operands), equal to the reference
 // quantizers byte for byte: launch_int8fp8_stats (one launch over K and V; a second one when V is smoothed) after ONE

@@ -2,7 +2,9 @@
 //   colsum_f64        sum over valid tokens of each channel in float64, then the K / V smoothing mean
 //   quant_rows_int4   per-token INT4 of Q or K (after subtracting the mean), kernel row layout
 //   quant_v_int4      per-group INT4 of V (per key block of BN tokens and channel), written
-//                     transposed and permuted (int4_common.cuh), plus v_scale and colsums
+//                     transposed and permuted (int4_common.cuh), plus v_scale and colsums; the bytes in
+//                     two's complement (s8), nibbles (s4) or sign-magnitude (the Hopper kernel's e4m3 P.V:
+//                     |v| | sign << 7 reads as the e4m3 value v 2^-9)
 // (the int8-fp8 recipe's pre-processing is preprocess_int8fp8.cu)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessPara
 }
 
 // grid (nblk, BH), D threads: thread d quantizes channel d of key block blockIdx.x.
-template <typename T, int D, int BN, bool S4, int PMODE>
+template <typename T, int D, int BN, bool S4, int PMODE, bool SIGNMAG = false>
 __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
   constexpr int CHK = S4 ? 64 : 32;
   constexpr int VB = S4 ? BN / 2 : BN;
@@ -219,7 +221,11 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
         if constexpr (!S4) {
           const int qa = q_at(pos_byte);
           colsum += qa;
-          bv = (uint32_t)(qa & 0xFF);
+          if constexpr (SIGNMAG) {
+            bv = qa < 0 ? 0x80u | (uint32_t)(-qa) : (uint32_t)qa;
+          } else {
+            bv = (uint32_t)(qa & 0xFF);
+          }
         } else {
           const int qa = q_at(2 * pos_byte), qb = q_at(2 * pos_byte + 1);
           colsum += qa + qb;
@@ -271,27 +277,31 @@ cudaError_t rows_typed(const PreprocessParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int D, int BN, bool S4>
+template <typename T, int D, int BN, int VFMT>
 cudaError_t v_typed(const PreprocessParams& p, int p_mode, cudaStream_t stream) {
+  constexpr bool S4 = VFMT == kVNibbles, SIGNMAG = VFMT == kVSignMagnitude;
   dim3 grid(p.N_pad / BN, p.B * p.H);
   if (p_mode == kPRange)
-    quant_v_kernel<T, D, BN, S4, kPRange><<<grid, D, 0, stream>>>(p);
+    quant_v_kernel<T, D, BN, S4, kPRange, SIGNMAG><<<grid, D, 0, stream>>>(p);
   else
-    quant_v_kernel<T, D, BN, S4, kPSym><<<grid, D, 0, stream>>>(p);
+    quant_v_kernel<T, D, BN, S4, kPSym, SIGNMAG><<<grid, D, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
-template <typename T, int D>
-cudaError_t v_dim(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream) {
-  if (block_n == 64) return s4 ? v_typed<T, D, 64, true>(p, p_mode, stream) : v_typed<T, D, 64, false>(p, p_mode, stream);
-  if (block_n == 128) return s4 ? v_typed<T, D, 128, true>(p, p_mode, stream) : v_typed<T, D, 128, false>(p, p_mode, stream);
+template <typename T, int D, int BN>
+cudaError_t v_fmt(const PreprocessParams& p, int v_format, int p_mode, cudaStream_t stream) {
+  if (v_format == kVTwosComplement) return v_typed<T, D, BN, kVTwosComplement>(p, p_mode, stream);
+  if (v_format == kVNibbles) return v_typed<T, D, BN, kVNibbles>(p, p_mode, stream);
+  if (v_format == kVSignMagnitude) return v_typed<T, D, BN, kVSignMagnitude>(p, p_mode, stream);
   return cudaErrorInvalidValue;
 }
 
 template <typename T>
-cudaError_t v_type(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream) {
-  if (p.D == 64) return v_dim<T, 64>(p, block_n, s4, p_mode, stream);
-  if (p.D == 128) return v_dim<T, 128>(p, block_n, s4, p_mode, stream);
+cudaError_t v_type(const PreprocessParams& p, int block_n, int v_format, int p_mode, cudaStream_t stream) {
+  if (p.D == 64 && block_n == 64) return v_fmt<T, 64, 64>(p, v_format, p_mode, stream);
+  if (p.D == 64 && block_n == 128) return v_fmt<T, 64, 128>(p, v_format, p_mode, stream);
+  if (p.D == 128 && block_n == 64) return v_fmt<T, 128, 64>(p, v_format, p_mode, stream);
+  if (p.D == 128 && block_n == 128) return v_fmt<T, 128, 128>(p, v_format, p_mode, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -314,9 +324,9 @@ cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStrea
   return p.is_bf16 ? pre::rows_type<__nv_bfloat16>(p, s4, stream) : pre::rows_type<__half>(p, s4, stream);
 }
 
-cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, bool s4, int p_mode, cudaStream_t stream) {
-  return p.is_bf16 ? pre::v_type<__nv_bfloat16>(p, block_n, s4, p_mode, stream)
-                   : pre::v_type<__half>(p, block_n, s4, p_mode, stream);
+cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, int v_format, int p_mode, cudaStream_t stream) {
+  return p.is_bf16 ? pre::v_type<__nv_bfloat16>(p, block_n, v_format, p_mode, stream)
+                   : pre::v_type<__half>(p, block_n, v_format, p_mode, stream);
 }
 
 }  // namespace rotvid
