@@ -539,7 +539,8 @@ def attention_int4_quantized(
     torch.compile; for tests). ``split_tail`` (wgmma kernel): when the query tiles do not fill the
     last wave of SMs, the tiles of that wave run split over the keys (2-4 CTAs each, merged by a
     second kernel) -- same maths, fp32 summation order of O and l changed for those rows only;
-    False keeps every row's order, bit-identical to the mma.sync path.
+    False keeps every row's order (the mma.sync path's summation order; the wgmma kernel's P̂ may still differ
+    from that path's at rare scores, see the module docstring).
     """
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")

@@ -18,7 +18,8 @@
 // tile (once) and of each key block (K^ tile, V^T tile, K scales, V parameters) into a ring of STAGES
 // buffers, each guarded by a "full" mbarrier (transaction bytes) and an "empty" mbarrier (one arrival per
 // consumer warp). Consumers: S = wgmma m64nBNk32 s8 (A = Q^, B = K^ from 128/64-byte-swizzled shared
-// memory), softmax and P^ in registers, P^V^ = wgmma m64nDk32 u8.s8 with A = P^ from registers (the
+// memory), softmax and P^ in registers, P^V^ = wgmma m64nDk32 e4m3 (FP8PV 2; u8.s8 in tuning variant 40) with A =
+// P^ from registers (the
 // accumulator layout of S is the A-fragment layout once V^T keys are permuted per 32, as the kernel layout
 // already does) and B = V^T (K-major) from shared memory. Overlap options (template parameters, chosen in
 // attn_wgmma.cu): PIPE 1 issues the next block's QK^T during this block's O update; PINGPONG 2 makes the
@@ -125,7 +126,8 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, int swizzle) {
 }
 
 // wgmma.mma_async wrappers, operand lists written out: S = Q^ K^T is s32 += s8 x s8 (A and B from shared
-// memory); P.V is s32 += u8 x s8 with A = P^ from registers (see the kernel's comment on P^).
+// memory); P.V is s32 += u8 x s8 (FP8PV 0) or f32 += e4m3 x e4m3 (below) with A = P^ from registers (see the
+// kernel's comment on P^).
 template <int SCALE_D>
 __device__ __forceinline__ void wgmma_ss_m64n128k32(uint32_t (&d)[64], uint64_t da, uint64_t db) {
   if constexpr (SCALE_D == 0) {  // D = A B: write-only accumulators (no false dependence on old values)
@@ -389,8 +391,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
-  // P^ = rint(15 p) in [0, 15] (range) or rint(7 p) (sym), an unsigned byte: the u8 x s8 product P^ V^ equals
-  // the INT4 kernels' P~ V^ + 8 colsum(V^) with P~ = P^ - 8 in [-8, 7], so no column-sum term is needed here.
+  // P^ = rint(15 p) in [0, 15] (range) or rint(7 p) (sym), an unsigned byte (as e4m3: P^ 2^-9): the product
+  // P^ V^ equals the INT4 kernels' P~ V^ + 8 colsum(V^) with P~ = P^ - 8 in [-8, 7], so no column-sum term is
+  // needed here.
   constexpr float kPMul = PMODE == kPRange ? 15.f : 7.f;
   constexpr float kPAdd = kMagicF;
 
