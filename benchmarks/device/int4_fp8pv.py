@@ -4,15 +4,10 @@ The default wgmma kernel (``FP8PV`` 2 in ``int4_attention_wgmma.cuh``) and tunin
 sign-magnitude bytes (the e4m3 values v 2^-9; the pre-processing for path "wgmma"); variant 40 (``FP8PV`` 0) is the
 kernel before, u8 x s8, which reads the two's-complement bytes of the s8 pre-processing.
 
-Variant 43 (``FP8QK``) also runs Q^ K^T on the e4m3 tensor cores, with Q^ and K^ in sign-magnitude bytes (made here
-from the operands; no pre-processing writes them): its scores are the default's bit for bit if that accumulation is
-exact too, so it must equal the default.
-
-``--check``: every case runs 40, 41, the default (0) and 43 into NaN-poisoned outputs with the tail split off, and
-prints whether 41 equals 40 bit for bit (it does if the FP32 accumulation of the e4m3 products is exact), how many
-outputs the default changes against 40, whether 43 equals the default, and each one's relative L2 error against the
-reference on the same quantized inputs.
-``--time``: attention-only time of 40 / 41 / 0 / 43 (and cuDNN, and the SageAttention2-8b peer when importable) at the
+``--check``: every case runs 40, 41 and the default (0) into NaN-poisoned outputs with the tail split off, and prints
+whether 41 equals 40 bit for bit (it does if the FP32 accumulation of the e4m3 products is exact), how many outputs
+the default changes against 40, and each one's relative L2 error against the reference on the same quantized inputs.
+``--time``: attention-only time of 40 / 41 / 0 (and cuDNN, and the SageAttention2-8b peer when importable) at the
 kernel_bench shapes, interleaved rounds, INT4 range P with Q/K/V smoothing (kernel_bench's rotvid-int4 operands).
 
     ROTVID_EXT_CUDA_FLAGS=-DROTVID_WGMMA_VARIANTS python3 benchmarks/device/int4_fp8pv.py --check --time
@@ -34,21 +29,13 @@ from rotvid.kernels import cuda_backend as cb  # noqa: E402
 from rotvid.kernels import metrics  # noqa: E402
 from rotvid.kernels.reference import attention_from_quantized, preprocess_int4  # noqa: E402
 
-VARIANTS = ("40", "41", "0", "43")
-
-
-def with_qk_sign_magnitude(kq):
-    """Variant 43's operands: Q^ and K^ as sign-magnitude bytes too (passed as int8, which the binding checks)."""
-    return kq._replace(q_hat=cb.sign_magnitude_bytes(kq.q_hat).view(torch.int8),
-                       k_hat=cb.sign_magnitude_bytes(kq.k_hat).view(torch.int8))
+VARIANTS = ("40", "41", "0")
 
 
 def attend(kq_tc, kq_sm, variant, *, n, d, kv_lens, p_mode, out=None, split_tail=True):
-    """``kq_tc``: operands with two's-complement V^ bytes (variant 40), ``kq_sm``: sign-magnitude V^ (41, 0, and 43
-    with Q^ / K^ converted too)."""
+    """``kq_tc``: operands with two's-complement V^ bytes (variant 40), ``kq_sm``: sign-magnitude (41, 0)."""
     os.environ["ROTVID_WGMMA_VARIANT"] = variant
-    kq = kq_tc if variant == "40" else with_qk_sign_magnitude(kq_sm) if variant == "43" else kq_sm
-    return cb.attention_int4_quantized(kq, n_q=n, n_kv=n, head_dim=d, block_n=128,
+    return cb.attention_int4_quantized(kq_tc if variant == "40" else kq_sm, n_q=n, n_kv=n, head_dim=d, block_n=128,
                                        kv_lens=kv_lens, p_mode=p_mode, path="wgmma", out=out,
                                        out_dtype=torch.bfloat16, split_tail=split_tail)
 
@@ -85,14 +72,13 @@ def check() -> int:
         nan = any(bool(torch.isnan(o).any()) for o in outs.values())
         same41 = torch.equal(outs["41"], outs["40"])
         diff0 = int((outs["0"] != outs["40"]).sum())
-        same43 = torch.equal(outs["43"], outs["0"])
         rel = {var: max(metrics.relative_l2(ref[bi, hi], o[bi, hi].float()) for bi in range(bsz) for hi in range(h))
                for var, o in outs.items()}
-        ok = not nan and same41 and same43 and max(rel.values()) <= 2e-3 + 2.0**-8
+        ok = not nan and same41 and max(rel.values()) <= 2e-3 + 2.0**-8
         failures += not ok
         print(f"B{bsz} H{h} N{n} D{d} kv_lens {lens} smooth_q {sq} {p_mode}: {'OK' if ok else 'FAIL'} "
               f"(NaN {nan}; 41 bit-equal to 40: {same41}; the default differs from 40 in {diff0} of "
-              f"{outs['0'].numel()}; 43 bit-equal to 0: {same43}; "
+              f"{outs['0'].numel()}; "
               f"worst rel L2 vs reference " + ", ".join(f"{k} {x:.2e}" for k, x in rel.items()) + ")", flush=True)
     print(f"{len(CASES) - failures}/{len(CASES)} cases OK")
     return failures

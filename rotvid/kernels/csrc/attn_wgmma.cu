@@ -12,8 +12,7 @@ namespace {
 using tma::encode_fn;
 using tma::make_map;
 
-template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool SQ = false, int FP8PV = 2,
-          bool FP8QK = false>
+template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool SQ = false, int FP8PV = 2>
 cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg::Cfg<D, STAGES, BN>;
   const uint64_t bh = (uint64_t)p.B * p.H;
@@ -22,7 +21,7 @@ cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
       !make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, SQ, FP8PV, FP8QK>;
+  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, SQ, FP8PV>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)(p.Nq_pad / wg::kBM) * p.H * p.B;
@@ -73,11 +72,6 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
       constexpr int PP = D == 128 ? 2 : 0, PI = D == 128 ? 1 : 0;
       return variant == 40 ? launch_d<D, PMODE, 3, PP, PI, 128, SQ, 0>(p, stream)
                            : launch_d<D, PMODE, 3, PP, PI, 128, SQ, 1>(p, stream);
-    }
-    // 43: the default with Q^ K^T on the e4m3 tensor cores as well (FP8QK: q / k in sign-magnitude bytes)
-    if (variant == 43) {
-      constexpr int PP = D == 128 ? 2 : 0, PI = D == 128 ? 1 : 0;
-      return launch_d<D, PMODE, 3, PP, PI, 128, SQ, 2, true>(p, stream);
     }
   }
 #endif
