@@ -549,9 +549,10 @@ def attention_int4_quantized(
     if block_n not in SUPPORTED_BLOCK_N:
         raise ValueError(f"block_n: expected one of {SUPPORTED_BLOCK_N}, got {block_n!r}")
     path = _check_path(path, qkv.q_hat.device)
-    want = vt_dtype(_resolve_path(path, qkv.q_hat.device))
+    kernel = _resolve_path(path, qkv.q_hat.device)
+    want = vt_dtype(kernel)
     if qkv.vt.dtype != want:
-        raise ValueError(f"qkv.vt: the {_resolve_path(path, qkv.q_hat.device)!r} kernel takes {want} V^T bytes, got "
+        raise ValueError(f"qkv.vt: the {kernel!r} kernel takes {want} V^T bytes, got "
                          f"{qkv.vt.dtype}: pre-process for the same path (preprocess_int4_cuda / "
                          f"pack_reference_quantized with path={path!r})")
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
@@ -566,7 +567,6 @@ def attention_int4_quantized(
     # Writing into a caller's tensor (tests poison it first): the raw extension, outside the custom op.
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
-    kernel = _resolve_path(path, qkv.q_hat.device)
     load_extension(qkv.q_hat.device).attention_int4(
         *args[:12], kernel == "s4", kernel == "wgmma", *args[13:], out, bool(split_tail), k_bias
     )

@@ -489,59 +489,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t p_sum[2] = {0u, 0u};
 
     // FP8PV 2: the row maxima shifted by -(log2(kPMul) - 9), so that ex2 gives kPMul 2^-9 p
-    [[maybe_unused]] float mexp[2] = {mblk[0], mblk[1]};
+    float mexp[2] = {mblk[0], mblk[1]};
     if constexpr (FP8PV == 2) {
       constexpr float kShift = PMODE == kPRange ? -5.0931094f : -6.1926451f;  // log2(15) - 9, log2(7) - 9
       mexp[0] = mblk[0] - kShift;
       mexp[1] = mblk[1] - kShift;
     }
     auto make_pf = [&](const int k) {
-      if constexpr (FP8PV == 2) {
-        float pe[4][4];
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const int j = 4 * k + jj;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1;
-            pe[jj][e] = ex2(SQ ? x[j][e] - mexp[r] : fmaf(x[j][e], sq[r], -mexp[r]));
-            if constexpr (PARTIAL) {
-              const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
-              if (key >= kv_len) pe[jj][e] = 0.f;
-            }
-          }
-        }
-        auto& f = pf[k];
-        f[0] = pack_e4m3x4(pe[0][0], pe[0][1], pe[1][0], pe[1][1]);  // byte = P^ (the e4m3 code of P^ 2^-9)
-        f[1] = pack_e4m3x4(pe[0][2], pe[0][3], pe[1][2], pe[1][3]);
-        f[2] = pack_e4m3x4(pe[2][0], pe[2][1], pe[3][0], pe[3][1]);
-        f[3] = pack_e4m3x4(pe[2][2], pe[2][3], pe[3][2], pe[3][3]);
-        p_sum[0] = __dp4a(f[0], 0x01010101u, __dp4a(f[2], 0x01010101u, p_sum[0]));
-        p_sum[1] = __dp4a(f[1], 0x01010101u, __dp4a(f[3], 0x01010101u, p_sum[1]));
-      } else {
-      uint32_t pw[4][4];  // float bits; low byte = P^ of n-tiles 4k..4k+3
+      float pe[4][4];  // exponentials of n-tiles 4k..4k+3 (FP8PV 2: already times kPMul 2^-9)
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int j = 4 * k + jj;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
-          float pe = ex2(SQ ? x[j][e] - mblk[r] : fmaf(x[j][e], sq[r], -mblk[r]));
+          pe[jj][e] = ex2(SQ ? x[j][e] - mexp[r] : fmaf(x[j][e], sq[r], -mexp[r]));
           if constexpr (PARTIAL) {
             const int key = kb * kBN + 8 * j + 2 * t + (e & 1);
-            if (key >= kv_len) pe = 0.f;
+            if (key >= kv_len) pe[jj][e] = 0.f;
           }
-          pw[jj][e] = __float_as_uint(fmaf(pe, kPMul, kPAdd));
         }
       }
+      // A fragment: rows g / g+8, 32 keys; each byte is P^ (FP8PV 2: the e4m3 code of P^ 2^-9, rounded by the
+      // conversion; otherwise the low byte of the float bits of kPMul p + kPAdd)
+      auto pack4 = [&](int a, int b, int c, int d) {
+        const float p0 = pe[a >> 2][a & 3], p1 = pe[b >> 2][b & 3], p2 = pe[c >> 2][c & 3], p3 = pe[d >> 2][d & 3];
+        if constexpr (FP8PV == 2) {
+          return pack_e4m3x4(p0, p1, p2, p3);
+        } else {
+          return pack_low_bytes(__float_as_uint(fmaf(p0, kPMul, kPAdd)), __float_as_uint(fmaf(p1, kPMul, kPAdd)),
+                                __float_as_uint(fmaf(p2, kPMul, kPAdd)), __float_as_uint(fmaf(p3, kPMul, kPAdd)));
+        }
+      };
       auto& f = pf[k];
-      f[0] = pack_low_bytes(pw[0][0], pw[0][1], pw[1][0], pw[1][1]);  // A fragment: rows g / g+8, 32 keys
-      f[1] = pack_low_bytes(pw[0][2], pw[0][3], pw[1][2], pw[1][3]);
-      f[2] = pack_low_bytes(pw[2][0], pw[2][1], pw[3][0], pw[3][1]);
-      f[3] = pack_low_bytes(pw[2][2], pw[2][3], pw[3][2], pw[3][3]);
+      f[0] = pack4(0, 1, 4, 5);      // pe[0][0], pe[0][1], pe[1][0], pe[1][1]
+      f[1] = pack4(2, 3, 6, 7);      // pe[0][2], pe[0][3], pe[1][2], pe[1][3]
+      f[2] = pack4(8, 9, 12, 13);    // pe[2][0], pe[2][1], pe[3][0], pe[3][1]
+      f[3] = pack4(10, 11, 14, 15);  // pe[2][2], pe[2][3], pe[3][2], pe[3][3]
       p_sum[0] = __dp4a(f[0], 0x01010101u, __dp4a(f[2], 0x01010101u, p_sum[0]));  // row g
       p_sum[1] = __dp4a(f[1], 0x01010101u, __dp4a(f[3], 0x01010101u, p_sum[1]));  // row g + 8
-      }
     };
 #pragma unroll
     for (int k = 0; k < PKS; ++k) make_pf(k);

@@ -64,18 +64,8 @@ struct Cfg {
   static constexpr uint32_t TX = K_BYTES + V_BYTES + KS_BYTES;
 };
 
-// P.V: the e4m3 wrappers of int4_attention_wgmma.cuh (f32 += e4m3 x e4m3, A from registers).
-using wg::wgmma_rs_e4m3_m64n128k32;
-using wg::wgmma_rs_e4m3_m64n64k32;
-
-template <int D, int SCALE_D>
-__device__ __forceinline__ void wgmma_pv(float (&acc)[D / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (D == 128) {
-    wgmma_rs_e4m3_m64n128k32<SCALE_D>(acc, a, db);
-  } else {
-    wgmma_rs_e4m3_m64n64k32<SCALE_D>(acc, a, db);
-  }
-}
+// P.V: int4_attention_wgmma.cuh's e4m3 wgmma (f32 += e4m3 x e4m3, A from registers).
+using wg::wgmma_pv_e4m3;
 
 // Scores to float. MAGIC 0: I2F of the int32 score (a conversion: quarter rate). MAGIC 1: the QK^T accumulator
 // starts at kMagicI, whose bits as a float read 1.5 * 2^23 + S (exact for |S| < 2^22; |S| <= 127^2 * 128), and the
@@ -223,9 +213,9 @@ __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
     for (int k = 0; k < PKS; ++k) {
       const uint64_t desc_v = wg::smem_desc(s_v(s) + (k / SKS) * D * SUBN, C::V_SWIZZLE) + 2 * (k % SKS);
       if (k == 0) {
-        wgmma_pv<D, 0>(pacc, pf[0], desc_v);
+        wgmma_pv_e4m3<D, 0>(pacc, pf[0], desc_v);
       } else {
-        wgmma_pv<D, 1>(pacc, pf[k], desc_v);
+        wgmma_pv_e4m3<D, 1>(pacc, pf[k], desc_v);
       }
     }
     wg::wgmma_commit();
