@@ -40,18 +40,14 @@ takes), with BH = batch·heads, ``Nq_pad`` = Nq rounded up to 128, ``Nkv_pad`` t
 
 * ``q_hat`` int8 [B, H, Nq_pad, DB], ``k_hat`` int8 [B, H, Nkv_pad, DB]; DB = D (s8) or D/2
   (s4, element 2c in the low nibble of byte c); padded rows are zero.
-* ``q_scale`` fp32 [B, H, Nq_pad], ``k_scale`` fp32 [B, H, Nkv_pad] (zero on padded rows); for wgmma the keys of
-  ``k_scale`` (and ``k_bias``) in the s8 V^T order (:func:`vt_key_permutation`; inside each group of 16 it puts a
-  thread's four keys of two n-tiles side by side, so the kernel loads them at once).
+* ``q_scale`` fp32 [B, H, Nq_pad], ``k_scale`` fp32 [B, H, Nkv_pad] (zero on padded rows).
 * ``vt`` int8 [B, H, D, Nkv_pad] (s8) or [B, H, D, Nkv_pad/2] (s4), or uint8 [B, H, D, Nkv_pad] (wgmma: the
   sign-magnitude byte ``|v| | sign << 7``, which the kernel reads as the e4m3 value v·2⁻⁹): V̂ transposed, key
   positions permuted inside chunks of 32 (s8, wgmma) / 64 (s4) keys (:func:`vt_key_permutation`). Operands are
   pre-processed for one path: the kernels refuse a ``vt`` of another path's format.
 * ``vparams`` fp32 [B, H, Nkv_pad/block_n, D, 2]: ``v_scale`` (the P levels' factor 1/15 or 1/7
   cancels in O / l, both being in units of P̂), and the bits of int32 ``0x4B400000 + 8*colsum``
-  (range) or ``0x4B400000`` (sym), the accumulator initialiser of P̃V̂ in the mma.sync kernels. wgmma: fp32
-  [B, H, Nkv_pad/block_n, 2, D], row 0 the ``v_scale`` of the channels in that order, row 1
-  the colsum words in channel order (which that kernel does not read: its P̂V̂ needs no column sums).
+  (range) or ``0x4B400000`` (sym), the accumulator initialiser of P̃V̂ in the mma.sync kernels.
 * ``v_mean`` fp32 [B, H, D] when V is smoothed, else an empty tensor.
 * ``k_bias`` fp32 [B, H, Nkv_pad] when Q is smoothed, else an empty tensor: ``sm_scale·log2(e)·(mean(q)·k_s)``
   per key (mean over all query rows of the head, ``k_s`` the smoothed key), Q smoothing's ΔS in the log2
@@ -276,7 +272,7 @@ def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode, smooth_
         q.new_empty((b, h, nkv_pad, db), **i8),
         q.new_empty((b, h, nkv_pad), **f32),
         q.new_empty((b, h, d, nkv_pad // 2 if s4 else nkv_pad), dtype=vt_dtype(kernel), device=q.device),
-        q.new_empty((b, h, nkv_pad // block_n, 2, d) if kernel == "wgmma" else (b, h, nkv_pad // block_n, d, 2), **f32),
+        q.new_empty((b, h, nkv_pad // block_n, d, 2), **f32),
         q.new_empty((b, h, d) if smooth_v else (0,), **f32),
         q.new_empty((b, h, nkv_pad) if smooth_q else (0,), **f32),
     )
@@ -838,12 +834,7 @@ def pack_reference_quantized(
         vt = sign_magnitude_bytes(vt)
     vs = qkv.v_scale.float()
     cs = MAGIC_I + (8 * qkv.v_colsum.to(torch.int32) if p_mode == "range" else 0 * qkv.v_colsum.to(torch.int32))
-    cs = cs.to(torch.int32).view(torch.float32)
-    if path == "wgmma":  # [B, H, nblk, 2, D]: v_scale in side order, colsum words in channel order
-        vparams = torch.stack([vs[..., vt_key_permutation(d, "s8", device=vs.device)], cs], dim=-2).contiguous()
-        k_scale = k_scale[..., vt_key_permutation(nkv_pad, "s8", device=k_scale.device)]
-    else:
-        vparams = torch.stack([vs, cs], dim=-1).contiguous()
+    vparams = torch.stack([vs, cs.to(torch.int32).view(torch.float32)], dim=-1).contiguous()
     if qkv.v_mean is not None:
         v_mean = qkv.v_mean.float().reshape(b, h, d).contiguous()
     else:
@@ -856,10 +847,7 @@ def pack_reference_quantized(
                              "got per-block Q means")
         qk_scale = torch.tensor((d**-0.5 if sm_scale is None else sm_scale) * LOG2E, dtype=torch.float32)
         ds = torch.matmul(mean.float(), qkv.k_smoothed.float().transpose(-1, -2)) * qk_scale.to(mean.device)
-        k_bias = _pad_rows(ds.transpose(-1, -2), nkv_pad).reshape(b, h, nkv_pad)
-        if path == "wgmma":
-            k_bias = k_bias[..., vt_key_permutation(nkv_pad, "s8", device=k_bias.device)]
-        k_bias = k_bias.contiguous()
+        k_bias = _pad_rows(ds.transpose(-1, -2), nkv_pad).reshape(b, h, nkv_pad).contiguous()
     return KernelQKV(q_hat.contiguous(), q_scale.contiguous(), k_hat.contiguous(), k_scale.contiguous(), vt, vparams,
                      v_mean, k_bias)
 

@@ -104,23 +104,3 @@ def test_int8fp8_p_fragment_positions_are_the_score_accumulator_columns():
                     key = 8 * tile + 2 * t + i % 2
                     assert int(perm[pos]) == key
                     assert int(k_group_of_key(torch.tensor(key % 128))) == t
-
-
-def test_wgmma_side_operands_put_a_threads_keys_of_two_n_tiles_side_by_side():
-    """The INT4 wgmma kernel loads k_scale / k_bias / v_scale 16 bytes at a time: for n-tiles 2jp, 2jp + 1 thread t
-    reads positions 16jp + 4t .. + 3 and takes them as indices 8(2jp) + 2t, +1, 8(2jp + 1) + 2t, +1 (the accumulator
-    columns it holds). The packing (vt_key_permutation "s8", position -> index) and the pre-processing's writes
-    (side_pos16 in int4_common.cuh, index -> position; mirrored here) must both say so."""
-
-    def side_pos16(i):  # int4_common.cuh
-        return (i & ~15) | (((i & 7) >> 1) << 2) | (((i >> 3) & 1) << 1) | (i & 1)
-
-    n = 256
-    perm = cb.vt_key_permutation(n, "s8")
-    for jp in range(n // 16):
-        for t in range(4):
-            lo, hi = 8 * (2 * jp) + 2 * t, 8 * (2 * jp + 1) + 2 * t
-            want = [lo, lo + 1, hi, hi + 1]
-            assert [int(perm[16 * jp + 4 * t + i]) for i in range(4)] == want
-            assert [side_pos16(key) for key in want] == [16 * jp + 4 * t + i for i in range(4)]
-    assert sorted(side_pos16(i) for i in range(n)) == list(range(n))

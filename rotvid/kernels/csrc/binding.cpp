@@ -130,9 +130,7 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
   auto k_scale = at::empty({dk.B, dk.H, nkv_pad}, f32);
   // V^T: int8 (two's complement, or s4 nibbles), or uint8 sign-magnitude bytes for the wgmma kernel's e4m3 P.V
   auto vt = at::empty({dv.B, dv.H, D, s4 ? nkv_pad / 2 : nkv_pad}, wgmma ? q.options().dtype(at::kByte) : i8);
-  // (the wgmma kernel's layout: [.., 2, D], v_scale in side_pos16 order; int4_common.cuh)
-  auto vparams = wgmma ? at::empty({dv.B, dv.H, nkv_pad / block_n, 2, D}, f32)
-                       : at::empty({dv.B, dv.H, nkv_pad / block_n, D, 2}, f32);
+  auto vparams = at::empty({dv.B, dv.H, nkv_pad / block_n, D, 2}, f32);
   // Q smoothing: one mean per head over all query rows; its ΔS enters the scores as a bias per key
   at::Tensor q_mean, k_bias = at::empty({0}, f32);
 
@@ -161,7 +159,6 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
     }
     p.out = k_hat.data_ptr<int8_t>();
     p.scale = k_scale.data_ptr<float>();
-    p.side16 = wgmma ? 1 : 0;  // k_scale / k_bias in the wgmma kernel's side_pos16 order
     check_cuda(rotvid::launch_quant_rows_int4(p, s4, stream), "quant_rows_int4(k)");
   }
   at::Tensor v_mean = at::empty({0}, f32);
@@ -225,12 +222,8 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   TORCH_CHECK(vt.scalar_type() == (wgmma ? at::kByte : at::kChar),
               wgmma ? "vt: the wgmma kernel takes uint8 sign-magnitude V^T bytes (pre-processing with path 'wgmma')"
                     : "vt: the mma.sync kernels take int8 V^T bytes (pre-processing with path 's8' / 's4')");
-  const std::vector<int64_t> vp_shape = wgmma ? std::vector<int64_t>{B, H, nkv_pad / block_n, 2, D}
-                                              : std::vector<int64_t>{B, H, nkv_pad / block_n, D, 2};
-  TORCH_CHECK(vparams.sizes() == at::IntArrayRef(vp_shape) && vparams.is_contiguous() &&
-                  vparams.scalar_type() == at::kFloat,
-              wgmma ? "vparams: fp32 [B, H, Nkv_pad/block_n, 2, D] (the wgmma layout: pre-processing with path 'wgmma')"
-                    : "vparams: fp32 [B, H, Nkv_pad/block_n, D, 2]");
+  TORCH_CHECK(vparams.sizes() == at::IntArrayRef({B, H, nkv_pad / block_n, D, 2}) && vparams.is_contiguous() &&
+                  vparams.scalar_type() == at::kFloat, "vparams: shape/dtype");
   const bool has_bias = k_bias.numel() > 0;
   if (has_bias)
     TORCH_CHECK(k_bias.sizes() == at::IntArrayRef({B, H, nkv_pad}) && k_bias.is_contiguous() &&

@@ -56,7 +56,7 @@ struct Cfg {
   static constexpr int K_BYTES = BN * D;           // K^ tile
   static constexpr int V_BYTES = D * BN;           // V^T tile: D rows of BN key bytes
   static constexpr int KS_BYTES = BN * 4;          // k_scale of the block
-  static constexpr int VP_BYTES = D * 4;           // row 0 of the block's vparams: v_scale (side_pos16 order)
+  static constexpr int VP_BYTES = D * 8;           // vparams of the block
   static constexpr int STAGES = ST;
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
   // layout: [Q][K0 V0][K1 V1]...[KS0 VP0][KS1 VP1]...[DS0][DS1]...[barriers]
@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_load_2d(s_v(s), &tm_v, kb * kBN, bh * D, full_bar(s));
         const uint32_t sm = small + s * (C::KS_BYTES + C::VP_BYTES);
         bulk_load(sm, ksg + (size_t)kb * kBN, C::KS_BYTES, full_bar(s));
-        bulk_load(sm + C::KS_BYTES, vpg + (size_t)kb * D * 2, C::VP_BYTES, full_bar(s));  // (not the colsum row)
+        bulk_load(sm + C::KS_BYTES, vpg + (size_t)kb * D * 2, C::VP_BYTES, full_bar(s));
         if constexpr (SQ) {
           bulk_load(base + ds_off + s * C::DS_BYTES, p.k_bias + (size_t)bh * p.Nkv_pad + (size_t)kb * kBN, C::DS_BYTES,
                     full_bar(s));
@@ -453,26 +453,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto scores_max = [&](auto buf_tag, const int kb, const int s, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
     const auto& sacc = sbuf[decltype(buf_tag)::value];
-    // k_scale / k_bias in side_pos16 order: one 16-byte load gives the thread's keys of n-tiles 2jp and 2jp + 1
     const float* sks = ks_ptr(s);
 #pragma unroll
-    for (int jp = 0; jp < NT / 2; ++jp) {
-      const float4 ks4 = *reinterpret_cast<const float4*>(sks + 16 * jp + 4 * t);
-      float4 ds4 = make_float4(0.f, 0.f, 0.f, 0.f);
-      if constexpr (SQ) ds4 = *reinterpret_cast<const float4*>(ds_ptr(s) + 16 * jp + 4 * t);
+    for (int j = 0; j < NT; ++j) {
+      const float2 ksc = *reinterpret_cast<const float2*>(sks + 8 * j + 2 * t);
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int j = 2 * jp + hf;
-        const float ks0 = hf ? ks4.z : ks4.x, ks1 = hf ? ks4.w : ks4.y;
+      for (int e = 0; e < 4; ++e) {
+        x[j][e] = __int2float_rn((int)sacc[4 * j + e]) * ((e & 1) ? ksc.y : ksc.x);  // exact int -> float
+      }
+      if constexpr (SQ) {
+        const float2 dsc = *reinterpret_cast<const float2*>(ds_ptr(s) + 8 * j + 2 * t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          x[j][e] = __int2float_rn((int)sacc[4 * j + e]) * ((e & 1) ? ks1 : ks0);  // exact int -> float
-        }
-        if constexpr (SQ) {
-          const float ds0 = hf ? ds4.z : ds4.x, ds1 = hf ? ds4.w : ds4.y;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) x[j][e] = fmaf(x[j][e], sq[e >> 1], (e & 1) ? ds1 : ds0);
-        }
+        for (int e = 0; e < 4; ++e) x[j][e] = fmaf(x[j][e], sq[e >> 1], (e & 1) ? dsc.y : dsc.x);
       }
     }
     if constexpr (PARTIAL) {
@@ -559,10 +551,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float cf1 = FP8PV != 0 ? c_fac[1] * 262144.f : c_fac[1];
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
-      // v_scale of columns 8j+2t and 8j+2t+1: row 0 of the block's vparams in side_pos16 order, so one 16-byte load
-      // gives those of n-tiles j and j + 1 (j even)
-      const float4 vs4 = *reinterpret_cast<const float4*>(svp + 16 * (j >> 1) + 4 * t);
-      const float2 vp = (j & 1) ? make_float2(vs4.z, vs4.w) : make_float2(vs4.x, vs4.y);
+      // v_scale of columns 8j+2t and 8j+2t+1 (vparams interleaves them with column-sum bits this kernel does not
+      // need; a 16-byte load of both pairs compiles to two 4-byte loads all the same)
+      float2 vp;
+      vp.x = svp[2 * (8 * j + 2 * t)];
+      vp.y = svp[2 * (8 * j + 2 * t) + 2];
       float u[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {

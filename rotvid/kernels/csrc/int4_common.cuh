@@ -14,9 +14,6 @@
 //   q_scale, k_scale  fp32 [BH, Nq_pad], [BH, Nkv_pad]   (zero on padded rows)
 //   vparams fp32 [BH, Nkv_pad/BN, D, 2]: (v_scale (O and l are kept in units of P^, so the P levels'
 //                                  1/15 or 1/7 cancels), bits of int32 (MAGIC_I + 8*colsum) or MAGIC_I)
-// The Hopper (wgmma) kernel's side operands are laid out for 16-byte shared loads (side_pos16): k_scale and k_bias
-// with the keys of each group of 16 in side_pos16 order, and vparams fp32 [BH, Nkv_pad/BN, 2, D]: row 0 the v_scale
-// of the block's channels in side_pos16 order per group of 16, row 1 the colsum words in channel order.
 //   v_mean fp32 [BH, D] (optional, added to the output)
 #pragma once
 #include <cstdint>
@@ -61,14 +58,6 @@ __host__ __device__ constexpr int vt_key_of_position(int p, int chk) {
          2 * ((p % (chk / 2)) / (chk / 8)) + (((p % (chk / 2)) % (chk / 8)) & 1);
 }
 
-// Position of index i (a key or a channel) in the wgmma kernel's side-operand layout: inside each group of 16, the
-// four indices a thread t of the accumulator layout owns in two consecutive n-tiles (2t, 2t + 1, 8 + 2t, 9 + 2t) are
-// stored at 4t .. 4t + 3, so one 16-byte load gives them. (The inverse of vt_key_of_position at CHK 32, in
-// each group of 16: cuda_backend.vt_key_permutation(n, "s8") gives the index at each position.)
-__host__ __device__ constexpr int side_pos16(int i) {
-  return (i & ~15) | (((i & 7) >> 1) << 2) | (((i >> 3) & 1) << 1) | (i & 1);
-}
-
 // Launchers (return cudaError_t of the launch).
 cudaError_t launch_int4_attention(const Int4AttnParams& p, int head_dim, int block_n, bool s4, int p_mode,
                                   cudaStream_t stream);
@@ -96,8 +85,6 @@ struct PreprocessParams {
   const float* q_mean;    // [BH, D] (token_mean_f64 over all query rows)
   float* bias;            // [BH, N_pad]
   float qk_scale;
-  // K rows for the wgmma kernel: scale (and bias) of row n stored at side_pos16(n) (0: at n)
-  int side16;
 };
 
 // mean[bh, d] = float32(sum_f64 / len) over the valid tokens (len = min(kv_lens[b], N) or N); `work` holds B*H*D
@@ -106,7 +93,6 @@ cudaError_t launch_token_mean_f64(const PreprocessParams& p, double* work, float
 cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream);
 // V^T bytes: two's complement (the s8 mma.sync kernel), two values per byte (s4), or sign-magnitude |v| | sign << 7
 // (the Hopper kernel, whose P.V reads them as the e4m3 values v 2^-9)
-// (sign-magnitude also selects the wgmma vparams layout above)
 enum VFormat { kVTwosComplement = 0, kVNibbles = 1, kVSignMagnitude = 2 };
 cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, int v_format, int p_mode, cudaStream_t stream);
 

@@ -4,7 +4,7 @@
 //   quant_v_int4      per-group INT4 of V (per key block of BN tokens and channel), written
 //                     transposed and permuted (int4_common.cuh), plus v_scale and colsums; the bytes in
 //                     two's complement (s8), nibbles (s4) or sign-magnitude (the Hopper kernel's e4m3 P.V:
-//                     |v| | sign << 7 reads as the e4m3 value v 2^-9; with it the wgmma vparams layout)
+//                     |v| | sign << 7 reads as the e4m3 value v 2^-9)
 // (the int8-fp8 recipe's pre-processing is preprocess_int8fp8.cu)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -162,9 +162,8 @@ __global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessPara
       }
     }
     if (lane == 0) {
-      const size_t srow = p.side16 ? (size_t)bh * p.N_pad + side_pos16(n) : row;  // (the wgmma kernel's K layout)
-      p.scale[srow] = scale;
-      if (p.bias != nullptr) p.bias[srow] = dot * p.qk_scale;
+      p.scale[row] = scale;
+      if (p.bias != nullptr) p.bias[row] = dot * p.qk_scale;
     }
   }
 }
@@ -251,17 +250,9 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
     *reinterpret_cast<uint4*>(vt_out + (size_t)r * vrow + c * 16) = vt_tile[r * CH + (c ^ (r % CH))];
   }
   const int nblk = p.N_pad / BN;
-  // the P levels' 1/15 (1/7) cancels in O / l: both are kept in units of P^
-  const float cs_word = __int_as_float(kMagicI + (PMODE == kPRange ? 8 * colsum : 0));
-  if constexpr (SIGNMAG) {  // the wgmma kernel's layout [nblk, 2, D], v_scale in side_pos16 order
-    float* vp = p.scale + ((size_t)bh * nblk + kb) * D * 2;
-    vp[side_pos16(d)] = scale;
-    vp[D + d] = cs_word;
-  } else {
-    float* vp = p.scale + (((size_t)bh * nblk + kb) * D + d) * 2;
-    vp[0] = scale;
-    vp[1] = cs_word;
-  }
+  float* vp = p.scale + (((size_t)bh * nblk + kb) * D + d) * 2;
+  vp[0] = scale;  // the P levels' 1/15 (1/7) cancels in O / l: both are kept in units of P^
+  vp[1] = __int_as_float(kMagicI + (PMODE == kPRange ? 8 * colsum : 0));
 }
 
 template <typename T>
