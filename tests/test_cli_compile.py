@@ -57,6 +57,10 @@ def test_generate_compile_equals_eager_and_says_it_compiles(tiny_wan, tmp_path, 
     side_c = json.loads(compiled.with_suffix(".json").read_text())
     assert side_c["compiled"] is True and side_e["compiled"] is False
     assert side_c["run_report"] == side_e["run_report"]
+    if recipe == "fp16":  # nothing attached: no report to compare
+        assert side_c["run_report"] is None
+    else:  # the compiled run counted its calls like the eager one
+        assert side_c["run_report"]["quantized_calls"] > 0
 
 
 def test_eval_compile_generates_compiled_and_needs_the_generating_form(

@@ -104,7 +104,10 @@ def test_gpus_argument_errors(tiny_wan, tmp_path):
     if torch.cuda.device_count() < 64:
         r = runner.invoke(app, ["generate", "-p", "x", "--model", str(tiny_wan), "--device", "cuda", "--gpus", "64",
                                 "--out", str(tmp_path / "b.mp4")])
-        assert r.exit_code == 1
+        if torch.cuda.is_available():
+            assert_fails(r, "--gpus 64", "this machine has")
+        else:  # refused before the count: no CUDA at all
+            assert_fails(r, "--device cuda")
     r = runner.invoke(app, ["eval", str(tmp_path / "ref.mp4"), str(tmp_path / "c.mp4"), "--gpus", "2"])
     assert_fails(r, "--gpus 2", "only when eval generates")
 
@@ -113,3 +116,18 @@ def test_parallel_bench_help_runs_on_cpu():
     bench = REPO / "benchmarks" / "parallel_bench.py"
     r = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--gpus" in r.stdout and "all-to-all" in r.stdout, r.stderr
+
+
+def test_check_gpus_refuses_more_processes_than_the_machine_has_gpus(monkeypatch):
+    """The count check itself (the CLI test above reaches it only on a machine with CUDA)."""
+    from rotvid.distributed_run import check_gpus
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_gpus(2, "cuda")
+    check_gpus(2, "auto")
+    with pytest.raises(ValueError, match=r"--gpus 3: this machine has 2 CUDA GPU\(s\)"):
+        check_gpus(3, "cuda")
+    with pytest.raises(ValueError, match=r"--gpus 3: this machine has 2"):
+        check_gpus(3, "auto")
+    check_gpus(3, "cpu")  # gloo processes: no GPU count

@@ -56,7 +56,22 @@ def test_backward_uses_the_forward_p_precision_and_high_precision_o():
 
 
 def test_v_fake_quant_is_straight_through():
+    """Forward: V on its per-(block, channel) INT4 grid, within half a step of that group's scale; backward: the
+    straight-through estimator passes the gradient unchanged (round's zero gradient would give zeros)."""
     v = torch.randn(2, 70, 8, dtype=torch.float64, requires_grad=True)
     fq = fake_quant_v_per_group_int4(v, 32)
     assert fq.shape == v.shape and not torch.equal(fq, v)
-    assert ((fq - v).abs() <= v.detach().abs().amax() / 7).all()
+    vd = v.detach()
+    for start in range(0, 70, 32):  # per group: |fq - v| <= scale / 2, scale = amax(block, channel) / 7
+        blk = slice(start, min(start + 32, 70))
+        half_step = vd[:, blk].abs().amax(dim=1, keepdim=True) / 7 / 2
+        assert ((fq[:, blk] - vd[:, blk]).abs() <= half_step * (1 + 1e-12)).all()
+    g = torch.randn_like(vd)
+    fq.backward(g)
+    # every element but each group's max |v| (which also carries the scale's LSQ-style gradient) passes g through
+    is_max = torch.zeros_like(vd, dtype=torch.bool)
+    for start in range(0, 70, 32):
+        blk = vd[:, start : start + 32].abs()
+        is_max[:, start : start + 32] = blk == blk.amax(dim=1, keepdim=True)
+    assert int(is_max.sum()) == 2 * 3 * 8  # one max per (batch, block, channel)
+    torch.testing.assert_close(v.grad[~is_max], g[~is_max], rtol=1e-12, atol=0)

@@ -20,7 +20,7 @@ CHECK = textwrap.dedent(
     from rotvid.kernels.rope_triton import apply_generalized_rope_triton
 
     torch.manual_seed(0)
-    worst = 0.0
+    worst = worst32 = 0.0
     for family, grid, d, dtype, spec in [
         ("wan", (2, 3, 5), 128, torch.bfloat16, "half"),
         ("cogvideox", (3, 2, 3), 64, torch.float32, "interleaved"),
@@ -34,7 +34,10 @@ CHECK = textwrap.dedent(
         got = apply_generalized_rope_triton(x.transpose(1, 2).contiguous().transpose(1, 2), table.coef.float(), table.index)
         assert got.dtype == dtype and got.shape == x.shape
         err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-        worst = max(worst, err)
+        if dtype == torch.float32:
+            worst32 = max(worst32, err)
+        else:
+            worst = max(worst, err)
     # per-head learned table [H, N, D, 4]
     angles = torch.rand(3, 64) * 6.28
     rot = PairRotation.learned(angles, torch.randint(0, 2, (3, 64)), pairing="half", head_dim=128, segments=(44, 42, 42))
@@ -43,8 +46,8 @@ CHECK = textwrap.dedent(
     x = torch.randn(1, 3, cos.shape[0], 128)
     want = apply_generalized_rope(x, table)
     got = apply_generalized_rope_triton(x, table.coef.float(), table.index)
-    worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
-    print("WORST", worst)
+    worst32 = max(worst32, ((got - want).abs().max() / want.abs().max()).item())
+    print("WORST", worst, "WORST32", worst32)
     """
 )
 
@@ -53,8 +56,9 @@ def test_triton_kernel_matches_the_eager_op_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    worst = float(r.stdout.split("WORST")[-1])
-    assert worst < 1e-2  # bf16/fp16 output rounding (float32 inputs land ~1e-7)
+    worst, worst32 = (float(x) for x in r.stdout.rsplit("WORST ", 1)[-1].split(" WORST32 "))
+    assert worst < 1e-2  # bf16/fp16 output rounding
+    assert worst32 < 1e-5  # float32: the same four-term sums in another order (~1e-7)
 
 
 def test_bad_shapes_name_the_argument():

@@ -41,7 +41,8 @@ def test_never_worse_than_h2_on_random_data_half_pairing_per_head():
     k = torch.randn(2, 128, 24, generator=gen) * torch.linspace(0.2, 3, 24)
     res = learn_rotation(q, k, pairing="half", segments=(8, 8, 8), per_head=True, iters=30, lr=0.02)
     assert res.angles.shape == (2, 12)
-    assert res.objective_final <= res.objective_init
+    # never worse holds by construction (the best iterate is kept, H2 first); that it learned is checked here
+    assert res.objective_final < res.objective_init
 
 
 def test_unconstrained_is_not_orthogonal_but_exact_in_full_precision():
@@ -74,6 +75,6 @@ def test_output_objective_trains_and_needs_v():
     q, k = paired_qk(n=128, seed=4)
     v = torch.randn(128, 32)
     res = learn_rotation(q, k, v=v, objective="output", iters=10, lr=0.03)
-    assert res.objective_final <= res.objective_init and res.objective_init > 0
+    assert 0 < res.objective_final < res.objective_init  # it trains (lr 0 would leave them equal)
     with pytest.raises(ValueError, match="v: the 'output' objective needs the values"):
         learn_rotation(q, k, objective="output", iters=1)
