@@ -322,6 +322,8 @@ def _cli_args_of_this_command(ctx: typer.Context) -> list[str]:
         elif getattr(param, "is_flag", False):
             if value:
                 args.append(param.opts[0])
+            elif getattr(param, "secondary_opts", None):  # --x/--no-x given as False: pass --no-x on
+                args.append(param.secondary_opts[0])
         else:
             args.extend([param.opts[0], str(value)])
     return args

@@ -131,3 +131,23 @@ def test_check_gpus_refuses_more_processes_than_the_machine_has_gpus(monkeypatch
     with pytest.raises(ValueError, match=r"--gpus 3: this machine has 2"):
         check_gpus(3, "auto")
     check_gpus(3, "cpu")  # gloo processes: no GPU count
+
+
+def test_workers_get_every_option_including_the_negative_switches(tiny_wan, tmp_path, monkeypatch):
+    """--gpus re-runs the command on torchrun workers from the parsed values: --no-smooth-k/q/v must reach them
+    (a False --x/--no-x switch is passed as --no-x), as must the other options."""
+    import rotvid.distributed_run as dr
+
+    seen = []
+    monkeypatch.setattr(dr, "launch", lambda gpus, cli_args: seen.append((gpus, cli_args)) or 0)
+    r = CliRunner().invoke(app, ["generate", "-p", "a cat", "--model", str(tiny_wan), *TINY, "--device", "cpu",
+                                 "--gpus", "2", "--no-smooth-k", "--no-smooth-q", "--no-smooth-v", "--recipe", "int4",
+                                 "--out", str(tmp_path / "w.mp4")])
+    assert r.exit_code == 0, r.output
+    (gpus, args), = seen
+    assert gpus == 2 and args[0] == "generate"
+    for flag in ("--no-smooth-k", "--no-smooth-q", "--no-smooth-v"):
+        assert flag in args
+    assert not {"--smooth-k", "--smooth-q", "--smooth-v"} & set(args)
+    assert args[args.index("--recipe") + 1] == "int4" and args[args.index("--gpus") + 1] == "2"
+    assert "--overwrite" not in args  # a plain flag left False stays out
