@@ -275,23 +275,23 @@ class _Progress:
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Friendly name (wan2.1-t2v-1.3b, wan2.2-t2v-a14b, "
                                        "hunyuanvideo-t2v, cogvideox-5b, ...), hub id, or local pipeline folder.")]
 SeedOpt = Annotated[int, typer.Option(help="Seed of the initial noise (CPU generator: same noise on any device).")]
-HeightOpt = Annotated[Optional[int], typer.Option(help="Height in pixels [default: the pipeline's, Wan: 480].")]
-WidthOpt = Annotated[Optional[int], typer.Option(help="Width in pixels [default: the pipeline's, Wan: 832].")]
-FramesOpt = Annotated[Optional[int], typer.Option(help="Number of frames [default: the pipeline's, Wan: 81].")]
-StepsOpt = Annotated[Optional[int], typer.Option(help="Denoising steps [default: the pipeline's, Wan: 50].")]
-GuidanceOpt = Annotated[Optional[float], typer.Option("--guidance-scale", help="CFG scale [default: the pipeline's].")]
+HeightOpt = Annotated[Optional[int], typer.Option(help="Height in pixels (default: the pipeline's, Wan: 480).")]
+WidthOpt = Annotated[Optional[int], typer.Option(help="Width in pixels (default: the pipeline's, Wan: 832).")]
+FramesOpt = Annotated[Optional[int], typer.Option(help="Number of frames (default: the pipeline's, Wan: 81).")]
+StepsOpt = Annotated[Optional[int], typer.Option(help="Denoising steps (default: the pipeline's, Wan: 50).")]
+GuidanceOpt = Annotated[Optional[float], typer.Option("--guidance-scale", help="CFG scale (default: the pipeline's).")]
 NegOpt = Annotated[Optional[str], typer.Option("--negative-prompt", help="Negative prompt.")]
 ImageOpt = Annotated[Optional[Path], typer.Option("--image", help="Conditioning image (image-to-video models).")]
 MaxSeqOpt = Annotated[Optional[int], typer.Option("--max-sequence-length",
-                                                  help="Text tokens [default: the pipeline's].")]
-FpsOpt = Annotated[Optional[float], typer.Option(help="Frame rate of the mp4 [default: the model's: Wan 16, "
-                                                 "HunyuanVideo 24, CogVideoX 8].")]
+                                                  help="Text tokens (default: the pipeline's).")]
+FpsOpt = Annotated[Optional[float], typer.Option(help="Frame rate of the mp4 (default: the model's: Wan 16, "
+                                                 "HunyuanVideo 24, CogVideoX 8).")]
 DtypeOpt = Annotated[str, typer.Option(help="Model dtype: bf16, fp16 or fp32.")]
 DeviceOpt = Annotated[str, typer.Option(help="cuda, cpu, or auto (cuda when available).")]
 ScheduleOpt = Annotated[Optional[str], typer.Option(help="FP16-fallback schedule: a preset (none, paper-wan2.2-t2v, "
                                                     "paper-wan2.2-i2v, paper-hunyuan-t2v) or a JSON file "
-                                                    "[default: the paper's for the model's family].")]
-BackendOpt = Annotated[Optional[str], typer.Option(help="Attention backend: auto, reference or cuda [default: auto].")]
+                                                    "(default: the paper's for the model's family).")]
+BackendOpt = Annotated[Optional[str], typer.Option(help="Attention backend: auto, reference or cuda (default: auto).")]
 SmoothKOpt = Annotated[Optional[bool], typer.Option("--smooth-k/--no-smooth-k", show_default=False,
                                                     help="Subtract the mean key before quantizing (default: on).")]
 SmoothQOpt = Annotated[Optional[bool], typer.Option("--smooth-q/--no-smooth-q", show_default=False,
@@ -376,7 +376,7 @@ def generate(
                                                   "int4, int4-sym-p, int8-fp8, int4-fp8, nvfp4, or fp16 (untouched "
                                                   "pipeline) (default: auto).")] = None,
     rotation: Annotated[Optional[str], typer.Option(help="Q/K rotation: none, interleaved, half, full, "
-                                                    "learned:FILE [default: half].")] = None,
+                                                    "learned:FILE (default: half).")] = None,
     schedule: ScheduleOpt = None,
     backend: BackendOpt = None,
     smooth_k: SmoothKOpt = None,
@@ -394,7 +394,7 @@ def generate(
     dtype: DtypeOpt = "bf16",
     device: DeviceOpt = "auto",
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output .mp4 (one prompt) or folder (several "
-                                                "prompts) [default: rotvid.mp4 / rotvid-videos].")] = None,
+                                                "prompts) (default: rotvid.mp4 / rotvid-videos).")] = None,
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
     gpus: GpusOpt = 1,
@@ -570,8 +570,8 @@ def eval_(
     vbench: Annotated[Optional[str], typer.Option("--vbench", help="VBench dimensions to add, e.g. "
                                                   "temporal_flickering,subject_consistency.")] = None,
     vbench_python: Annotated[Optional[Path], typer.Option("--vbench-python", help="Python of the VBench "
-                                                          "environment [default: $ROTVID_VBENCH_PYTHON, else the "
-                                                          "one `rotvid vbench-setup` makes].")] = None,
+                                                          "environment (default: $ROTVID_VBENCH_PYTHON, else the "
+                                                          "one `rotvid vbench-setup` makes).")] = None,
     vbench_device: Annotated[str, typer.Option(help="Device for VBench: auto, cuda or cpu.")] = "auto",
     samples: Annotated[int, typer.Option(help="Frames per row of comparison.png.")] = 4,
     overwrite: OverwriteOpt = False,
@@ -698,7 +698,7 @@ def calibrate(
                                                 "(the paper's ablation; not installable).")] = False,
     max_tokens: Annotated[int, typer.Option(help="Tokens captured per call and used per block.")] = 1024,
     capture_steps: Annotated[Optional[str], typer.Option(help="Comma-separated denoising steps to capture Q/K "
-                                                         "at [default: all].")] = None,
+                                                         "at (default: all).")] = None,
     dump_dir: Annotated[Optional[Path], typer.Option(help="Also write each captured call's full Q/K/V as a "
                                                      "tensor dump here (for benchmarks/accuracy_study.py --dump; "
                                                      "large: use --capture-steps).")] = None,
@@ -827,7 +827,7 @@ def _print_calibration(result) -> None:
 @app.command("vbench-setup")
 def vbench_setup(
     venv: Annotated[Optional[Path], typer.Option(help="Where to create the VBench environment "
-                                                 "[default: ~/.cache/rotvid/vbench-venv].")] = None,
+                                                 "(default: ~/.cache/rotvid/vbench-venv).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the commands only.")] = False,
 ) -> None:
     """Create the separate Python environment VBench runs in (vbench pins old transformers/numpy)."""

@@ -328,3 +328,10 @@ def test_eval_with_real_vbench_dimension(tmp_path):
         flicker_score(tmp_path / "cand" / "clip.mp4"), abs=2e-3)
     assert "temporal_flickering ↑" in (tmp_path / "rep" / "report.md").read_text()
     assert os.path.isfile(tmp_path / "rep" / "metrics.csv")
+
+
+def test_help_shows_the_documented_defaults():
+    """Help texts say their defaults in parentheses: rich markup would eat a "[default: ...]" as a tag."""
+    r = CliRunner().invoke(app, ["generate", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    assert "(default: the pipeline's, Wan: 50)" in r.output and "(default: half)" in r.output
