@@ -56,7 +56,9 @@ def _user_errors():
     except OSError as exc:  # e.g. a hub id that cannot be fetched offline
         _fail(exc)
     except KeyboardInterrupt:
-        typer.echo("Interrupted (finished videos are kept; run the same command again to resume).", err=True)
+        typer.echo("Interrupted (finished videos are kept; `rotvid eval` resumes when run again, `rotvid generate` "
+                   "refuses the existing videos: pass --overwrite, or a prompt file without the finished prompts).",
+                   err=True)
         raise typer.Exit(130) from None
 
 
@@ -120,6 +122,9 @@ def _check_dtype_device(dtype: str, device: str) -> None:
             raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}") from None
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {device}: no CUDA GPU on this machine (torch.cuda.is_available() is False)")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s) "
+                             f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
 
 
 def _check_model(model: str) -> None:

@@ -335,3 +335,15 @@ def test_help_shows_the_documented_defaults():
     r = CliRunner().invoke(app, ["generate", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
     assert "(default: the pipeline's, Wan: 50)" in r.output and "(default: half)" in r.output
+
+
+def test_device_index_past_the_gpus_is_refused_by_name(monkeypatch):
+    import torch
+
+    from rotvid.cli import _check_dtype_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    _check_dtype_device("bf16", "cuda:1")
+    with pytest.raises(ValueError, match=r"--device cuda:2: this machine has 2 CUDA GPU\(s\) \(cuda:0 \.\. cuda:1\)"):
+        _check_dtype_device("bf16", "cuda:2")
