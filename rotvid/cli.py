@@ -755,10 +755,20 @@ def calibrate(
             target_int4 = 0.8
         if target_int4 is not None and not 0.0 <= target_int4 <= 1.0:
             raise ValueError(f"--target-int4: expected a fraction in [0, 1], got {target_int4}")
+        if cosine_floor is not None and not -1.0 <= cosine_floor <= 1.0:
+            raise ValueError(f"--cosine-floor: expected a cosine in [-1, 1], got {cosine_floor}")
+        if backend is not None and backend not in ("auto", "reference", "cuda"):
+            raise ValueError(f"--backend: expected auto, reference or cuda, got {backend!r}")
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out}: expected a folder, got a file")
-        if (out / "rotations.safetensors").exists() and not overwrite:
-            raise FileExistsError(f"{out / 'rotations.safetensors'} exists; pass --overwrite to replace it")
+        if dump_dir is not None and dump_dir.exists() and not dump_dir.is_dir():
+            raise ValueError(f"--dump-dir {dump_dir}: expected a folder, got a file")
+        if not overwrite:  # every file this run writes, checked before hours of work
+            names = ("rotations_unconstrained.safetensors" if unconstrained else "rotations.safetensors",
+                     "schedule.json", "summary.json")
+            for name in names:
+                if (out / name).exists():
+                    raise FileExistsError(f"{out / name} exists; pass --overwrite to replace it")
         template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height,
                                      width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
                                      max_sequence_length=max_sequence_length, fps=None)
@@ -781,6 +791,10 @@ def calibrate(
             pipe = _load(model, dtype, device)
             _note_if_cpu(bar, pipe)
             first = call_kwargs(pipe, replace(template, prompt=prompts[0]))  # --image vs the pipeline, before work
+            n_steps = first.get("num_inference_steps", _call_default(pipe, "num_inference_steps"))
+            if steps_set is not None and isinstance(n_steps, int) and max(steps_set) >= n_steps:
+                raise ValueError(f"--capture-steps: step {max(steps_set)} is past the run's {n_steps} steps "
+                                 f"(0 .. {n_steps - 1})")
             if dump_dir is not None:
                 options.video_size = _video_size(pipe, first)
 
@@ -792,6 +806,14 @@ def calibrate(
             result = run_calibration(pipe, prompts, out, call=call, options=options, progress=bar.log)
         if not quiet:
             _print_calibration(result)
+
+
+def _call_default(pipe, arg: str):
+    """The default of ``arg`` in ``pipe.__call__`` (None when it has none)."""
+    import inspect
+
+    param = inspect.signature(pipe.__call__).parameters.get(arg)
+    return None if param is None or param.default is inspect.Parameter.empty else param.default
 
 
 def _video_size(pipe, kwargs: dict) -> tuple[int, int, int]:

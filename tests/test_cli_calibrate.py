@@ -43,6 +43,21 @@ def test_calibrate_bad_input(tiny_wan, tmp_path):  # noqa: F811
                      "--pairing", "diagonal"), "--pairing")
     assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
                      "--target-int4", "1.5"), "--target-int4")
+    # refused before loading or learning anything, each by its flag
+    assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
+                     "--cosine-floor", "5"), "--cosine-floor", "[-1, 1]")
+    assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
+                     "--backend", "foo"), "--backend", "auto, reference or cuda")
+    (tmp_path / "dumpfile").write_text("x")
+    assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
+                     "--dump-dir", tmp_path / "dumpfile"), "--dump-dir", "expected a folder")
+    assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--out", tmp_path / "o",
+                     "--capture-steps", "0,2"), "--capture-steps", "past the run's 2 steps")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "summary.json").write_text("{}")  # any output of the run, not only the rotations
+    assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o"),
+                 "summary.json exists", "--overwrite")
+    assert not (tmp_path / "o" / "rotations.safetensors").exists()
 
 
 def test_calibrate_dumps_are_readable_by_the_accuracy_study(tiny_wan, tmp_path):  # noqa: F811

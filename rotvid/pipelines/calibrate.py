@@ -179,8 +179,10 @@ def calibrate(
         from safetensors.torch import save_file
 
         path = out / "rotations_unconstrained.safetensors"
-        save_file({"blocks": torch.stack(unconstrained_blocks).float().contiguous()}, str(path),
+        tmp = out / "rotations_unconstrained.safetensors.tmp"  # atomic: a stopped run leaves no half file
+        save_file({"blocks": torch.stack(unconstrained_blocks).float().contiguous()}, str(tmp),
                   metadata={"pairing": opts.pairing, "head_dim": str(head_dim), "kind": "unconstrained"})
+        tmp.replace(path)
         result = CalibrationResult(rotations_path=path, schedule_path=out / "schedule.json", blocks=result_blocks,
                                    dumps=list(capture.dumps_written))
         _write_summary(out, result, opts)
