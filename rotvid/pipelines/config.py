@@ -162,10 +162,13 @@ class RotvidConfig:
         return cls(**d)
 
     def to_json(self, path: str | Path | None = None) -> str:
-        """The config as JSON text; also written to ``path`` when given."""
+        """The config as JSON text; also written to ``path`` when given (atomically: a temporary name, then a
+        rename, so an existing file is replaced whole or not at all)."""
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            from rotvid.eval.video_io import write_file_atomically
+
+            write_file_atomically(Path(path), text + "\n")
         return text
 
     @classmethod
