@@ -155,7 +155,7 @@ def _request_template(*, seed, negative_prompt, image, height, width, frames, st
     )
 
 
-def _schedule(value: str | None):
+def _schedule(value: str | None, steps: int | None = None):
     """A preset name or a JSON file (a Schedule, or a RotvidConfig whose schedule is taken)."""
     import json
 
@@ -173,6 +173,11 @@ def _schedule(value: str | None):
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"--schedule {p}: not valid JSON ({exc})") from None
     if isinstance(data, dict) and "version" in data and "schedule" in data:
+        calibrated = (data.get("accuracy") or {}).get("num_steps")
+        if steps is not None and isinstance(calibrated, int) and calibrated != steps:
+            raise ValueError(f"--schedule {p}: calibrated for {calibrated} steps, but --steps is {steps} (its table "
+                             f"names the (step, block) cells of a {calibrated}-step run): pass --steps {calibrated}, "
+                             f"or calibrate again with --steps {steps}")
         data = data["schedule"]
     return Schedule.from_dict(data)
 
@@ -431,7 +436,7 @@ def generate(
         for o in outputs:
             check_outputs(o, overwrite=overwrite)
         factory = _ConfigFactory(model, base=_base_config(config), recipe=recipe, rotation=rotation,
-                                 schedule=_schedule(schedule), backend=backend,
+                                 schedule=_schedule(schedule, steps), backend=backend,
                                  smoothing=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v))
         cfg = factory.check()
         if _launch_workers(ctx, gpus, device):
@@ -663,7 +668,7 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
     template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height, width=width,
                                  frames=frames, steps=steps, guidance_scale=guidance_scale,
                                  max_sequence_length=max_sequence_length, fps=fps)
-    factory = _ConfigFactory(model, schedule=_schedule(schedule), backend=backend, smoothing=smoothing)
+    factory = _ConfigFactory(model, schedule=_schedule(schedule, steps), backend=backend, smoothing=smoothing)
     factory.check()
     state: dict = {}
 

@@ -30,6 +30,11 @@ def test_calibrate_then_generate_with_its_rotations_and_schedule(tiny_wan, tmp_p
     assert r.exit_code == 0, r.output
     side = json.loads(video.with_suffix(".json").read_text())
     assert side["int4_fraction"] == 0.5  # 2 steps x 2 blocks = 4 cells, 2 kept FP16
+    # the table is for 2 steps: another --steps is refused by name (its cells would mark other calls)
+    three = [a if a != "2" else "3" for a in TINY]  # --steps 3
+    r = run("generate", "-p", "a dog", "--model", tiny_wan, *three, "--out", tmp_path / "w.mp4",
+            "--schedule", out / "schedule.json")
+    assert_fails(r, "--schedule", "calibrated for 2 steps, but --steps is 3")
     # Calibrating into the same folder again needs --overwrite.
     r = run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--out", out, "--iters", "1")
     assert_fails(r, "rotations.safetensors exists", "--overwrite")
