@@ -481,6 +481,9 @@ class _ConfigFactory:
                                           *(smoothing or {}).items())
                         if v is not None}
         self.untouched = base is None and recipe == "fp16" and rotation is None
+        if rotation is not None and rotation.startswith("learned:") and not Path(rotation[len("learned:"):]).is_file():
+            raise ValueError(f"--rotation {rotation}: the learned-rotation file does not exist (rotvid calibrate "
+                             "writes it)")
 
     def check(self):
         """Validate without loading anything (default schedule); None for the untouched pipeline."""
@@ -660,6 +663,10 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
 
     prompts = load_prompts(prompt_file)
     specs = parse_variants(variants)
+    for spec in specs:  # before any video is generated
+        if spec.rotation.startswith("learned:") and not Path(spec.rotation[len("learned:"):]).is_file():
+            raise ValueError(f"--variants {spec.recipe}:{spec.rotation}: the learned-rotation file does not exist "
+                             "(rotvid calibrate writes it)")
     _check_model(model)
     _check_dtype_device(dtype, device)
     specs, notes = resolve_auto_variants(specs, _run_device(device))

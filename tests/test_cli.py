@@ -347,3 +347,15 @@ def test_device_index_past_the_gpus_is_refused_by_name(monkeypatch):
     _check_dtype_device("bf16", "cuda:1")
     with pytest.raises(ValueError, match=r"--device cuda:2: this machine has 2 CUDA GPU\(s\) \(cuda:0 \.\. cuda:1\)"):
         _check_dtype_device("bf16", "cuda:2")
+
+
+def test_missing_learned_rotation_file_is_refused_before_loading(tiny_wan, tmp_path):
+    r = run("generate", "-p", "a dog", "--model", tiny_wan, *TINY, "--rotation", "learned:nope.safetensors",
+            "--out", tmp_path / "a.mp4")
+    assert_fails(r, "--rotation learned:nope.safetensors", "does not exist")
+    assert "loading" not in r.stderr
+    (tmp_path / "p.txt").write_text("a dog\n")
+    r = run("eval", "--prompt-file", tmp_path / "p.txt", "--model", tiny_wan, *TINY,
+            "--variants", "int4:learned:nope.safetensors", "--out", tmp_path / "e")
+    assert_fails(r, "--variants", "nope.safetensors", "does not exist")
+    assert not (tmp_path / "e").exists()  # nothing generated first
