@@ -635,8 +635,7 @@ def eval_(
                     max_sequence_length=max_sequence_length, seed=seed, fps=fps, dtype=dtype, device=device,
                     out=out, vbench=vb, samples=samples, overwrite=overwrite, compile=compile)
             else:
-                if compile:
-                    raise ValueError("--compile: only with --prompt-file/--variants (eval generates nothing here)")
+                _refuse_generation_options(ctx)
                 if not candidates:
                     raise ValueError("CANDIDATE: expected at least one candidate video or folder after REFERENCE")
                 report, written = evaluate_paths(reference, candidates, out, overwrite=overwrite, vbench=vb,
@@ -644,6 +643,22 @@ def eval_(
         if not quiet and report is not None:
             typer.echo(summary_table(report))
             typer.echo(f"report: {written['markdown']}")
+
+
+# eval's options that only the generating form (--prompt-file / --variants) uses
+_EVAL_GENERATION_ONLY = ("model", "image", "schedule", "backend", "smooth_k", "smooth_q", "smooth_v", "steps", "height",
+                         "width", "frames", "guidance_scale", "negative_prompt", "max_sequence_length", "seed", "fps",
+                         "dtype", "device", "compile")
+
+
+def _refuse_generation_options(ctx: typer.Context) -> None:
+    """eval on existing videos: a generation option given on the command line would be ignored; refuse it."""
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)  # (by name: typer may carry its own click's enum)
+        if param.name in _EVAL_GENERATION_ONLY and getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT"):
+            negative = ctx.params.get(param.name) is False and getattr(param, "secondary_opts", None)
+            name = param.secondary_opts[0] if negative else param.opts[0]
+            raise ValueError(f"{name}: only with --prompt-file/--variants (eval on existing videos generates nothing)")
 
 
 def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedule, backend, smoothing, steps, height,

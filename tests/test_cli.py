@@ -359,3 +359,17 @@ def test_missing_learned_rotation_file_is_refused_before_loading(tiny_wan, tmp_p
             "--variants", "int4:learned:nope.safetensors", "--out", tmp_path / "e")
     assert_fails(r, "--variants", "nope.safetensors", "does not exist")
     assert not (tmp_path / "e").exists()  # nothing generated first
+
+
+def test_eval_on_existing_videos_refuses_generation_options(tmp_path):
+    """They would be ignored (nothing is generated): each is refused by name, before anything is measured."""
+    rng = np.random.default_rng(2)
+    write_video(tmp_path / "ref" / "clip.mp4", _video(rng), 16)
+    write_video(tmp_path / "cand" / "clip.mp4", _video(rng), 16)
+    for opt in (["--steps", "4"], ["--model", "wan2.1-t2v-14b"], ["--no-smooth-q"], ["--device", "cpu"],
+                ["--seed", "3"]):
+        r = run("eval", tmp_path / "ref", tmp_path / "cand", *opt, "--out", tmp_path / "rep")
+        assert_fails(r, opt[0], "only with --prompt-file/--variants")
+    assert not (tmp_path / "rep").exists()
+    r = run("eval", tmp_path / "ref", tmp_path / "cand", "--out", tmp_path / "rep", "--quiet")  # defaults: fine
+    assert r.exit_code == 0, r.output
