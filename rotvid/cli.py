@@ -546,6 +546,9 @@ class _EvalEvents:
     def measuring(self, label: str, name: str) -> None:
         self.bar.log(f"measuring {label}/{name}")
 
+    def vbench(self, line: str) -> None:
+        self.bar.log(line)
+
 
 @app.command("eval")
 def eval_(
@@ -638,8 +641,9 @@ def eval_(
                 _refuse_generation_options(ctx)
                 if not candidates:
                     raise ValueError("CANDIDATE: expected at least one candidate video or folder after REFERENCE")
+                events = _EvalEvents(bar)
                 report, written = evaluate_paths(reference, candidates, out, overwrite=overwrite, vbench=vb,
-                                                 samples=samples, on_video=_EvalEvents(bar).measuring)
+                                                 samples=samples, on_video=events.measuring, on_vbench=events.vbench)
         if not quiet and report is not None:
             typer.echo(summary_table(report))
             typer.echo(f"report: {written['markdown']}")

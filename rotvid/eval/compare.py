@@ -120,8 +120,10 @@ def _vbench_folder(videos: list[Path], tmp: Path) -> tuple[Path, dict[str, str]]
     return tmp, prompts
 
 
-def add_vbench(report: EvalReport, sets: Sequence[CandidateSet], request: VBenchRequest) -> None:
-    """Score the reference videos and each variant's videos on the requested VBench dimensions."""
+def add_vbench(report: EvalReport, sets: Sequence[CandidateSet], request: VBenchRequest,
+               progress: Callable[[str], None] | None = None) -> None:
+    """Score the reference videos and each variant's videos on the requested VBench dimensions; ``progress``
+    gets one line per group of videos before VBench runs on it (a group can take minutes)."""
     from rotvid.eval.vbench_runner import run_vbench
 
     report.vbench_dimensions = list(request.dimensions)
@@ -130,6 +132,9 @@ def add_vbench(report: EvalReport, sets: Sequence[CandidateSet], request: VBench
     by_label = {v.label: v for v in report.variants}
     with tempfile.TemporaryDirectory(prefix="rotvid-vbench-videos-") as tmp:
         for i, (label, videos) in enumerate(groups):
+            if progress is not None:
+                progress(f"VBench [{i + 1}/{len(groups)}] {label or 'reference'}: {len(videos)} video(s), "
+                         f"{', '.join(request.dimensions)}")
             folder, prompts = _vbench_folder(videos, Path(tmp) / str(i))
             scores = run_vbench(request.python, folder, prompts, request.dimensions, device=request.device,
                                 cache_dir=request.cache_dir)
@@ -149,8 +154,10 @@ def evaluate_paths(
     vbench: VBenchRequest | None = None,
     samples: int = 4,
     on_video: VideoCallback | None = None,
+    on_vbench: Callable[[str], None] | None = None,
 ) -> tuple[EvalReport, dict[str, Path]]:
-    """The whole path form of ``rotvid eval``; returns the report and the files written."""
+    """The whole path form of ``rotvid eval``; returns the report and the files written (``on_video`` /
+    ``on_vbench``: progress per measured pair / per VBench group)."""
     from rotvid.eval.vbench_runner import check_weights
 
     out = Path(out)
@@ -161,7 +168,7 @@ def evaluate_paths(
     ref = Path(reference)
     report = measure(ref.resolve().name if ref.is_dir() else ref.stem, str(ref), sets, on_video=on_video)
     if vbench is not None:
-        add_vbench(report, sets, vbench)
+        add_vbench(report, sets, vbench, progress=on_vbench)
     first = sets[0].pairs[0]
     rows = [(report.reference_label, first.reference)]
     rows += [(cs.variant, next(p.candidate for p in cs.pairs if p.name == first.name)) for cs in sets]

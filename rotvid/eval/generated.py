@@ -56,6 +56,8 @@ class GenerationEvents:
 
     def measuring(self, label: str, name: str) -> None: ...
 
+    def vbench(self, line: str) -> None: ...
+
 
 def plan_videos(
     out: Path,
@@ -149,7 +151,7 @@ def evaluate_generated(
     report.meta.update({"model": model, "prompts": len(prompts), "seed": template.seed,
                         "variants": ", ".join(v.spec for v in variants)})
     if vbench is not None:
-        add_vbench(report, sets, vbench)
+        add_vbench(report, sets, vbench, progress=ev.vbench)
     first = sets[0].pairs[0]
     rows = [(report.reference_label, first.reference)] + [(cs.variant, cs.pairs[0].candidate) for cs in sets]
     written = write_report(out, report, comparison_rows=rows, comparison_video=first.name, samples=samples)

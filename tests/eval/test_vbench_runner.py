@@ -114,3 +114,33 @@ def test_real_vbench_temporal_flickering(tmp_path):
         assert score == pytest.approx(flicker_score(tmp_path / "v" / name), abs=2e-3)
     assert per_video["flicker.mp4"] < per_video["still.mp4"]
     assert scores.dimensions["temporal_flickering"]["mean"] == pytest.approx(np.mean(list(per_video.values())))
+
+
+def test_add_vbench_says_which_group_it_scores(tmp_path, monkeypatch):
+    """One progress line per group (the reference, then each variant) before VBench runs on it: a group takes
+    minutes, and VBench's own output is captured."""
+    from pathlib import Path
+
+    import rotvid.eval.vbench_runner as runner
+    from rotvid.eval.compare import VBenchRequest, add_vbench
+    from rotvid.eval.matching import CandidateSet, VideoPair
+    from rotvid.eval.report import EvalReport, VariantResult
+
+    lines, scored = [], []
+
+    def fake_run(python, folder, prompts, dimensions, **kw):
+        scored.append(sorted(prompts))
+        return runner.VBenchScores(dimensions={d: {"mean": 0.5, "videos": {}} for d in dimensions})
+
+    monkeypatch.setattr(runner, "run_vbench", fake_run)
+    for name in ("ref", "a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x.mp4").write_bytes(b"")
+    sets = [CandidateSet(v, tmp_path / v, (VideoPair("x", tmp_path / "ref" / "x.mp4", tmp_path / v / "x.mp4"),))
+            for v in ("a", "b")]
+    report = EvalReport("ref", str(tmp_path / "ref"), [VariantResult(v, str(tmp_path / v), []) for v in ("a", "b")])
+    request = VBenchRequest(["temporal_flickering"], Path("python"), "cpu", tmp_path)
+    add_vbench(report, sets, request, progress=lines.append)
+    assert lines == ["VBench [1/3] reference: 1 video(s), temporal_flickering",
+                     "VBench [2/3] a: 1 video(s), temporal_flickering", "VBench [3/3] b: 1 video(s), temporal_flickering"]
+    assert len(scored) == 3 and report.reference_vbench == {"temporal_flickering": 0.5}
