@@ -800,6 +800,9 @@ def calibrate(
             for name in names:
                 if (out / name).exists():
                     raise FileExistsError(f"{out / name} exists; pass --overwrite to replace it")
+            if dump_dir is not None and dump_dir.is_dir() and any(dump_dir.glob("*.safetensors")):
+                raise FileExistsError(f"--dump-dir {dump_dir}: holds tensor dumps that this run would overwrite "
+                                      "(numbered from 0000); pass --overwrite or another folder")
         template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height,
                                      width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
                                      max_sequence_length=max_sequence_length, fps=None)

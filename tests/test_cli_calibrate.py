@@ -79,6 +79,9 @@ def test_calibrate_dumps_are_readable_by_the_accuracy_study(tiny_wan, tmp_path):
     assert d.grid == (2, 2, 2) and d.step == 1 and d.block == 0 and d.q.shape == (1, 2, 8, 64)
     assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "d",
                      "--capture-steps", "1,x"), "--capture-steps")
+    # a second run into the same dump folder would renumber from 0000 over the first one's dumps
+    assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--out", tmp_path / "e",
+                     "--capture-steps", "1", "--dump-dir", tmp_path / "dumps"), "--dump-dir", "--overwrite")
 
 
 def test_generate_on_cpu_says_it_uses_the_reference(tiny_wan, tmp_path):  # noqa: F811
