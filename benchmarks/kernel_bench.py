@@ -7,8 +7,11 @@ SMOOTH_V_BY_RECIPE); an INT4 "Q not smoothed" kernel row shows what Q smoothing 
 TOP/s = 4·B·H·N_q·N_kv·D / time (the usual attention count; masked keys still counted).
 Times are medians of CUDA-event timings after warm-up. Inputs are bf16 random (never zeros), K with a
 channel bias shared by all tokens (what K smoothing is for). Accuracy: cosine against float64 attention on
-512 sampled query rows. Each run also writes ``benchmarks/results/kernel_bench.json``
-(``{"device", "commit", "date", "shapes": {SHAPE: {METHOD: {"tops", "vs_cudnn", "cos_fp64"}}}}``).
+512 sampled query rows. A full run (every shape, the peer and cuDNN timed) also writes
+``benchmarks/results/kernel_bench.json``
+(``{"device", "commit", "date", "shapes": {SHAPE: {METHOD: {"tops", "vs_cudnn", "cos_fp64"}}}}``; a method that
+was not timed keeps its entry with nulls and a ``note``); a partial run writes JSON only to ``--json-out``. The
+commit is ``$ROTVID_COMMIT`` when set (set it on a machine whose git checkout may be stale), else ``git rev-parse``.
 
     python benchmarks/kernel_bench.py                     # all shapes, print the table
     python benchmarks/kernel_bench.py --shapes wan1.3b-480p --markdown-out section.md
@@ -141,7 +144,7 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
     flops = 4.0 * b * h * n * n * d
     kv_lens = None if shape.kv_len is None else torch.full((b,), shape.kv_len, dtype=torch.int32, device="cuda")
     rows_idx = torch.randperm(n, device="cuda")[:512].sort().values
-    masked_note = "unmasked" if kv_lens is not None else ""
+    masked_note = "unmasked (cos vs unmasked float64)" if kv_lens is not None else ""
     # 1. every method as a closure (operands prepared now), 2. timed together in interleaved rounds, 3. rows in
     # the table's order, each output computed once more for its cosine against float64
     timers: dict = {}
@@ -149,11 +152,11 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
 
     cudnn = _under(SDPBackend.CUDNN_ATTENTION, lambda: F.scaled_dot_product_attention(q, k, v))
     timers["cudnn"] = (cudnn, 1, 1.0) if rotvid_only else cudnn
-    plan.append(("sdpa-cudnn", "cudnn", cudnn if kv_lens is None else None, masked_note))
+    plan.append(("sdpa-cudnn", "cudnn", cudnn, masked_note))
     if with_flash and not rotvid_only:
         flash = _under(SDPBackend.FLASH_ATTENTION, lambda: F.scaled_dot_product_attention(q, k, v))
         timers["flash"] = flash
-        plan.append(("sdpa-flash", "flash", flash if kv_lens is None else None, masked_note))
+        plan.append(("sdpa-flash", "flash", flash, masked_note))
     sage_missing = None
     if with_sage and not rotvid_only:
         try:
@@ -164,7 +167,7 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
             sage = lambda: sageattn_qk_int8_pv_fp8_cuda_sm90(  # noqa: E731
                 q, k, v, tensor_layout="HND", qk_quant_gran="per_thread", pv_accum_dtype="fp32+fp32")
             timers["sage"] = sage
-            plan.append(("sageattention2-8b", "sage", sage if kv_lens is None else None, masked_note))
+            plan.append(("sageattention2-8b", "sage", sage, masked_note))
 
     timers["pre4"] = lambda: cuda_backend.preprocess_int4_cuda(
         q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True, smooth_q=True)
@@ -210,17 +213,21 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
     rows = []
     for method, key, out_fn, note in plan:
         ms = times[key]
-        cos = cos_fp64_rows(out_fn(), q, k, v, rows_idx, shape.kv_len) if out_fn is not None else None
+        # (the methods that ran unmasked on a masked shape against the attention they computed: unmasked float64)
+        kv_len = None if method in UNMASKED_METHODS else shape.kv_len
+        cos = cos_fp64_rows(out_fn(), q, k, v, rows_idx, kv_len) if out_fn is not None else None
         rows.append(dict(shape=shape.name, method=method, ms=ms, tops=flops / ms / 1e9, cos=cos,
                          note=note(times) if callable(note) else note))
-        if method == "sdpa-cudnn" and sage_missing is not None:  # the peer's row stays in the table, as before
+        if method == "sdpa-cudnn" and (sage_missing is not None or (not with_sage and not rotvid_only)):
+            # the peer's row stays in the table and the JSON, with why it was not timed
             rows.append(dict(shape=shape.name, method="sageattention2-8b", ms=None, tops=None, cos=None,
-                             note=sage_missing))
+                             note=sage_missing or "not timed (--no-sage)"))
     del q, k, v
     torch.cuda.empty_cache()
     return rows
 
 
+UNMASKED_METHODS = ("sdpa-cudnn", "sdpa-flash", "sageattention2-8b")  # run without kv_lens (no masking API used)
 JSON_METHODS = ("sdpa-cudnn", "sageattention2-8b", "rotvid-int4", "rotvid-int4-sym-p", "rotvid-int8-fp8")
 
 
@@ -229,7 +236,11 @@ def results_json(rows: list[dict]) -> dict:
     base = {r["shape"]: r["ms"] for r in rows if r["method"] == "sdpa-cudnn"}
     shapes: dict = {}
     for r in rows:
-        if r["method"] not in JSON_METHODS or r["ms"] is None:
+        if r["method"] not in JSON_METHODS:
+            continue
+        if r["ms"] is None:  # not timed (e.g. the peer not importable): kept, with why
+            shapes.setdefault(r["shape"], {})[r["method"]] = {"tops": None, "vs_cudnn": None, "cos_fp64": None,
+                                                              "note": r["note"]}
             continue
         shapes.setdefault(r["shape"], {})[r["method"]] = {
             "tops": round(r["tops"], 1), "vs_cudnn": round(base[r["shape"]] / r["ms"], 4),
@@ -253,7 +264,8 @@ def markdown(rows: list[dict], block_n: int) -> str:
         f"torch {torch.__version__}, CUDA {torch.version.cuda}; rotvid block_n={block_n}; bf16 random inputs; "
         "time = median over interleaved rounds (every method once per round, the order rotating) of each round's median; "
         "TOP/s = 4·B·H·N²·D / time; ratio = cuDNN time / method time (same run); cos = cosine vs float64 "
-        "attention on 512 sampled query rows (left out where the method ran unmasked on a masked shape).",
+        "attention on 512 sampled query rows (a method that ran unmasked on a masked shape: against unmasked float64 "
+        "attention, the attention it computed).",
         "",
         "| shape | method | ms | TOP/s | vs cuDNN | cos | note |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -267,6 +279,9 @@ def markdown(rows: list[dict], block_n: int) -> str:
         cos = f"{r['cos']:.5f}" if r["cos"] is not None else ""
         lines.append(f"| {r['shape']} | {r['method']} | {r['ms']:.2f} | {r['tops']:.0f} | {ratio:.2f}× | {cos} | {r['note']} |")
     return "\n".join(lines) + "\n"
+
+
+DEFAULT_JSON = Path(__file__).parent / "results" / "kernel_bench.json"
 
 
 def _git_commit() -> str:
@@ -286,8 +301,9 @@ def main() -> None:
                          "(attention only), for comparison")
     ap.add_argument("--no-sage", action="store_true", help="skip SageAttention2-8b even if importable")
     ap.add_argument("--flash", action="store_true", help="also time SDPA's flash backend")
-    ap.add_argument("--json-out", type=Path, default=Path(__file__).parent / "results" / "kernel_bench.json",
-                    help="machine-readable result (default: benchmarks/results/kernel_bench.json)")
+    ap.add_argument("--json-out", type=Path, default=None,
+                    help="machine-readable result (default: benchmarks/results/kernel_bench.json, written only by a "
+                         "full run: every shape, the peer and cuDNN timed; a partial run writes JSON only here)")
     ap.add_argument("--rotvid-only", action="store_true", help="time only rotvid (cuDNN once, for the ratio)")
     ap.add_argument("--markdown-out", type=Path, help="write the markdown section to this file")
     ap.add_argument("--append", type=Path, help="append the markdown section to this results file")
@@ -308,6 +324,12 @@ def main() -> None:
     print(md)
     if args.markdown_out:
         args.markdown_out.write_text(md)
+    if args.json_out is None:
+        partial = set(args.shapes) != set(SHAPES) or args.rotvid_only or args.no_sage
+        if partial:
+            print(f"kernel_bench: partial run: {DEFAULT_JSON} left as it is (pass --json-out to write this run's JSON)")
+        else:
+            args.json_out = DEFAULT_JSON
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.json_out.with_suffix(".json.tmp")

@@ -29,3 +29,20 @@ def test_no_methods_and_bad_rounds():
     assert kb.time_interleaved({}, rounds=3) == {}
     with pytest.raises(ValueError, match="rounds: expected at least 1, got 0"):
         kb.time_interleaved({"a": lambda: None}, rounds=0)
+
+
+def test_results_json_keeps_an_untimed_peer_and_rounds_the_ratios(monkeypatch):
+    monkeypatch.setattr(kb.torch.cuda, "get_device_name", lambda: "Test GPU")
+    monkeypatch.setenv("ROTVID_COMMIT", "abc1234")
+    rows = [
+        dict(shape="cogvideox5b", method="sdpa-cudnn", ms=10.0, tops=400.0, cos=1.0, note=""),
+        dict(shape="cogvideox5b", method="sageattention2-8b", ms=None, tops=None, cos=None, note="not importable: x"),
+        dict(shape="cogvideox5b", method="rotvid-int4", ms=8.0, tops=500.04, cos=0.9737812, note=""),
+        dict(shape="cogvideox5b", method="rotvid-int4 [wgmma] (attn only)", ms=7.0, tops=571.0, cos=None, note=""),
+    ]
+    got = kb.results_json(rows)
+    assert got["device"] == "Test GPU" and got["commit"] == "abc1234"
+    s = got["shapes"]["cogvideox5b"]
+    assert set(s) == {"sdpa-cudnn", "sageattention2-8b", "rotvid-int4"}  # table-only rows stay out
+    assert s["rotvid-int4"] == {"tops": 500.0, "vs_cudnn": 1.25, "cos_fp64": 0.973781}
+    assert s["sageattention2-8b"] == {"tops": None, "vs_cudnn": None, "cos_fp64": None, "note": "not importable: x"}
