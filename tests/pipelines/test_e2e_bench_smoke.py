@@ -21,6 +21,9 @@ def test_e2e_bench_tiny_smoke(tmp_path):
     md = mod.main(["--tiny", "--steps", "6", "--warmup", "0", "--iters", "1", "--modes", "eager", "--append", str(out)])
     assert out.read_text().strip() == md.strip()
     assert "| eager | rotvid int4, all calls |" in md and "int4 on 6/6 blocks" in md  # schedule none
+    assert "| vs compiled SDPA |" in md  # the baseline column ("—" here: compiled not run)
+    sdpa = next(ln for ln in md.splitlines() if ln.startswith("| eager |") and "SDPA |" in ln.split("|")[2] + "|")
+    assert sdpa.split("|")[4:7] == [" 1.000× ", " — ", " 1.000× "]
     paper = next(ln for ln in md.splitlines() if ln.startswith("| eager | rotvid int4, paper schedule |"))
     assert "int4 on 2/6 blocks" in paper  # paper schedule, a mixed step: blocks 2, 3
     # paper-wan2.2-t2v over 6 steps x 6 blocks: steps 2, 3 and blocks 2, 3 run INT4 -> 4/36.
