@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from rotvid.kernels.reference import LOG2E, QuantizedQKV, to_bhnd
+from rotvid.kernels.reference import LOG2E, QuantizedQKV, check_sm_scale, to_bhnd
 
 if TYPE_CHECKING:
     from rotvid.rope.fused_table import GeneralizedRopeTable
@@ -507,6 +507,7 @@ def preprocess_int4_cuda(
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
     path = _check_path(path, q.device)
+    check_sm_scale(sm_scale)
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     out = _int4_preprocess_op(
         q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", block_n, smooth_k, smooth_v, path,
@@ -555,6 +556,7 @@ def attention_int4_quantized(
         raise ValueError(f"qkv.vt: the {kernel!r} kernel takes {want} V^T bytes, got "
                          f"{qkv.vt.dtype}: pre-process for the same path (preprocess_int4_cuda / "
                          f"pack_reference_quantized with path={path!r})")
+    check_sm_scale(sm_scale)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
     k_bias = qkv.k_bias if qkv.k_bias is not None else qkv.q_scale.new_empty((0,))
     args = (
@@ -720,6 +722,7 @@ def attention_int8fp8_quantized(
     """
     _check_output_args(out_dtype, head_dim, layout)
     path = _check_int8fp8_device(qkv.q_hat.device, path)
+    check_sm_scale(sm_scale)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
     args = (
         qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,

@@ -74,8 +74,10 @@ def _load_optional_backends() -> None:
         importlib.import_module("rotvid.kernels.cuda_backend")
 
 
-def validate_attention_inputs(q, k, v, *, recipe, layout, kv_lens, block_m=None, block_n=None) -> None:
-    """Raise ``ValueError`` naming the argument and what was expected, for any bad input."""
+def validate_attention_inputs(q, k, v, *, recipe, layout, kv_lens, block_m=None, block_n=None, sm_scale=None,
+                              switches: dict | None = None) -> None:
+    """Raise ``ValueError`` naming the argument and what was expected, for any bad input (``switches``: the
+    smoothing flags by name, each a bool)."""
     if recipe not in reference.RECIPES:
         raise ValueError(f"recipe: expected one of {', '.join(reference.RECIPES)}, got {recipe!r}")
     if layout not in reference.LAYOUTS:
@@ -116,8 +118,12 @@ def validate_attention_inputs(q, k, v, *, recipe, layout, kv_lens, block_m=None,
             if lo < 1 or hi > kn:
                 raise ValueError(f"kv_lens: expected values in [1, {kn}] (N_kv), got min {lo}, max {hi}")
     for name, val in (("block_m", block_m), ("block_n", block_n)):
-        if val is not None and (not isinstance(val, int) or val < 1):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 1):
             raise ValueError(f"{name}: expected a positive int, got {val!r}")
+    reference.check_sm_scale(sm_scale)
+    for name, val in (switches or {}).items():
+        if not isinstance(val, bool):
+            raise ValueError(f"{name}: expected True or False, got {val!r}")
 
 
 def select_backend(q, k, v, *, backend: str = "auto", **opts) -> tuple[AttentionBackend, str]:
@@ -192,7 +198,8 @@ def attention(
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in
         the affected rows of that head (nothing is raised).
     """
-    validate_attention_inputs(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n)
+    validate_attention_inputs(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
+                              sm_scale=sm_scale, switches=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v))
     opts = dict(
         recipe=recipe, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
         smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m, block_n=block_n,
@@ -200,6 +207,8 @@ def attention(
     if q_block is not None:
         if isinstance(q_block, bool) or not isinstance(q_block, int) or q_block < 1:
             raise ValueError(f"q_block: expected a positive int or None, got {q_block!r}")
+        if not smooth_q:
+            raise ValueError(f"q_block: the Q-smoothing block size, only with smooth_q=True (got q_block={q_block})")
         opts["q_block"] = q_block
     chosen, reason = select_backend(q, k, v, backend=backend, **opts)
     if not torch.compiler.is_compiling():  # a logging call would break a compiled graph

@@ -71,6 +71,14 @@ DEFAULT_BLOCK_M = 128
 DEFAULT_BLOCK_N = 64
 
 
+def check_sm_scale(sm_scale) -> None:
+    """ValueError unless ``sm_scale`` is None (D ** -0.5) or a finite number > 0: the kernels take each block's
+    max before scaling, so a non-positive scale would be silently wrong there."""
+    if sm_scale is not None and (isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float))
+                                 or not math.isfinite(sm_scale) or sm_scale <= 0):
+        raise ValueError(f"sm_scale: expected a finite number > 0 or None (D ** -0.5), got {sm_scale!r}")
+
+
 def to_bhnd(x: torch.Tensor, layout: str) -> torch.Tensor:
     """View ``x`` in (B, H, N, D) order from the named layout."""
     return x if layout == "BHND" else x.transpose(1, 2)

@@ -46,6 +46,16 @@ def test_bad_options():
         attention(q, k, v, backend="triton")
     with pytest.raises(ValueError, match="block_n: expected a positive int"):
         attention(q, k, v, block_n=0)
+    with pytest.raises(ValueError, match="block_n: expected a positive int, got True"):
+        attention(q, k, v, block_n=True)  # (a bool is an int to Python: 1-key blocks)
+    for bad in (-0.125, 0.0, float("inf"), float("nan"), "0.1", torch.tensor(0.1), True):
+        with pytest.raises(ValueError, match="sm_scale: expected a finite number > 0"):
+            attention(q, k, v, sm_scale=bad)
+    with pytest.raises(ValueError, match="smooth_k: expected True or False, got 'no'"):
+        attention(q, k, v, smooth_k="no")  # (a non-empty string is truthy: it would smooth)
+    with pytest.raises(ValueError, match="q_block: the Q-smoothing block size, only with smooth_q=True"):
+        attention(q, k, v, q_block=64)
+    assert attention(q, k, v, sm_scale=0.2, smooth_q=True, q_block=8).shape == q.shape
 
 
 def test_auto_on_cpu_picks_reference_and_says_why():
