@@ -204,7 +204,8 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
             / ``CogVideoXPipeline`` (anything with a supported ``.transformer``), or one of
             their transformers (then drive the step tracker by hand).
         config: the :class:`RotvidConfig` (default: ``RotvidConfig()``, recipe ``auto`` + half
-            rotation + V/O Hadamard + K/V smoothing, no FP16 steps/blocks). ``recipe="auto"`` is
+            rotation + V/O Hadamard + the recipe's smoothing (K always; Q and V for the INT4 recipes), no FP16
+            steps/blocks). ``recipe="auto"`` is
             resolved here, once, from the pipeline's execution device
             (:func:`rotvid.kernels.recipe_table.resolve_recipe`).
         exact_remove: keep a CPU copy of every weight the V/O Hadamard rewrites so that
@@ -228,9 +229,15 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
     options = compile_options(compile)
     if not isinstance(config, RotvidConfig):
         raise ValueError(f"config: expected a RotvidConfig, got {type(config).__name__}")
+    if not isinstance(exact_remove, bool):
+        raise ValueError(f"exact_remove: expected True or False, got {exact_remove!r}")
     if getattr(pipe, HANDLE_ATTR, None) is not None:
         raise ValueError("pipe: rotvid is already applied; call rotvid.pipelines.remove(pipe) first")
     family, transformers = find_transformers(pipe)
+    for attr, module in transformers.items():  # applied through another object (the bare transformer, a pipeline)
+        if module is not pipe and getattr(module, HANDLE_ATTR, None) is not None:
+            raise ValueError(f"pipe: rotvid is already applied to its {attr}; call rotvid.pipelines.remove() on "
+                             "what it was applied to first")
     recipe, recipe_reason = resolve_recipe(config.recipe, _execution_device(pipe, transformers))
     logger.info("rotvid recipe: %s (%s)", recipe, recipe_reason)
     handle = RotvidHandle(pipe, config.with_(recipe=recipe, smooth_q=smooth_q_for(recipe, config.smooth_q),

@@ -84,8 +84,9 @@ class SiteCounters:
         return cls(key, module)
 
     def uninstall(self) -> None:
-        for name in (COUNTS_BUFFER, PLANNED_BUFFER):
+        for name in (COUNTS_BUFFER, PLANNED_BUFFER):  # (as register_buffer left them: the module as before)
             self.module._buffers.pop(name, None)
+            self.module._non_persistent_buffers_set.discard(name)
 
     @property
     def planned(self) -> torch.Tensor:

@@ -21,8 +21,7 @@ rotvid's processors replace that attention call, so they do the Ulysses exchange
 4. **inverse all-to-all** (:func:`heads_to_sequence`): ``[B, H/P, N, D]`` → ``[B, H, N/P, D]``.
 
 Smoothing stays equal to the single-GPU result because it is computed **after** the all-to-all,
-on the full sequence: the K (and optional V) means are per head over all valid keys, the Q means
-per block of ``block_m`` query rows, and each rank holds every token of its heads, in the
+on the full sequence: the K, V and Q means are per head over all valid keys (queries for Q), and each rank holds every token of its heads, in the
 original order. The per-token / per-group quantization that follows is per head too, so running
 it after the exchange gives the same numbers as one GPU (no all-reduce is needed). The price is
 that the exchange carries the model's dtype (bf16), not INT4 codes.

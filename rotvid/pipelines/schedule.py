@@ -55,6 +55,8 @@ class Schedule:
     def __post_init__(self) -> None:
         for attr in ("fp16_first_steps", "fp16_last_steps", "fp16_first_blocks", "fp16_last_blocks"):
             _check_count(attr, getattr(self, attr))
+        if not isinstance(self.fp16_cells, (tuple, list)):
+            raise ValueError(f"fp16_cells: expected a list of (step, block) pairs, got {self.fp16_cells!r}")
         cells = []
         for cell in self.fp16_cells:
             if (

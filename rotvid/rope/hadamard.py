@@ -247,7 +247,7 @@ def unfuse_v_hadamard(attn: nn.Module, head_dim: int, *, output_projection: nn.L
             f"output_projection given={output_projection is not None}"
         )
     _rotate(attn, head_dim, output_projection, inverse=True)
-    setattr(attn, FUSED_ATTR, None)
+    attn.__dict__.pop(FUSED_ATTR, None)  # the module as before the fusion (no attribute left behind)
 
 
 def _single_stream_parts(block: nn.Module) -> tuple[nn.Module, nn.Linear]:

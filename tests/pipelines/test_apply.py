@@ -235,6 +235,8 @@ def test_remove_gives_back_bit_identical_weights_processors_and_outputs(tiny):
     pipe = tiny("hunyuan_video")
     before = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
     procs = [a.processor for a in self_attentions(pipe)]
+    attrs = [dict(vars(a)) for a in self_attentions(pipe)]  # every attribute, the non-persistent buffer names too
+    nonpersistent = [set(a._non_persistent_buffers_set) for a in self_attentions(pipe)]
     ref = run(pipe, "hunyuan_video")
     apply(pipe, RotvidConfig(recipe="int4", rotation="half", vo_hadamard=True, backend="reference"))
     changed = [k for k, v in pipe.transformer.state_dict().items() if not torch.equal(v, before[k])]
@@ -244,6 +246,8 @@ def test_remove_gives_back_bit_identical_weights_processors_and_outputs(tiny):
     after = pipe.transformer.state_dict()
     assert all(torch.equal(after[k], before[k]) for k in before)
     assert [a.processor for a in self_attentions(pipe)] == procs
+    assert [set(vars(a)) for a in self_attentions(pipe)] == [set(d) for d in attrs]  # no attribute left behind
+    assert [set(a._non_persistent_buffers_set) for a in self_attentions(pipe)] == nonpersistent
     assert torch.equal(run(pipe, "hunyuan_video"), ref)
     assert "set_timesteps" not in vars(pipe.scheduler) and "step" not in vars(pipe.scheduler)
     assert getattr(pipe, HANDLE_ATTR, None) is None
@@ -324,6 +328,14 @@ def test_apply_errors(tiny):
         apply(object())
     with pytest.raises(ValueError, match="not applied"):
         remove(pipe)
+    with pytest.raises(ValueError, match="exact_remove: expected True or False"):
+        apply(pipe, RotvidConfig(), exact_remove="no")
+    apply(pipe.transformer, RotvidConfig())  # then the pipeline that holds it: named, before anything changes
+    try:
+        with pytest.raises(ValueError, match="already applied to its transformer"):
+            apply(pipe, RotvidConfig())
+    finally:
+        remove(pipe.transformer)
     apply(pipe, RotvidConfig())
     try:
         with pytest.raises(ValueError, match="already applied"):

@@ -90,10 +90,11 @@ def test_schedule_rules_and_table():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"fp16_first_steps": -1}, {"fp16_last_blocks": 1.5}, {"fp16_cells": ((1,),)}, {"fp16_cells": ((1, "a"),)}],
+    [{"fp16_first_steps": -1}, {"fp16_last_blocks": 1.5}, {"fp16_cells": ((1,),)}, {"fp16_cells": ((1, "a"),)},
+     {"fp16_cells": 5}, {"fp16_cells": None}],
 )
 def test_schedule_bad_values(kwargs):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):  # named
         Schedule(**kwargs)
 
 
