@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from rotvid.kernels.reference import LOG2E, QuantizedQKV, check_sm_scale, to_bhnd
+from rotvid.kernels.reference import INT8FP8_BLOCK_N, LOG2E, QuantizedQKV, check_sm_scale, to_bhnd
 
 if TYPE_CHECKING:
     from rotvid.rope.fused_table import GeneralizedRopeTable
@@ -106,7 +106,6 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 RECIPE_P_MODE = {"int4": "range", "int4-sym-p": "sym"}
 INT8FP8_RECIPE = "int8-fp8"
-INT8FP8_BLOCK_N = 128  # the int8-fp8 kernel's key block (part of the numerics: the reference takes the same)
 INT8FP8_PATHS = ("wgmma", "mma")
 P_MODES = {"range": 0, "sym": 1}
 MAGIC_I = 0x4B400000

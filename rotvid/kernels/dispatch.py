@@ -44,7 +44,9 @@ class ReferenceBackend:
     def run(self, q, k, v, **opts) -> torch.Tensor:
         opts = dict(opts)
         opts["block_m"] = opts.get("block_m") or reference.DEFAULT_BLOCK_M
-        opts["block_n"] = opts.get("block_n") or reference.DEFAULT_BLOCK_N
+        # (int8-fp8: the kernels' 128-key blocks, so a fallback to the reference keeps their numerics)
+        default_n = reference.INT8FP8_BLOCK_N if opts.get("recipe") == "int8-fp8" else reference.DEFAULT_BLOCK_N
+        opts["block_n"] = opts.get("block_n") or default_n
         return reference.attention_reference(q, k, v, **opts)
 
 
@@ -182,8 +184,9 @@ def attention(
         kv_lens: optional int tensor [B]: keys ``j >= kv_lens[b]`` are masked (padded keys).
         sm_scale: score scale, default ``D ** -0.5``.
         smooth_k / smooth_q / smooth_v: smoothing switches (see :mod:`rotvid.kernels.reference`).
-        block_m / block_n: query / key tile sizes (backend default when None: the reference uses 64;
-            the CUDA backend 128 with the Hopper wgmma kernel, else 64). The key-block size is part
+        block_m / block_n: query / key tile sizes (backend default when None: block_m 128; block_n 128 for
+            int8-fp8 on every backend, else 64 on the reference and 128 with the Hopper wgmma INT4 kernel, 64 on
+            the other INT4 kernels). The key-block size is part
             of the numerics (block-local softmax max, per-block V scales): to reproduce a kernel
             with the reference, pass the same ``block_n``.
         q_block: query rows per Q-smoothing mean; None (default): one mean per head over all query

@@ -69,6 +69,7 @@ RECIPES = ("fp16", "int4", "int4-sym-p", "int8-fp8", "int4-fp8", "nvfp4")
 LAYOUTS = ("BHND", "BNHD")
 DEFAULT_BLOCK_M = 128
 DEFAULT_BLOCK_N = 64
+INT8FP8_BLOCK_N = 128  # the int8-fp8 kernels' key block (part of the numerics): the reference's default for it
 
 
 def check_sm_scale(sm_scale) -> None:
