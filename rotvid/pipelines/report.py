@@ -22,6 +22,15 @@ __all__ = ["RunReport", "BlockCounts"]
 logger = logging.getLogger(__name__)
 
 
+# the CUDA backend's reasons that mean "no GPU here" (the reference is then the only choice, not a fallback)
+_NO_GPU_REASONS = ("cuda: not installed", "cuda: no CUDA GPU", "cuda: inputs are on cpu")
+
+
+def reference_fallback(backend: str) -> bool:
+    """True for a backend record where ``auto`` ran the reference because the CUDA kernel refused a call on a GPU."""
+    return backend.startswith("reference (auto;") and not any(r in backend for r in _NO_GPU_REASONS)
+
+
 @dataclass
 class BlockCounts:
     quantized: int = 0
@@ -68,6 +77,8 @@ class RunReport:
 
     def record_quantized(self, site: str, backend: str, n: int = 1) -> None:
         self._block(site).quantized += n
+        if backend not in self.backends and reference_fallback(backend):
+            logger.warning("rotvid: self-attention runs on the PyTorch reference (slow) at %s: %s", site, backend)
         self.backends[backend] = self.backends.get(backend, 0) + n
 
     def record_fp16(self, site: str, reason: str, n: int = 1) -> None:
@@ -151,7 +162,8 @@ class RunReport:
         if self.recipe_reason:
             lines.append(f"  recipe {self.recipe}: {self.recipe_reason}")
         for name, n in sorted(self.backends.items()):
-            lines.append(f"  backend {name}: {n} calls")
+            flag = "  (FALLBACK from the CUDA kernel: slow)" if reference_fallback(name) else ""
+            lines.append(f"  backend {name}: {n} calls{flag}")
         for reason, n in sorted(self.fallbacks.items()):
             lines.append(f"  FALLBACK {n} calls: {reason}")
         return "\n".join(lines)

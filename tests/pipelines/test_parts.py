@@ -212,3 +212,25 @@ def test_deferred_table_only_when_one_table_covers_every_token():
     assert QKRotator(rot, fuse=False).deferred_table(x, (cos, sin), (0, 9)) is None
     with pytest.raises(ValueError, match="rope: expected tables for 4 tokens"):
         r.deferred_table(x, (cos4, sin4), (5, 9))
+
+
+def test_a_reference_fallback_on_a_gpu_is_warned_once_and_flagged(caplog):
+    """auto running the reference because the CUDA kernel refused a call on a GPU is a (slow) fallback: warned once
+    per reason and flagged in the summary; on a machine without a GPU the reference is simply the backend."""
+    import logging
+
+    from rotvid.pipelines.report import RunReport
+
+    rep = RunReport(recipe="int4", backend_requested="auto")
+    refused = "reference (auto; cuda: head_dim 96 (the kernel takes (64, 128)))"
+    no_gpu = "reference (auto; cuda: no CUDA GPU (torch.cuda.is_available() is False))"
+    with caplog.at_level(logging.WARNING, logger="rotvid.pipelines.report"):
+        rep.record_quantized("blocks.0", refused, 3)
+        rep.record_quantized("blocks.1", refused, 2)
+        rep.record_quantized("blocks.0", no_gpu, 1)
+        rep.record_quantized("blocks.0", "cuda (auto)", 4)
+    warned = [r.getMessage() for r in caplog.records if "PyTorch reference" in r.getMessage()]
+    assert len(warned) == 1 and "head_dim 96" in warned[0]
+    summary = rep.summary()
+    assert f"backend {refused}: 5 calls  (FALLBACK from the CUDA kernel: slow)" in summary
+    assert f"backend {no_gpu}: 1 calls\n" in summary + "\n" and "backend cuda (auto): 4 calls" in summary
