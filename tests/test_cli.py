@@ -116,6 +116,17 @@ def test_generate_prompt_file_one_video_each(tiny_wan, tmp_path):
     names = sorted(p.name for p in (tmp_path / "vids").iterdir())
     assert names == ["000-a-cat.json", "000-a-cat.mp4", "001-a-bird-flies.json", "001-a-bird-flies.mp4"]
     assert probe_video(tmp_path / "vids" / "001-a-bird-flies.mp4").frames == 5
+    # resume: after an interruption (here: the second video gone) the same command keeps the finished one
+    kept = (tmp_path / "vids" / "000-a-cat.mp4").stat().st_mtime_ns
+    (tmp_path / "vids" / "001-a-bird-flies.mp4").unlink()
+    r = run("generate", "--prompt-file", pf, "--model", tiny_wan, *TINY, "--out", tmp_path / "vids")
+    assert r.exit_code == 0, r.output
+    assert "kept " in r.stderr and "000-a-cat.mp4" in r.stderr
+    assert (tmp_path / "vids" / "000-a-cat.mp4").stat().st_mtime_ns == kept
+    assert (tmp_path / "vids" / "001-a-bird-flies.mp4").is_file()
+    # another request into the same folder is refused, not mixed in
+    r = run("generate", "--prompt-file", pf, "--model", tiny_wan, *TINY, "--seed", "7", "--out", tmp_path / "vids")
+    assert_fails(r, "000-a-cat.mp4", "different request", "seed")
 
 
 def test_generate_bad_inputs(tiny_wan, tmp_path):
