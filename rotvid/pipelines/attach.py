@@ -32,7 +32,7 @@ from rotvid.kernels.recipe_table import resolve_recipe
 from rotvid.pipelines.compiling import compile_options, compile_transformers, uncompile_transformers
 from rotvid.pipelines.config import RotvidConfig, smooth_q_for, smooth_v_for
 from rotvid.pipelines.context_parallel import check_context_parallel
-from rotvid.pipelines.model_table import BlockStack, ModelFamily, family_of_transformer
+from rotvid.pipelines.model_table import FAMILIES, BlockStack, ModelFamily, family_of_transformer
 from rotvid.pipelines.processors import PROCESSORS
 from rotvid.pipelines.qk_rotation import QKRotator
 from rotvid.pipelines.report import RunReport
@@ -124,7 +124,7 @@ def find_transformers(target) -> tuple[ModelFamily, dict[str, nn.Module]]:
         return family_of_transformer(target), {"transformer": target}
     found: dict[str, nn.Module] = {}
     family = None
-    for attr in ("transformer", "transformer_2"):
+    for attr in dict.fromkeys(a for fam in FAMILIES.values() for a in fam.transformer_attrs):  # the table's order
         module = getattr(target, attr, None)
         if module is None:
             continue
@@ -146,7 +146,7 @@ def find_transformers(target) -> tuple[ModelFamily, dict[str, nn.Module]]:
 def _segments_for(family: ModelFamily, transformer: nn.Module, head_dim: int) -> tuple[int, ...] | None:
     """RoPE segment sizes for the ``half`` rotation (None: no RoPE, one segment)."""
     cfg = transformer.config
-    if family.name == "cogvideox" and not cfg.get("use_rotary_positional_embeddings", False):
+    if family.rope_switch_config_attr is not None and not cfg.get(family.rope_switch_config_attr, False):
         return None
     if family.rope_config_attr is not None and cfg.get(family.rope_config_attr) is not None:
         return tuple(int(s) for s in cfg[family.rope_config_attr])

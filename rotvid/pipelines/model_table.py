@@ -96,6 +96,9 @@ class ModelFamily:
             transformer, so rotvid runs it under Ulysses context parallelism
             (:mod:`rotvid.pipelines.context_parallel`): Wan in diffusers 0.42.1; HunyuanVideo and
             CogVideoX have none.
+        rope_switch_config_attr: transformer config attribute that turns RoPE on (CogVideoX's
+            ``use_rotary_positional_embeddings``: the 2B checkpoint has none), or ``None`` when the family
+            always has RoPE.
     """
 
     name: str
@@ -109,6 +112,7 @@ class ModelFamily:
     fps: int
     float32_components: tuple[str, ...] = ()
     context_parallel: bool = False
+    rope_switch_config_attr: str | None = None
 
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -184,6 +188,7 @@ FAMILIES: dict[str, ModelFamily] = {
         token_order="text,video",
         cfg_mode="batched",
         fps=8,
+        rope_switch_config_attr="use_rotary_positional_embeddings",
     ),
 }
 
