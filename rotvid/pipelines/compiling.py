@@ -29,6 +29,9 @@ COMPILE_MESSAGE = "compiling the transformer (first step is slow) ..."
 _OPTION_KEYS = ("fullgraph", "dynamic", "backend", "mode", "options")
 
 
+_PREVIOUS_ATTR = "_rotvid_previous_compiled_call_impl"
+
+
 def compile_options(compile) -> dict | None:
     """``apply``'s ``compile`` argument as ``torch.compile`` keyword arguments (None: do not compile).
 
@@ -52,14 +55,16 @@ def compile_options(compile) -> dict | None:
 def compile_transformers(transformers: dict[str, nn.Module], options: dict) -> list[str]:
     """``module.compile(**options)`` on each transformer; returns the names compiled."""
     for name, module in transformers.items():
+        previous = getattr(module, "_compiled_call_impl", None)  # the caller's own compile, given back on undo
         module.compile(**options)
+        module.__dict__[_PREVIOUS_ATTR] = previous
         logger.info("rotvid: %s will be compiled on its first forward (%s)", name, options)
     return list(transformers)
 
 
 def uncompile_transformers(transformers: dict[str, nn.Module], names: list[str]) -> None:
-    """Undo :func:`compile_transformers` on the named transformers (eager forwards again)."""
+    """Undo :func:`compile_transformers` on the named transformers: eager forwards again, or the compile the
+    transformer had before (``module.compile`` by the caller)."""
     for name in names:
         module = transformers[name]
-        if getattr(module, "_compiled_call_impl", None) is not None:
-            module._compiled_call_impl = None
+        module._compiled_call_impl = module.__dict__.pop(_PREVIOUS_ATTR, None)

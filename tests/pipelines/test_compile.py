@@ -343,3 +343,15 @@ def test_compile_true_compiles_both_experts_of_wan22(tiny):
     # One graph per (expert, plan): transformer all-FP16 (step 0) and mixed (1); transformer_2
     # mixed (2) and all-FP16 (3).
     assert counter.graphs == 4
+
+
+def test_remove_gives_back_the_callers_own_compile(tiny):
+    """A transformer the user compiled before apply(compile=...) is compiled the user's way again after remove."""
+    pipe = tiny("wan", num_layers=2)
+    pipe.transformer.compile(backend="eager")
+    mine = pipe.transformer._compiled_call_impl
+    handle = apply(pipe, RotvidConfig(recipe="int4", backend="reference"), compile={"backend": GraphCounter()})
+    assert handle.compiled == ["transformer"] and pipe.transformer._compiled_call_impl is not mine
+    remove(pipe)
+    assert pipe.transformer._compiled_call_impl is mine
+    assert not any(k.startswith("_rotvid") for k in vars(pipe.transformer))
