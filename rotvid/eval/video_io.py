@@ -11,6 +11,8 @@ complete, so an interrupted run never leaves a truncated mp4 under the final nam
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -104,10 +106,13 @@ def write_video(
     n, h, w, _ = video.shape
     if h % 2 or w % 2:
         raise ValueError(f"frames: H.264 (yuv420p) needs an even height and width, got {h}x{w}")
-    rate = Fraction(fps).limit_denominator(1001) if not isinstance(fps, Fraction) else fps
+    if not isinstance(fps, Fraction) and (isinstance(fps, bool) or not isinstance(fps, numbers.Real)
+                                          or not math.isfinite(fps)):
+        raise ValueError(f"fps: expected a positive, finite frame rate, got {fps!r}")
+    rate = Fraction(float(fps)).limit_denominator(1001) if not isinstance(fps, Fraction) else fps
     if rate <= 0:
         raise ValueError(f"fps: expected a positive frame rate, got {fps}")
-    if not 0 <= int(crf) <= 51:
+    if isinstance(crf, bool) or not isinstance(crf, numbers.Integral) or not 0 <= crf <= 51:
         raise ValueError(f"crf: expected 0..51 (x264 quality, lower is better), got {crf}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(path)

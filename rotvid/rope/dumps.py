@@ -23,6 +23,7 @@ Any extra string metadata given at save time is kept.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,7 +159,18 @@ def save_qkv_dump(
         **extra,
     }
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in (("q", q), ("k", k), ("v", v))}
-    save_file(tensors, str(path), metadata=meta)
+    _save_atomically(tensors, Path(path), meta)
+
+
+def _save_atomically(tensors: dict, path: Path, metadata: dict) -> None:
+    """``save_file`` under a temporary name in the same folder, then a rename: a stopped run never leaves a half
+    file under the final name."""
+    tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}{path.suffix}")
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def load_qkv_dump(path: str | Path) -> QKVDump:

@@ -146,7 +146,10 @@ def learn_rotation(
     if pairing == "interleaved":
         pairs = interleaved_pairs(head_dim)
     elif pairing == "half":
-        pairs = half_rotation_pairs(tuple(segments) if segments else (head_dim,))
+        if not segments:
+            raise ValueError("segments: the 'half' pairing pairs channels within each RoPE segment; pass the segment "
+                             "sizes (e.g. (44, 42, 42) for Wan at head_dim 128)")
+        pairs = half_rotation_pairs(tuple(segments))
     else:
         raise ValueError(f"pairing: expected 'interleaved' or 'half', got {pairing!r}")
     torch.manual_seed(seed)

@@ -447,10 +447,12 @@ def save_learned_rotation(
     rot = PairRotation.learned(angles, reflect, pairing=pairing, head_dim=head_dim, segments=segments)
     if rot.angles.dim() > 3:
         raise ValueError(f"angles must be [P], [blocks, P] or [blocks, heads, P], got {tuple(angles.shape)}")
-    save_file(
+    from rotvid.rope.dumps import _save_atomically
+
+    _save_atomically(
         {"angles": rot.angles.float().contiguous(), "reflect": rot.reflect.contiguous()},
-        str(path),
-        metadata={"pairing": pairing, "head_dim": str(head_dim), "segments": ",".join(map(str, rot.segments))},
+        Path(path),
+        {"pairing": pairing, "head_dim": str(head_dim), "segments": ",".join(map(str, rot.segments))},
     )
 
 

@@ -157,6 +157,8 @@ def rope_table_3d(
     if crops_coords is not None and grid_type != "linspace":
         raise ValueError(f"crops_coords is only used with grid_type='linspace', got grid_type={grid_type!r}")
     theta = facts.theta if theta is None else float(theta)
+    if not theta > 0 or theta == float("inf"):
+        raise ValueError(f"theta: expected a positive, finite RoPE base, got {theta}")
 
     exact = precision == "diffusers"
     dtype = facts.angle_dtype if exact else torch.float64

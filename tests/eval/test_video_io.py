@@ -99,6 +99,12 @@ def test_bad_path_fps_crf(tmp_path):
         video_io.write_video(tmp_path / "a.mp4", v, 0)
     with pytest.raises(ValueError, match="crf"):
         video_io.write_video(tmp_path / "a.mp4", v, 8, crf=60)
+    for fps in (float("nan"), float("inf"), "8"):
+        with pytest.raises(ValueError, match="fps: expected a positive, finite frame rate"):
+            video_io.write_video(tmp_path / "a.mp4", v, fps)
+    with pytest.raises(ValueError, match="crf"):
+        video_io.write_video(tmp_path / "a.mp4", v, 8, crf=51.9)  # (was truncated to 51)
+    assert video_io.write_video(tmp_path / "a.mp4", v, np.float32(8.0), crf=np.int64(20)).is_file()  # numpy scalars
 
 
 def test_reading_bad_files(tmp_path):

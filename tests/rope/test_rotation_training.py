@@ -78,3 +78,9 @@ def test_output_objective_trains_and_needs_v():
     assert 0 < res.objective_final < res.objective_init  # it trains (lr 0 would leave them equal)
     with pytest.raises(ValueError, match="v: the 'output' objective needs the values"):
         learn_rotation(q, k, objective="output", iters=1)
+
+
+def test_half_pairing_needs_the_segments():
+    q, k = paired_qk(n=32, seed=5)
+    with pytest.raises(ValueError, match="segments: the 'half' pairing"):
+        learn_rotation(q, k, pairing="half", iters=1)

@@ -24,6 +24,9 @@ def test_facts_bad_input():
         get_rope_facts("flux")
     with pytest.raises(ValueError, match="head_dim"):
         get_rope_facts("wan").segments(127)
+    for theta in (0, -1.0, float("inf")):  # (a NaN table otherwise)
+        with pytest.raises(ValueError, match="theta: expected a positive, finite RoPE base"):
+            rope_table_3d("wan", (2, 2, 2), 128, theta=theta)
 
 
 @pytest.mark.parametrize("head_dim", [128, 64])
