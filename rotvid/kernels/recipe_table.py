@@ -8,7 +8,7 @@ in the run report (and the generate sidecar) and printed by ``rotvid backends``.
 
 Why the table looks like this: Hopper (sm90) has no INT4 tensor cores — INT4-valued maths runs
 on the INT8/FP8 tensor cores at exactly the 8-bit rate — so on an H100/H200 4-bit buys no speed
-over 8-bit, only error (the 8-bit recipe gains ~16-22 dB SQNR over INT4 in the accuracy studies).
+over 8-bit, only error (the 8-bit recipe gains 12–16 dB SQNR over INT4 (with its default Q/K/V smoothing) in the accuracy studies).
 Ampere and Ada (sm80/86/87/89) have native INT4 ``mma`` at twice the 8-bit rate: the paper's INT4.
 """
 
@@ -27,7 +27,7 @@ AUTO = "auto"
 _HOPPER_MEASURED = "H100 kernel_bench at fdba316: int8-fp8 1.30-1.52x cuDNN bf16, int4 0.95-1.27x"
 _HOPPER_REASON = (
     "no INT4 tensor cores on Hopper: INT4 maths runs at the 8-bit rate, so the 8-bit recipe costs "
-    "no speed and gains ~16-22 dB SQNR over int4 (accuracy study, benchmarks/RESULTS.md); it is also the faster "
+    "no speed and gains 12-16 dB SQNR over int4 (accuracy study, benchmarks/RESULTS.md); it is also the faster "
     f"one there ({_HOPPER_MEASURED})"
 )
 # What a 4-bit recipe asked for by name on Hopper is told (it still runs as asked).
