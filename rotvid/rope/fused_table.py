@@ -186,6 +186,8 @@ def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torc
     Triton kernel or the PyTorch form otherwise.
     """
     n, d = table.num_tokens, table.head_dim
+    if not x.is_floating_point():
+        raise ValueError(f"x: expected a floating-point tensor, got {x.dtype} (the rotation would be truncated)")
     if x.dim() < 2 or x.shape[-2:] != (n, d):
         raise ValueError(f"x must be [..., {n}, {d}] (BHND-style, tokens second to last), got {tuple(x.shape)}")
     lead = table.coef.shape[:-3]

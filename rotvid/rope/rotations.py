@@ -382,6 +382,8 @@ class PairRotation(Rotation):
         """x @ R for x [..., D]; with per-head blocks [H, P, 2, 2], x must be [..., H, N, D]."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x must be [..., {self.head_dim}], got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"x: expected a floating-point tensor, got {x.dtype} (the rotation would be truncated)")
         lead = self.lead_shape
         if lead and (x.dim() < len(lead) + 2 or tuple(x.shape[-2 - len(lead) : -2]) != lead):
             raise ValueError(

@@ -208,6 +208,8 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         )
     if x.shape[-1] % 2:
         raise ValueError(f"x's last dim must be even (channel pairs), got {x.shape[-1]}")
+    if not x.is_floating_point():
+        raise ValueError(f"x: expected a floating-point tensor, got {x.dtype} (the rotation would be truncated)")
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     xc = x.to(compute)
     x_real, x_imag = xc.reshape(*xc.shape[:-1], -1, 2).unbind(-1)

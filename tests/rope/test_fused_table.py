@@ -116,3 +116,19 @@ def test_rope_only_table_closed_form_equals_the_general_construction(family, hea
         closed = fuse_rope_and_rotation(cos, sin, make_rotation(kind, head_dim))
         assert torch.equal(closed.index, general.index)
         assert torch.equal(closed.coef.view(torch.int64), general.coef.view(torch.int64)), kind
+
+
+def test_integer_inputs_are_refused_not_truncated():
+    from rotvid.rope.fused_table import apply_generalized_rope, fuse_rope_and_rotation
+    from rotvid.rope.rotations import make_rotation
+    from rotvid.rope.tables import apply_rope_interleaved, rope_table_3d
+
+    cos, sin = rope_table_3d("wan", (1, 2, 2), 128)
+    rot = make_rotation("half", 128, (44, 42, 42))
+    x = torch.ones(1, 2, cos.shape[0], 128, dtype=torch.int32)
+    with pytest.raises(ValueError, match="x: expected a floating-point tensor, got torch.int32"):
+        apply_rope_interleaved(x, cos, sin)
+    with pytest.raises(ValueError, match="x: expected a floating-point tensor"):
+        apply_generalized_rope(x, fuse_rope_and_rotation(cos, sin, rot))
+    with pytest.raises(ValueError, match="x: expected a floating-point tensor"):
+        rot.apply(x)
