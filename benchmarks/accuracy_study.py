@@ -67,6 +67,18 @@ class StudyCase:
     kv_len: int | None = None
 
 
+def quantizer_study_setup(description: str, argv=None) -> tuple[list[StudyCase], list[str]]:
+    """The command line of the quantizer studies (int4_*_groups_study.py): ``--rotations``, ``--seeds``, ``--heads``
+    over the default synthetic families and grids; returns their cases and rotations (2 CPU threads)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--rotations", default="none,half")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--heads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(2)
+    return synthetic_cases(DEFAULT_FAMILIES, DEFAULT_GRIDS, args.seeds, args.heads), args.rotations.split(",")
+
+
 def synthetic_cases(families, grids, seeds, heads) -> list[StudyCase]:
     cases = []
     for family in families:

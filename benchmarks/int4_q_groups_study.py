@@ -14,7 +14,6 @@ Q mean per head as the kernels); SQNR against exact float64 attention, mean (wor
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from statistics import mean
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy_study import DEFAULT_FAMILIES, DEFAULT_GRIDS, run_case, synthetic_cases  # noqa: E402
+from accuracy_study import quantizer_study_setup, run_case  # noqa: E402
 
 import rotvid.kernels.reference as reference  # noqa: E402
 from rotvid.kernels.quantize import INT4_QMAX, _symmetric_quantize  # noqa: E402
@@ -75,14 +74,7 @@ def grouped_q(mode: str):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rotations", default="none,half")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--heads", type=int, default=2)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(2)
-    cases = synthetic_cases(DEFAULT_FAMILIES, DEFAULT_GRIDS, args.seeds, args.heads)
-    rotations = args.rotations.split(",")
+    cases, rotations = quantizer_study_setup(__doc__.split("\n")[0], argv)
     smoothing = {"smooth_q": True, "smooth_v": True}
     results = {}
     for mode in MODES:

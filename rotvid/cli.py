@@ -474,6 +474,20 @@ def generate(
                             f"fallback calls {sum(side['fallbacks'].values())})")
 
 
+def _check_learned_file(flag: str, rotation: str) -> None:
+    """A ``learned:FILE`` rotation names an existing file (``flag``: the option it came from)."""
+    if rotation.startswith("learned:") and not Path(rotation[len("learned:"):]).is_file():
+        raise ValueError(f"{flag}{'' if flag.endswith(':') else ' '}{rotation}: the learned-rotation file does not "
+                         "exist (rotvid calibrate writes it)")
+
+
+def _check_backend(backend: str | None) -> None:
+    from rotvid.pipelines.config import BACKENDS
+
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"--backend: expected {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}, got {backend!r}")
+
+
 class _ConfigFactory:
     """Builds the RotvidConfig of a run from --config, --recipe, --rotation, --schedule, --backend and
     --smooth-k/q/v (``smoothing``: ``{"smooth_k": bool or None, ...}``, None = not given).
@@ -489,9 +503,8 @@ class _ConfigFactory:
                                           *(smoothing or {}).items())
                         if v is not None}
         self.untouched = base is None and recipe == "fp16" and rotation is None
-        if rotation is not None and rotation.startswith("learned:") and not Path(rotation[len("learned:"):]).is_file():
-            raise ValueError(f"--rotation {rotation}: the learned-rotation file does not exist (rotvid calibrate "
-                             "writes it)")
+        if rotation is not None:
+            _check_learned_file("--rotation", rotation)
 
     def check(self):
         """Validate without loading anything (default schedule); None for the untouched pipeline."""
@@ -684,16 +697,13 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
         raise ValueError("--prompt-file: expected a file of prompts (one per line) to generate from")
     if variants is None:
         raise ValueError("--variants: expected RECIPE:ROTATION,... e.g. int4:half,int4:none")
-    if backend is not None and backend not in ("auto", "reference", "cuda"):
-        raise ValueError(f"--backend: expected auto, reference or cuda, got {backend!r}")
+    _check_backend(backend)
     from rotvid.eval.generation import load_prompts
 
     prompts = load_prompts(prompt_file)
     specs = parse_variants(variants)
     for spec in specs:  # before any video is generated
-        if spec.rotation.startswith("learned:") and not Path(spec.rotation[len("learned:"):]).is_file():
-            raise ValueError(f"--variants {spec.recipe}:{spec.rotation}: the learned-rotation file does not exist "
-                             "(rotvid calibrate writes it)")
+        _check_learned_file(f"--variants {spec.recipe}:", spec.rotation)
     _check_model(model)
     _check_dtype_device(dtype, device)
     specs, notes = resolve_auto_variants(specs, _run_device(device))
@@ -796,8 +806,7 @@ def calibrate(
             raise ValueError(f"--target-int4: expected a fraction in [0, 1], got {target_int4}")
         if cosine_floor is not None and not -1.0 <= cosine_floor <= 1.0:
             raise ValueError(f"--cosine-floor: expected a cosine in [-1, 1], got {cosine_floor}")
-        if backend is not None and backend not in ("auto", "reference", "cuda"):
-            raise ValueError(f"--backend: expected auto, reference or cuda, got {backend!r}")
+        _check_backend(backend)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out}: expected a folder, got a file")
         if dump_dir is not None and dump_dir.exists() and not dump_dir.is_dir():
@@ -860,12 +869,9 @@ def _call_default(pipe, arg: str):
 
 def _video_size(pipe, kwargs: dict) -> tuple[int, int, int]:
     """(height, width, frames) of a call: its arguments, else the pipeline's defaults."""
-    import inspect
-
-    params = inspect.signature(pipe.__call__).parameters
     size = []
     for arg in ("height", "width", "num_frames"):
-        value = kwargs.get(arg, params[arg].default if arg in params else None)
+        value = kwargs.get(arg, _call_default(pipe, arg))
         if not isinstance(value, int):
             raise ValueError(f"--{'frames' if arg == 'num_frames' else arg}: needed for --dump-dir "
                              f"({type(pipe).__name__} has no default)")

@@ -176,25 +176,21 @@ def calibrate(
                 reflect_all.append(res.reflect.reshape(-1, head_dim // 2).squeeze(0))
 
     if opts.unconstrained:
-        from safetensors.torch import save_file
+        from rotvid.rope.dumps import save_safetensors_atomically
 
         path = out / "rotations_unconstrained.safetensors"
-        tmp = out / "rotations_unconstrained.safetensors.tmp"  # atomic: a stopped run leaves no half file
-        save_file({"blocks": torch.stack(unconstrained_blocks).float().contiguous()}, str(tmp),
-                  metadata={"pairing": opts.pairing, "head_dim": str(head_dim), "kind": "unconstrained"})
-        tmp.replace(path)
+        save_safetensors_atomically({"blocks": torch.stack(unconstrained_blocks).float().contiguous()}, path,
+                                    {"pairing": opts.pairing, "head_dim": str(head_dim), "kind": "unconstrained"})
         result = CalibrationResult(rotations_path=path, schedule_path=out / "schedule.json", blocks=result_blocks,
                                    dumps=list(capture.dumps_written))
         _write_summary(out, result, opts)
         return result
 
     rot_path = out / "rotations.safetensors"
-    tmp = out / "rotations.safetensors.tmp"
-    save_learned_rotation(
-        tmp, torch.stack(angles_all), torch.stack(reflect_all), pairing=opts.pairing, head_dim=head_dim,
+    save_learned_rotation(  # (atomic itself)
+        rot_path, torch.stack(angles_all), torch.stack(reflect_all), pairing=opts.pairing, head_dim=head_dim,
         segments=segments,
     )
-    tmp.replace(rot_path)
 
     # Pass 2: probe the quantized recipe with the learned rotation at every (step, block).
     recipe, recipe_reason = resolve_recipe(opts.recipe, _execution_device(pipe, transformers))

@@ -159,10 +159,10 @@ def save_qkv_dump(
         **extra,
     }
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in (("q", q), ("k", k), ("v", v))}
-    _save_atomically(tensors, Path(path), meta)
+    save_safetensors_atomically(tensors, Path(path), meta)
 
 
-def _save_atomically(tensors: dict, path: Path, metadata: dict) -> None:
+def save_safetensors_atomically(tensors: dict, path: Path, metadata: dict) -> None:
     """``save_file`` under a temporary name in the same folder, then a rename: a stopped run never leaves a half
     file under the final name."""
     tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}{path.suffix}")

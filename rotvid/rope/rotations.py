@@ -38,7 +38,6 @@ from typing import Any, Sequence
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from rotvid.rope.hadamard import fwht, hadamard_matrix
 
@@ -449,9 +448,9 @@ def save_learned_rotation(
     rot = PairRotation.learned(angles, reflect, pairing=pairing, head_dim=head_dim, segments=segments)
     if rot.angles.dim() > 3:
         raise ValueError(f"angles must be [P], [blocks, P] or [blocks, heads, P], got {tuple(angles.shape)}")
-    from rotvid.rope.dumps import _save_atomically
+    from rotvid.rope.dumps import save_safetensors_atomically
 
-    _save_atomically(
+    save_safetensors_atomically(
         {"angles": rot.angles.float().contiguous(), "reflect": rot.reflect.contiguous()},
         Path(path),
         {"pairing": pairing, "head_dim": str(head_dim), "segments": ",".join(map(str, rot.segments))},
