@@ -12,8 +12,7 @@ namespace {
 using tma::encode_fn;
 using tma::make_map;
 
-template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool SQ = false, int FP8PV = 2,
-          int QK = 0>
+template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool SQ = false, int FP8PV = 2>
 cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
   using C = wg::Cfg<D, STAGES, BN>;
   const uint64_t bh = (uint64_t)p.B * p.H;
@@ -22,7 +21,7 @@ cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
       !make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, SQ, FP8PV, QK>;
+  auto kernel = wg::int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, SQ, FP8PV>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)(p.Nq_pad / wg::kBM) * p.H * p.B;
@@ -74,13 +73,6 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
       constexpr int PP = D == 128 ? 2 : 0, PI = D == 128 ? 1 : 0;
       return variant == 40 ? launch_d<D, PMODE, 3, PP, PI, 128, SQ, 0>(p, stream)
                            : launch_d<D, PMODE, 3, PP, PI, 128, SQ, 1>(p, stream);
-    }
-    // 43 / 44: the default's schedule with the scores to float by the e4m3 Q^ K^T (QK 1: p.q / p.k must hold
-    // sign-magnitude bytes) or by the magic start of the s32 accumulator (QK 2); see the kernel's comment on QK
-    if (variant == 43 || variant == 44) {
-      constexpr int PP = D == 128 ? 1 : 0, PI = D == 128 ? 1 : 0;
-      return variant == 43 ? launch_d<D, PMODE, 3, PP, PI, 128, SQ, 2, 1>(p, stream)
-                           : launch_d<D, PMODE, 3, PP, PI, 128, SQ, 2, 2>(p, stream);
     }
   }
 #endif

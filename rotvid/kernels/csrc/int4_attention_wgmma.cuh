@@ -266,54 +266,6 @@ __device__ __forceinline__ void wgmma_pv(uint32_t (&acc)[D / 2], const uint32_t 
   }
 }
 
-// S = Q^ K^T in e4m3 (QK 1, tuning variant 43): f32 += e4m3 x e4m3, A and B from shared memory.
-template <int SCALE_D>
-__device__ __forceinline__ void wgmma_ss_e4m3_m64n128k32(float (&d)[64], uint64_t da, uint64_t db) {
-  if constexpr (SCALE_D == 0) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 0, 1, 1;\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
-        : "l"(da), "l"(db)
-        : "memory");
-  } else {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db)
-        : "memory");
-  }
-}
-
-template <int SCALE_D>
-__device__ __forceinline__ void wgmma_ss_e4m3_m64n64k32(float (&d)[32], uint64_t da, uint64_t db) {
-  if constexpr (SCALE_D == 0) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0, 1, 1;\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-        : "l"(da), "l"(db)
-        : "memory");
-  } else {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db)
-        : "memory");
-  }
-}
-
-template <int BN, int SCALE_D>
-__device__ __forceinline__ void wgmma_qk_e4m3(float (&acc)[BN / 2], uint64_t da, uint64_t db) {
-  if constexpr (BN == 128) {
-    wgmma_ss_e4m3_m64n128k32<SCALE_D>(acc, da, db);
-  } else {
-    wgmma_ss_e4m3_m64n64k32<SCALE_D>(acc, da, db);
-  }
-}
-
 template <int D, int SCALE_D>
 __device__ __forceinline__ void wgmma_pv_e4m3(float (&acc)[D / 2], const uint32_t (&a)[4], uint64_t db) {
   if constexpr (D == 128) {
@@ -334,13 +286,7 @@ __device__ __forceinline__ void wgmma_pv_e4m3(float (&acc)[D / 2], const uint32_
 // scores where ex2.approx of the shifted argument rounds across a half.
 // SQ: Q smoothing -- scores x sq + k_bias[key] (p.k_bias, the ΔS of the per-head Q mean, log2 domain), the row max
 // and the exponent taken on those sums; otherwise the product by sq is folded into the exponent's FFMA as before.
-// QK (tuning variants 43 / 44): the scores to float. 0 (default): s32 accumulators, one I2F per score (a conversion,
-// on the quarter-rate pipe that EX2 and the e4m3 packing use). 1: Q^ K^T on the e4m3 tensor cores, Q^ and K^ in
-// sign-magnitude bytes (v 2^-9 as e4m3): the FP32 accumulator holds S 2^-18 exactly (|S| <= 49 D < 2^13), the 2^18
-// goes into sq, so x sq is the same float. 2: s32 accumulators that start at kMagicI, whose bits read as the float
-// 1.5 2^23 + S exactly (|S| < 2^22), then one FADD of -1.5 2^23 (exact): the conversion moves to the FMA pipe.
-// All three give the same bits.
-template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool SQ = false, int FP8PV = 2, int QK = 0>
+template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool SQ = false, int FP8PV = 2>
 __global__ void __launch_bounds__(kThreads, 1)
     int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -434,10 +380,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   float sq[2];
   sq[0] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g] * p.qk_scale;
   sq[1] = p.q_scale[(size_t)bh * p.Nq_pad + row_base + g + 8] * p.qk_scale;
-  if constexpr (QK == 1) {  // the scores arrive as S 2^-18
-    sq[0] *= 262144.f;
-    sq[1] *= 262144.f;
-  }
   const uint64_t desc_q = smem_desc(s_q + wg * 64 * D, C::QK_SWIZZLE);
 
   constexpr int NT = kBN / 8;   // score n-tiles
@@ -456,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr float kPAdd = kMagicF;
 
   // S of the current key block, and with PIPE 3 of the next one (indexed by compile-time constants only)
-  std::conditional_t<QK == 1, float, uint32_t> sbuf[PIPE == 3 ? 2 : 1][NT * 4];
+  uint32_t sbuf[PIPE == 3 ? 2 : 1][NT * 4];
   std::conditional_t<FP8PV != 0, float, uint32_t> pacc[D / 2];  // P^ V^ of the current key block
   uint32_t pf[kBN / 32][4];    // P^ A fragments of the current key block
   float x[NT][4];              // scores of the block in the log2 domain (before the row scale sq)
@@ -469,20 +411,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_qk_into = [&](auto buf_tag, const int s) {
     auto& sacc = sbuf[decltype(buf_tag)::value];
     const uint64_t desc_k = smem_desc(s_k(s), C::QK_SWIZZLE);
-    if constexpr (QK == 2) {
-#pragma unroll
-      for (int i = 0; i < NT * 4; ++i) sacc[i] = (uint32_t)kMagicI;
-    }
     wgmma_fence();
-    if constexpr (QK == 1) {
-      wgmma_qk_e4m3<BN, 0>(sacc, desc_q, desc_k);
+    wgmma_qk<BN, 0>(sacc, desc_q, desc_k);  // scale-d 0: the accumulator starts at zero
 #pragma unroll
-      for (int ks = 1; ks < QKS; ++ks) wgmma_qk_e4m3<BN, 1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
-    } else {
-      wgmma_qk<BN, QK == 2 ? 1 : 0>(sacc, desc_q, desc_k);  // scale-d 0: from zero; QK 2: onto kMagicI
-#pragma unroll
-      for (int ks = 1; ks < QKS; ++ks) wgmma_qk<BN, 1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
-    }
+    for (int ks = 1; ks < QKS; ++ks) wgmma_qk<BN, 1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
     wgmma_commit();
   };
   auto issue_qk = [&](const int s) { issue_qk_into(B0{}, s); };
@@ -527,15 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float2 ksc = *reinterpret_cast<const float2*>(sks + 8 * j + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float se;  // S (QK 1: S 2^-18), exactly
-        if constexpr (QK == 1) {
-          se = sacc[4 * j + e];
-        } else if constexpr (QK == 2) {
-          se = __uint_as_float(sacc[4 * j + e]) - kMagicF;
-        } else {
-          se = __int2float_rn((int)sacc[4 * j + e]);
-        }
-        x[j][e] = se * ((e & 1) ? ksc.y : ksc.x);
+        x[j][e] = __int2float_rn((int)sacc[4 * j + e]) * ((e & 1) ? ksc.y : ksc.x);  // exact int -> float
       }
       if constexpr (SQ) {
         const float2 dsc = *reinterpret_cast<const float2*>(ds_ptr(s) + 8 * j + 2 * t);
