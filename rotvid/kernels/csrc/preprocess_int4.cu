@@ -1,5 +1,7 @@
-// Pre-processing of the INT4 recipes (memory-bound), bit-identical to rotvid.kernels.quantize:
-//   colsum_f64        sum over valid tokens of each channel in float64, then the K / V smoothing mean
+// Pre-processing of the INT4 recipes (memory-bound), bit-identical to rotvid.kernels.quantize. Four launches (three
+// when nothing is smoothed), the first after one zeroing of its work words:
+//   colsum_f64        one grid over every smoothed tensor among Q (all rows), K and V (valid tokens): float64 sums
+//                     of each channel, then the smoothing mean float32(sum / len)
 //   quant_rows_int4   per-token INT4 of Q or K (after subtracting the mean), kernel row layout
 //   quant_v_int4      per-group INT4 of V (per key block of BN tokens and channel), written
 //                     transposed and permuted (int4_common.cuh), plus v_scale and colsums; the bytes in
@@ -25,29 +27,56 @@ __device__ __forceinline__ int quant7(float x, float inv) {
   return max(-QMAX, min(QMAX, v));
 }
 
-// grid (splits, BH), 256 threads; sums[bh, d] += sum over this split's valid tokens. Each thread loads 16 bytes
-// (8 channels) of a row; float64 sums of fp16/bf16 values are exact here, so the order does not matter. The
-// last CTA of a (batch, head) to finish (counter done[bh]) writes mean = float32(sum / len).
+constexpr int kColsumTokens = 1024;  // tokens per CTA (256, or one wave sized from the SM count: no faster)
+constexpr int kColsumSteps = 4;      // row steps whose 16-byte loads are in flight together
+
+// CTAs of one (batch, head) of x: its N tokens in ranges of kColsumTokens (one for N = 0: the mean 0 / 0 is written)
+__host__ __device__ __forceinline__ int colsum_splits(const PreprocessParams& x) {
+  return x.N > kColsumTokens ? (x.N + kColsumTokens - 1) / kColsumTokens : 1;
+}
+
+// grid (sum over the tasks of splits * B * H), 256 threads: task t takes the next splits * B * H CTAs, consecutive
+// CTAs walk one (batch, head)'s tokens. sum[bh, d] += sum over this CTA's valid tokens; each thread loads 16 bytes
+// (8 channels) of a row, kColsumSteps rows at once; float64 sums of fp16/bf16 values are exact here, so the order
+// does not matter. The last CTA of a (batch, head) to finish (counter done[bh]) writes mean = float32(sum / len).
+// (4 CTAs per SM, <= 64 registers: the kColsumSteps loads are issued together; at the compiler's own 48 registers
+// it issued two at a time)
 template <typename T, int D>
-__global__ void __launch_bounds__(256) colsum_f64_kernel(const PreprocessParams p, int tokens_per_split, double* sums,
-                                                         unsigned int* done, float* mean) {
+__global__ void __launch_bounds__(256, 4) colsum_f64_kernel(const __grid_constant__ TokenMeanParams p) {
   constexpr int TPR = D / 8;          // threads per row
   constexpr int RSTEP = 256 / TPR;    // rows per step
+  constexpr int U = kColsumSteps;
   __shared__ double part[RSTEP][D + 1];
-  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  int len = p.N;
-  if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
-  const int start = blockIdx.x * tokens_per_split;
-  const int end = min(start + tokens_per_split, len);
+  int t = 0, idx = blockIdx.x;
+  for (; t + 1 < p.tasks; ++t) {
+    const int ctas = colsum_splits(p.task[t].x) * p.task[t].x.B * p.task[t].x.H;
+    if (idx < ctas) break;
+    idx -= ctas;
+  }
+  const TokenMeanTask& task = p.task[t];
+  const PreprocessParams& x = task.x;
+  const int splits = colsum_splits(x);
+  const int bh = idx / splits, split = idx % splits, b = bh / x.H, h = bh % x.H;
+  int len = x.N;
+  if (x.kv_lens != nullptr) len = min(x.kv_lens[b], x.N);
+  const int start = split * kColsumTokens;
+  const int end = min(start + kColsumTokens, len);
   const int c8 = threadIdx.x % TPR, r0 = threadIdx.x / TPR;
-  const T* x = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + c8 * 8;
+  const T* xr = static_cast<const T*>(x.x) + (size_t)b * x.sb + (size_t)h * x.sh + c8 * 8;
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll 4
-  for (int n = start + r0; n < end; n += RSTEP) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(x + (size_t)n * p.sn);
-    const T* e = reinterpret_cast<const T*>(&raw);
+  for (int n = start + r0; n < end; n += U * RSTEP) {
+    uint4 raw[U];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] += (double)to_f32<T>(e[i]);
+    for (int u = 0; u < U; ++u) {
+      const int m = n + u * RSTEP;  // rows past the range load +0, which adds nothing
+      raw[u] = m < end ? *reinterpret_cast<const uint4*>(xr + (size_t)m * x.sn) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += (double)to_f32<T>(e[i]);
+    }
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) part[r0][c8 * 8 + i] = acc[i];
@@ -55,19 +84,19 @@ __global__ void __launch_bounds__(256) colsum_f64_kernel(const PreprocessParams 
   if (threadIdx.x < D && start < end) {
     double tot = 0.0;
     for (int r = 0; r < RSTEP; ++r) tot += part[r][threadIdx.x];
-    atomicAdd(sums + (size_t)bh * D + threadIdx.x, tot);
+    atomicAdd(task.sum + (size_t)bh * D + threadIdx.x, tot);
   }
   __threadfence();  // this CTA's sums are visible device-wide before it counts itself done
   __syncthreads();
   __shared__ bool last;
   if (threadIdx.x == 0) {
-    last = atomicAdd(done + bh, 1u) == gridDim.x - 1;
+    last = atomicAdd(task.done + bh, 1u) == (unsigned)splits - 1;
     __threadfence();  // (acquire side: the other CTAs' sums are read after their counts)
   }
   __syncthreads();
   if (last && threadIdx.x < D) {
-    const double tot = __ldcg(sums + (size_t)bh * D + threadIdx.x);  // (from L2, where the atomics landed)
-    mean[(size_t)bh * D + threadIdx.x] = __double2float_rn(tot / (double)len);
+    const double tot = __ldcg(task.sum + (size_t)bh * D + threadIdx.x);  // (from L2, where the atomics landed)
+    task.mean[(size_t)bh * D + threadIdx.x] = __double2float_rn(tot / (double)len);
   }
 }
 
@@ -256,14 +285,14 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
 }
 
 template <typename T>
-cudaError_t colsum_typed(const PreprocessParams& p, double* work, float* mean, cudaStream_t stream) {
-  const int tps = 1024;  // tokens per CTA (256, or one wave sized from the SM count: no faster)
-  dim3 grid((p.N + tps - 1) / tps, p.B * p.H);
-  auto* done = reinterpret_cast<unsigned int*>(work + (size_t)p.B * p.H * p.D);
-  if (p.D == 128) {
-    colsum_f64_kernel<T, 128><<<grid, 256, 0, stream>>>(p, tps, work, done, mean);
-  } else {
-    colsum_f64_kernel<T, 64><<<grid, 256, 0, stream>>>(p, tps, work, done, mean);
+cudaError_t colsum_typed(const TokenMeanParams& p, cudaStream_t stream) {
+  long long ctas = 0;
+  for (int t = 0; t < p.tasks; ++t) ctas += (long long)colsum_splits(p.task[t].x) * p.task[t].x.B * p.task[t].x.H;
+  if (ctas > 0) {
+    if (p.task[0].x.D == 128)
+      colsum_f64_kernel<T, 128><<<(unsigned)ctas, 256, 0, stream>>>(p);
+    else
+      colsum_f64_kernel<T, 64><<<(unsigned)ctas, 256, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
@@ -314,10 +343,14 @@ cudaError_t rows_type(const PreprocessParams& p, bool s4, cudaStream_t stream) {
 
 }  // namespace pre
 
-cudaError_t launch_token_mean_f64(const PreprocessParams& p, double* work, float* mean, cudaStream_t stream) {
-  if (p.D != 64 && p.D != 128) return cudaErrorInvalidValue;
-  return p.is_bf16 ? pre::colsum_typed<__nv_bfloat16>(p, work, mean, stream)
-                   : pre::colsum_typed<__half>(p, work, mean, stream);
+cudaError_t launch_token_means_f64(const TokenMeanParams& p, cudaStream_t stream) {
+  if (p.tasks < 1 || p.tasks > 3) return cudaErrorInvalidValue;
+  const PreprocessParams& x0 = p.task[0].x;
+  for (int t = 0; t < p.tasks; ++t) {
+    const PreprocessParams& x = p.task[t].x;
+    if (x.D != x0.D || x.is_bf16 != x0.is_bf16 || (x.D != 64 && x.D != 128)) return cudaErrorInvalidValue;
+  }
+  return x0.is_bf16 ? pre::colsum_typed<__nv_bfloat16>(p, stream) : pre::colsum_typed<__half>(p, stream);
 }
 
 cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream) {
