@@ -148,9 +148,9 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
     if (smooth_v) add_mean(pv, v_mean);
     check_cuda(rotvid::launch_token_means_f64(mp, stream), "token_means_f64");
   }
+  // Q's and K's rows in one launch
   pq.out = q_hat.data_ptr<int8_t>();
   pq.scale = q_scale.data_ptr<float>();
-  check_cuda(rotvid::launch_quant_rows_int4(pq, s4, stream), "quant_rows_int4(q)");
   if (smooth_q) {
     k_bias = at::empty({dk.B, dk.H, nkv_pad}, f32);
     pk.q_mean = q_mean.data_ptr<float>();
@@ -159,7 +159,7 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
   }
   pk.out = k_hat.data_ptr<int8_t>();
   pk.scale = k_scale.data_ptr<float>();
-  check_cuda(rotvid::launch_quant_rows_int4(pk, s4, stream), "quant_rows_int4(k)");
+  check_cuda(rotvid::launch_quant_rows_int4(pq, pk, s4, stream), "quant_rows_int4");
   pv.out = static_cast<int8_t*>(vt.data_ptr());
   pv.scale = vparams.data_ptr<float>();
   const int v_format = s4 ? rotvid::kVNibbles : wgmma ? rotvid::kVSignMagnitude : rotvid::kVTwosComplement;

@@ -101,7 +101,8 @@ struct TokenMeanParams {
   int tasks;              // task[0 .. tasks - 1]
 };
 cudaError_t launch_token_means_f64(const TokenMeanParams& p, cudaStream_t stream);
-cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream);
+// The rows of Q and of K (same B, H, D and dtype) in one launch; a tensor with N_pad = 0 has none.
+cudaError_t launch_quant_rows_int4(const PreprocessParams& q, const PreprocessParams& k, bool s4, cudaStream_t stream);
 // V^T bytes: two's complement (the s8 mma.sync kernel), two values per byte (s4), or sign-magnitude |v| | sign << 7
 // (the Hopper kernel, whose P.V reads them as the e4m3 values v 2^-9)
 enum VFormat { kVTwosComplement = 0, kVNibbles = 1, kVSignMagnitude = 2 };

@@ -1,8 +1,9 @@
-// Pre-processing of the INT4 recipes (memory-bound), bit-identical to rotvid.kernels.quantize. Four launches (three
+// Pre-processing of the INT4 recipes (memory-bound), bit-identical to rotvid.kernels.quantize. Three launches (two
 // when nothing is smoothed), the first after one zeroing of its work words:
 //   colsum_f64        one grid over every smoothed tensor among Q (all rows), K and V (valid tokens): float64 sums
 //                     of each channel, then the smoothing mean float32(sum / len)
-//   quant_rows_int4   per-token INT4 of Q or K (after subtracting the mean), kernel row layout
+//   quant_rows_int4   one grid over the rows of Q and K: per-token INT4 (after subtracting the mean; K's rows with
+//                     Q smoothing's per-key bias q_mean . k_s), kernel row layout
 //   quant_v_int4      per-group INT4 of V (per key block of BN tokens and channel), written
 //                     transposed and permuted (int4_common.cuh), plus v_scale and colsums; the bytes in
 //                     two's complement (s8), nibbles (s4) or sign-magnitude (the Hopper kernel's e4m3 P.V:
@@ -116,17 +117,16 @@ __device__ __forceinline__ void to_floats(const RawRow<D>& raw, float (&v)[D / 3
   for (int i = 0; i < D / 32; ++i) v[i] = to_f32<T>(e[i]);
 }
 
-// grid (ceil(N_pad / (warps * kRowsPerWarp)), B * H): rows n0.. of one (batch, head).
-// (<= 48 registers: 5 CTAs per SM instead of 4, 64 -> 60 us per call at Wan2.1-1.3B on the H100)
+// Rows n0.. of one (batch, head) of p, cta the CTA's index among p's ceil(N_pad / (warps * kRowsPerWarp)).
 // QMAX: the symmetric grid (7: INT4 values; 127 would be INT8 rows, s8 layout only).
-template <typename T, int D, bool S4, int QMAX = 7>
-__global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessParams p) {
+template <typename T, int D, bool S4, int QMAX>
+__device__ __forceinline__ void quant_rows(const PreprocessParams& p, int cta) {
   static_assert(QMAX == 7 || !S4, "INT8 rows take the s8 layout");
   constexpr int EPT = D / 32;
   constexpr int DB = S4 ? D / 2 : D;
   const int lane = threadIdx.x & 31;
   const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  const int n0 = (blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5)) * kRowsPerWarp;
+  const int n0 = (cta * (blockDim.x / 32) + (threadIdx.x >> 5)) * kRowsPerWarp;
   const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + lane * EPT;
   RawRow<D> raw[kRowsPerWarp];
 #pragma unroll
@@ -195,6 +195,23 @@ __global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessPara
       if (p.bias != nullptr) p.bias[row] = dot * p.qk_scale;
     }
   }
+}
+
+// The rows of Q and of K in one grid: CTAs x < q_ctas take Q's rows, the others K's.
+struct QuantRowsParams {
+  PreprocessParams q, k;
+  int q_ctas;
+};
+
+// grid (q_ctas + K's CTAs, B * H). Each tensor's rows through its own copy of quant_rows (constant offsets into
+// the parameters, as two launches had).
+// (<= 48 registers: 5 CTAs per SM instead of 4, 64 -> 60 us per call at Wan2.1-1.3B on the H100)
+template <typename T, int D, bool S4, int QMAX = 7>
+__global__ void __launch_bounds__(256, 5) quant_rows_kernel(const __grid_constant__ QuantRowsParams p) {
+  if ((int)blockIdx.x < p.q_ctas)
+    quant_rows<T, D, S4, QMAX>(p.q, blockIdx.x);
+  else
+    quant_rows<T, D, S4, QMAX>(p.k, blockIdx.x - p.q_ctas);
 }
 
 // grid (nblk, BH), D threads: thread d quantizes channel d of key block blockIdx.x.
@@ -298,11 +315,12 @@ cudaError_t colsum_typed(const TokenMeanParams& p, cudaStream_t stream) {
 }
 
 template <typename T, int D, bool S4>
-cudaError_t rows_typed(const PreprocessParams& p, cudaStream_t stream) {
+cudaError_t rows_typed(const PreprocessParams& q, const PreprocessParams& k, cudaStream_t stream) {
   const int warps = 8;
   const int rows_per_cta = warps * kRowsPerWarp;
-  dim3 grid((p.N_pad + rows_per_cta - 1) / rows_per_cta, p.B * p.H);
-  quant_rows_kernel<T, D, S4><<<grid, warps * 32, 0, stream>>>(p);
+  const QuantRowsParams p{q, k, (q.N_pad + rows_per_cta - 1) / rows_per_cta};
+  const int ctas = p.q_ctas + (k.N_pad + rows_per_cta - 1) / rows_per_cta;
+  if (ctas > 0 && q.B * q.H > 0) quant_rows_kernel<T, D, S4><<<dim3(ctas, q.B * q.H), warps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -335,9 +353,9 @@ cudaError_t v_type(const PreprocessParams& p, int block_n, int v_format, int p_m
 }
 
 template <typename T>
-cudaError_t rows_type(const PreprocessParams& p, bool s4, cudaStream_t stream) {
-  if (p.D == 64) return s4 ? rows_typed<T, 64, true>(p, stream) : rows_typed<T, 64, false>(p, stream);
-  if (p.D == 128) return s4 ? rows_typed<T, 128, true>(p, stream) : rows_typed<T, 128, false>(p, stream);
+cudaError_t rows_type(const PreprocessParams& q, const PreprocessParams& k, bool s4, cudaStream_t stream) {
+  if (q.D == 64) return s4 ? rows_typed<T, 64, true>(q, k, stream) : rows_typed<T, 64, false>(q, k, stream);
+  if (q.D == 128) return s4 ? rows_typed<T, 128, true>(q, k, stream) : rows_typed<T, 128, false>(q, k, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -353,8 +371,10 @@ cudaError_t launch_token_means_f64(const TokenMeanParams& p, cudaStream_t stream
   return x0.is_bf16 ? pre::colsum_typed<__nv_bfloat16>(p, stream) : pre::colsum_typed<__half>(p, stream);
 }
 
-cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream) {
-  return p.is_bf16 ? pre::rows_type<__nv_bfloat16>(p, s4, stream) : pre::rows_type<__half>(p, s4, stream);
+cudaError_t launch_quant_rows_int4(const PreprocessParams& q, const PreprocessParams& k, bool s4,
+                                   cudaStream_t stream) {
+  if (k.D != q.D || k.is_bf16 != q.is_bf16 || k.B != q.B || k.H != q.H) return cudaErrorInvalidValue;
+  return q.is_bf16 ? pre::rows_type<__nv_bfloat16>(q, k, s4, stream) : pre::rows_type<__half>(q, k, s4, stream);
 }
 
 cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, int v_format, int p_mode, cudaStream_t stream) {
