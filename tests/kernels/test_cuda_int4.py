@@ -218,6 +218,7 @@ def test_sign_magnitude_bytes_are_the_e4m3_values():
         (2, 3, 1025, 1025, 64, [1025, 100], torch.float16, "BNHD", 128, True, True, "sym"),
         (2, 1, 33, 200, 128, [1, 199], torch.bfloat16, "BNHD", 128, False, True, "range"),
         (1, 1, 1, 1, 64, None, torch.float16, "BHND", 64, True, True, "range"),
+        (2, 2, 300, 1030, 64, [1030, 513], torch.bfloat16, "BHND", 64, False, False, "sym"),
     ],
 )
 def test_preprocess_is_bit_identical_to_reference(b, h, n_q, n_kv, d, lens, dtype, layout, block_n, smooth_k,
@@ -358,25 +359,33 @@ def test_q_smoothing_kernels_match_reference_on_same_quantized_inputs(case, p_mo
         assert metrics.relative_l2(ref, no_bias.float()) > 10 * REL_L2_MAX
 
 
+# the column sums of Q, K and V share one launch (Q over all its rows, K and V over the valid keys; each tensor
+# in ranges of 1024 tokens) and the rows of Q and K another: every subset of smoothed tensors, lengths over a range
 @pytest.mark.parametrize("path", ["s8", "s4", "wgmma"])
 @pytest.mark.parametrize(
-    "b, h, n_q, n_kv, d, lens, dtype, layout, block_n, sm_scale",
+    "b, h, n_q, n_kv, d, lens, dtype, layout, block_n, sm_scale, smooth_k, smooth_v",
     [
-        (1, 2, 97, 97, 128, None, torch.bfloat16, "BHND", 64, None),
-        (2, 3, 1025, 300, 64, [300, 100], torch.float16, "BNHD", 128, 0.3),
-        (1, 1, 1, 1, 64, None, torch.float16, "BHND", 128, None),
+        (1, 2, 97, 97, 128, None, torch.bfloat16, "BHND", 64, None, True, True),
+        (2, 3, 1025, 300, 64, [300, 100], torch.float16, "BNHD", 128, 0.3, True, True),
+        (1, 1, 1, 1, 64, None, torch.float16, "BHND", 128, None, True, True),
+        (2, 2, 2100, 1500, 128, [1500, 1025], torch.bfloat16, "BHND", 128, None, True, True),
+        (1, 2, 33, 1100, 64, [700], torch.float16, "BNHD", 64, None, False, False),
+        (2, 1, 1025, 97, 128, [97, 50], torch.bfloat16, "BNHD", 64, None, False, True),
+        (2, 2, 130, 1030, 64, None, torch.float16, "BHND", 128, None, True, False),
     ],
 )
-def test_q_smoothing_preprocess_equals_reference(b, h, n_q, n_kv, d, lens, dtype, layout, block_n, sm_scale, path):
+def test_q_smoothing_preprocess_equals_reference(b, h, n_q, n_kv, d, lens, dtype, layout, block_n, sm_scale, smooth_k,
+                                                 smooth_v, path):
     """Q minus its per-head mean, quantized: bit-identical to the reference; the per-key ΔS within fp32 rounding of
     the reference's (a dot product over D summed in another order)."""
     if path == "wgmma":
         needs_wgmma()
     q, k, v, kv_lens = q_biased_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=5 * n_q + d, kv_lens=lens)
-    ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=True, smooth_q=True)
+    ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k,
+                            smooth_v=smooth_v, smooth_q=True)
     want = cb().pack_reference_quantized(ref_q, path=path, sm_scale=sm_scale)
-    got = cb().preprocess_int4_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=True,
-                                    smooth_q=True, sm_scale=sm_scale, path=path)
+    got = cb().preprocess_int4_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k,
+                                    smooth_v=smooth_v, smooth_q=True, sm_scale=sm_scale, path=path)
     for name in want._fields:
         w, g = getattr(want, name), getattr(got, name)
         assert w.shape == g.shape and w.dtype == g.dtype, name

@@ -70,18 +70,6 @@ rotvid::RopeTableParams rope_params(const at::Tensor& x, const Dims& d, const at
   return p;
 }
 
-// mean over the valid tokens of each (b, h, channel): float32(sum_f64 / kv_len), one launch after the zeroing of
-// its work space (float64 sums, then one uint32 counter per (b, h))
-at::Tensor token_mean(const at::Tensor& x, const Dims& d, const c10::optional<at::Tensor>& kv_lens,
-                      cudaStream_t stream) {
-  auto work = at::zeros({d.B * d.H * d.D + (d.B * d.H + 1) / 2}, x.options().dtype(at::kDouble));
-  auto mean = at::empty({d.B, d.H, d.D}, x.options().dtype(at::kFloat));
-  auto p = pre_params(x, d, d.N);
-  p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
-  check_cuda(rotvid::launch_token_mean_f64(p, work.data_ptr<double>(), mean.data_ptr<float>(), stream), "token_mean_f64");
-  return mean;
-}
-
 // The checks both pre-processing entry points make on q, k, v (any layout) and kv_lens; their dims.
 struct QKVDims {
   Dims q, k, v;
@@ -131,49 +119,51 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
   // V^T: int8 (two's complement, or s4 nibbles), or uint8 sign-magnitude bytes for the wgmma kernel's e4m3 P.V
   auto vt = at::empty({dv.B, dv.H, D, s4 ? nkv_pad / 2 : nkv_pad}, wgmma ? q.options().dtype(at::kByte) : i8);
   auto vparams = at::empty({dv.B, dv.H, nkv_pad / block_n, D, 2}, f32);
-  // Q smoothing: one mean per head over all query rows; its ΔS enters the scores as a bias per key
-  at::Tensor q_mean, k_bias = at::empty({0}, f32);
-
-  {
-    auto p = pre_params(q, dq, nq_pad);
-    if (smooth_q) {
-      q_mean = token_mean(q, dq, c10::nullopt, stream);
-      p.mean = q_mean.data_ptr<float>();
-    }
-    p.out = q_hat.data_ptr<int8_t>();
-    p.scale = q_scale.data_ptr<float>();
-    check_cuda(rotvid::launch_quant_rows_int4(p, s4, stream), "quant_rows_int4(q)");
+  const int* lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
+  auto pq = pre_params(q, dq, nq_pad), pk = pre_params(k, dk, nkv_pad), pv = pre_params(v, dv, nkv_pad);
+  pk.kv_lens = lens;
+  pv.kv_lens = lens;
+  // Smoothing means (Q smoothing: one per head over all query rows, its ΔS entering the scores as a bias per key;
+  // K and V over their valid tokens): ONE zeroed work space {float64 sums [BH, D] of each smoothed tensor, then
+  // their uint32 counters [BH]} and ONE launch over them
+  at::Tensor q_mean, k_mean, v_mean = at::empty({0}, f32), k_bias = at::empty({0}, f32);
+  const int64_t bh = dq.B * dq.H, n_means = (smooth_q ? 1 : 0) + (smooth_k ? 1 : 0) + (smooth_v ? 1 : 0);
+  if (n_means > 0) {
+    auto work = at::zeros({n_means * bh * D + (n_means * bh + 1) / 2}, q.options().dtype(at::kDouble));
+    double* sums = work.data_ptr<double>();
+    auto* done = reinterpret_cast<unsigned int*>(sums + n_means * bh * D);
+    rotvid::TokenMeanParams mp{};
+    auto add_mean = [&](rotvid::PreprocessParams& p, at::Tensor& mean) {
+      mean = at::empty({dq.B, dq.H, D}, f32);
+      p.mean = mean.data_ptr<float>();
+      rotvid::TokenMeanTask& t = mp.task[mp.tasks];
+      t.x = p;
+      t.sum = sums + mp.tasks * bh * D;
+      t.done = done + mp.tasks * bh;
+      t.mean = mean.data_ptr<float>();
+      ++mp.tasks;
+    };
+    if (smooth_q) add_mean(pq, q_mean);
+    if (smooth_k) add_mean(pk, k_mean);
+    if (smooth_v) add_mean(pv, v_mean);
+    check_cuda(rotvid::launch_token_means_f64(mp, stream), "token_means_f64");
   }
-  {
-    at::Tensor k_mean;
-    auto p = pre_params(k, dk, nkv_pad);
-    if (smooth_k) {
-      k_mean = token_mean(k, dk, kv_lens, stream);
-      p.mean = k_mean.data_ptr<float>();
-    }
-    if (smooth_q) {
-      k_bias = at::empty({dk.B, dk.H, nkv_pad}, f32);
-      p.q_mean = q_mean.data_ptr<float>();
-      p.bias = k_bias.data_ptr<float>();
-      p.qk_scale = (float)qk_scale;
-    }
-    p.out = k_hat.data_ptr<int8_t>();
-    p.scale = k_scale.data_ptr<float>();
-    check_cuda(rotvid::launch_quant_rows_int4(p, s4, stream), "quant_rows_int4(k)");
+  // Q's and K's rows in one launch
+  pq.out = q_hat.data_ptr<int8_t>();
+  pq.scale = q_scale.data_ptr<float>();
+  if (smooth_q) {
+    k_bias = at::empty({dk.B, dk.H, nkv_pad}, f32);
+    pk.q_mean = q_mean.data_ptr<float>();
+    pk.bias = k_bias.data_ptr<float>();
+    pk.qk_scale = (float)qk_scale;
   }
-  at::Tensor v_mean = at::empty({0}, f32);
-  {
-    auto p = pre_params(v, dv, nkv_pad);
-    p.kv_lens = kv_lens.has_value() ? kv_lens->data_ptr<int>() : nullptr;
-    if (smooth_v) {
-      v_mean = token_mean(v, dv, kv_lens, stream);
-      p.mean = v_mean.data_ptr<float>();
-    }
-    p.out = static_cast<int8_t*>(vt.data_ptr());
-    p.scale = vparams.data_ptr<float>();
-    const int v_format = s4 ? rotvid::kVNibbles : wgmma ? rotvid::kVSignMagnitude : rotvid::kVTwosComplement;
-    check_cuda(rotvid::launch_quant_v_int4(p, (int)block_n, v_format, (int)p_mode, stream), "quant_v_int4");
-  }
+  pk.out = k_hat.data_ptr<int8_t>();
+  pk.scale = k_scale.data_ptr<float>();
+  check_cuda(rotvid::launch_quant_rows_int4(pq, pk, s4, stream), "quant_rows_int4");
+  pv.out = static_cast<int8_t*>(vt.data_ptr());
+  pv.scale = vparams.data_ptr<float>();
+  const int v_format = s4 ? rotvid::kVNibbles : wgmma ? rotvid::kVSignMagnitude : rotvid::kVTwosComplement;
+  check_cuda(rotvid::launch_quant_v_int4(pv, (int)block_n, v_format, (int)p_mode, stream), "quant_v_int4");
   return {q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, k_bias};
 }
 

@@ -76,21 +76,33 @@ struct PreprocessParams {
   long long sb, sh, sn;
   int B, H, N, N_pad, D;
   const int* kv_lens;     // [B] or nullptr (for K/V; Q passes nullptr)
-  const float* mean;      // [BH, D] the smoothing mean (token_mean_f64), or nullptr
+  const float* mean;      // [BH, D] the smoothing mean (launch_token_means_f64), or nullptr
   int8_t* out;            // row quant: [BH, N_pad, DB]; V: [BH, D, VROW]
   float* scale;           // row quant: [BH, N_pad]; V: vparams [BH, nblk, D, 2]
   int is_bf16;
   // K rows with Q smoothing (INT4 recipes): bias[bh, n] = qk_scale * (q_mean . k_s[n]) for every row n < N_pad
   // (0 on the padding rows), k_s the smoothed row the quantizer sees; both nullptr otherwise.
-  const float* q_mean;    // [BH, D] (token_mean_f64 over all query rows)
+  const float* q_mean;    // [BH, D] (launch_token_means_f64 over all query rows)
   float* bias;            // [BH, N_pad]
   float qk_scale;
 };
 
-// mean[bh, d] = float32(sum_f64 / len) over the valid tokens (len = min(kv_lens[b], N) or N); `work` holds B*H*D
-// float64 sums and B*H uint32 counters after them, all zero on entry.
-cudaError_t launch_token_mean_f64(const PreprocessParams& p, double* work, float* mean, cudaStream_t stream);
-cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream);
+// The smoothing means of up to three tensors (same B, H, D and dtype) in one launch: task t writes mean[bh, d] =
+// float32(sum_f64 / len) over the valid tokens of x (len = min(kv_lens[b], N), or N where x.kv_lens is nullptr);
+// its sum [BH, D] float64 and done [BH] uint32 counters zero on entry.
+struct TokenMeanTask {
+  PreprocessParams x;
+  double* sum;
+  unsigned int* done;
+  float* mean;            // [BH, D]
+};
+struct TokenMeanParams {
+  TokenMeanTask task[3];
+  int tasks;              // task[0 .. tasks - 1]
+};
+cudaError_t launch_token_means_f64(const TokenMeanParams& p, cudaStream_t stream);
+// The rows of Q and of K (same B, H, D and dtype) in one launch; a tensor with N_pad = 0 has none.
+cudaError_t launch_quant_rows_int4(const PreprocessParams& q, const PreprocessParams& k, bool s4, cudaStream_t stream);
 // V^T bytes: two's complement (the s8 mma.sync kernel), two values per byte (s4), or sign-magnitude |v| | sign << 7
 // (the Hopper kernel, whose P.V reads them as the e4m3 values v 2^-9)
 enum VFormat { kVTwosComplement = 0, kVNibbles = 1, kVSignMagnitude = 2 };

@@ -1,6 +1,9 @@
-// Pre-processing of the INT4 recipes (memory-bound), bit-identical to rotvid.kernels.quantize:
-//   colsum_f64        sum over valid tokens of each channel in float64, then the K / V smoothing mean
-//   quant_rows_int4   per-token INT4 of Q or K (after subtracting the mean), kernel row layout
+// Pre-processing of the INT4 recipes (memory-bound), bit-identical to rotvid.kernels.quantize. Three launches (two
+// when nothing is smoothed), the first after one zeroing of its work words:
+//   colsum_f64        one grid over every smoothed tensor among Q (all rows), K and V (valid tokens): float64 sums
+//                     of each channel, then the smoothing mean float32(sum / len)
+//   quant_rows_int4   one grid over the rows of Q and K: per-token INT4 (after subtracting the mean; K's rows with
+//                     Q smoothing's per-key bias q_mean . k_s), kernel row layout
 //   quant_v_int4      per-group INT4 of V (per key block of BN tokens and channel), written
 //                     transposed and permuted (int4_common.cuh), plus v_scale and colsums; the bytes in
 //                     two's complement (s8), nibbles (s4) or sign-magnitude (the Hopper kernel's e4m3 P.V:
@@ -25,29 +28,56 @@ __device__ __forceinline__ int quant7(float x, float inv) {
   return max(-QMAX, min(QMAX, v));
 }
 
-// grid (splits, BH), 256 threads; sums[bh, d] += sum over this split's valid tokens. Each thread loads 16 bytes
-// (8 channels) of a row; float64 sums of fp16/bf16 values are exact here, so the order does not matter. The
-// last CTA of a (batch, head) to finish (counter done[bh]) writes mean = float32(sum / len).
+constexpr int kColsumTokens = 1024;  // tokens per CTA (256, or one wave sized from the SM count: no faster)
+constexpr int kColsumSteps = 4;      // row steps whose 16-byte loads are in flight together
+
+// CTAs of one (batch, head) of x: its N tokens in ranges of kColsumTokens (one for N = 0: the mean 0 / 0 is written)
+__host__ __device__ __forceinline__ int colsum_splits(const PreprocessParams& x) {
+  return x.N > kColsumTokens ? (x.N + kColsumTokens - 1) / kColsumTokens : 1;
+}
+
+// grid (sum over the tasks of splits * B * H), 256 threads: task t takes the next splits * B * H CTAs, consecutive
+// CTAs walk one (batch, head)'s tokens. sum[bh, d] += sum over this CTA's valid tokens; each thread loads 16 bytes
+// (8 channels) of a row, kColsumSteps rows at once; float64 sums of fp16/bf16 values are exact here, so the order
+// does not matter. The last CTA of a (batch, head) to finish (counter done[bh]) writes mean = float32(sum / len).
+// (4 CTAs per SM, <= 64 registers: the kColsumSteps loads are issued together; at the compiler's own 48 registers
+// it issued two at a time)
 template <typename T, int D>
-__global__ void __launch_bounds__(256) colsum_f64_kernel(const PreprocessParams p, int tokens_per_split, double* sums,
-                                                         unsigned int* done, float* mean) {
+__global__ void __launch_bounds__(256, 4) colsum_f64_kernel(const __grid_constant__ TokenMeanParams p) {
   constexpr int TPR = D / 8;          // threads per row
   constexpr int RSTEP = 256 / TPR;    // rows per step
+  constexpr int U = kColsumSteps;
   __shared__ double part[RSTEP][D + 1];
-  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  int len = p.N;
-  if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
-  const int start = blockIdx.x * tokens_per_split;
-  const int end = min(start + tokens_per_split, len);
+  int t = 0, idx = blockIdx.x;
+  for (; t + 1 < p.tasks; ++t) {
+    const int ctas = colsum_splits(p.task[t].x) * p.task[t].x.B * p.task[t].x.H;
+    if (idx < ctas) break;
+    idx -= ctas;
+  }
+  const TokenMeanTask& task = p.task[t];
+  const PreprocessParams& x = task.x;
+  const int splits = colsum_splits(x);
+  const int bh = idx / splits, split = idx % splits, b = bh / x.H, h = bh % x.H;
+  int len = x.N;
+  if (x.kv_lens != nullptr) len = min(x.kv_lens[b], x.N);
+  const int start = split * kColsumTokens;
+  const int end = min(start + kColsumTokens, len);
   const int c8 = threadIdx.x % TPR, r0 = threadIdx.x / TPR;
-  const T* x = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + c8 * 8;
+  const T* xr = static_cast<const T*>(x.x) + (size_t)b * x.sb + (size_t)h * x.sh + c8 * 8;
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll 4
-  for (int n = start + r0; n < end; n += RSTEP) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(x + (size_t)n * p.sn);
-    const T* e = reinterpret_cast<const T*>(&raw);
+  for (int n = start + r0; n < end; n += U * RSTEP) {
+    uint4 raw[U];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] += (double)to_f32<T>(e[i]);
+    for (int u = 0; u < U; ++u) {
+      const int m = n + u * RSTEP;  // rows past the range load +0, which adds nothing
+      raw[u] = m < end ? *reinterpret_cast<const uint4*>(xr + (size_t)m * x.sn) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += (double)to_f32<T>(e[i]);
+    }
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) part[r0][c8 * 8 + i] = acc[i];
@@ -55,19 +85,19 @@ __global__ void __launch_bounds__(256) colsum_f64_kernel(const PreprocessParams 
   if (threadIdx.x < D && start < end) {
     double tot = 0.0;
     for (int r = 0; r < RSTEP; ++r) tot += part[r][threadIdx.x];
-    atomicAdd(sums + (size_t)bh * D + threadIdx.x, tot);
+    atomicAdd(task.sum + (size_t)bh * D + threadIdx.x, tot);
   }
   __threadfence();  // this CTA's sums are visible device-wide before it counts itself done
   __syncthreads();
   __shared__ bool last;
   if (threadIdx.x == 0) {
-    last = atomicAdd(done + bh, 1u) == gridDim.x - 1;
+    last = atomicAdd(task.done + bh, 1u) == (unsigned)splits - 1;
     __threadfence();  // (acquire side: the other CTAs' sums are read after their counts)
   }
   __syncthreads();
   if (last && threadIdx.x < D) {
-    const double tot = __ldcg(sums + (size_t)bh * D + threadIdx.x);  // (from L2, where the atomics landed)
-    mean[(size_t)bh * D + threadIdx.x] = __double2float_rn(tot / (double)len);
+    const double tot = __ldcg(task.sum + (size_t)bh * D + threadIdx.x);  // (from L2, where the atomics landed)
+    task.mean[(size_t)bh * D + threadIdx.x] = __double2float_rn(tot / (double)len);
   }
 }
 
@@ -87,17 +117,16 @@ __device__ __forceinline__ void to_floats(const RawRow<D>& raw, float (&v)[D / 3
   for (int i = 0; i < D / 32; ++i) v[i] = to_f32<T>(e[i]);
 }
 
-// grid (ceil(N_pad / (warps * kRowsPerWarp)), B * H): rows n0.. of one (batch, head).
-// (<= 48 registers: 5 CTAs per SM instead of 4, 64 -> 60 us per call at Wan2.1-1.3B on the H100)
+// Rows n0.. of one (batch, head) of p, cta the CTA's index among p's ceil(N_pad / (warps * kRowsPerWarp)).
 // QMAX: the symmetric grid (7: INT4 values; 127 would be INT8 rows, s8 layout only).
-template <typename T, int D, bool S4, int QMAX = 7>
-__global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessParams p) {
+template <typename T, int D, bool S4, int QMAX>
+__device__ __forceinline__ void quant_rows(const PreprocessParams& p, int cta) {
   static_assert(QMAX == 7 || !S4, "INT8 rows take the s8 layout");
   constexpr int EPT = D / 32;
   constexpr int DB = S4 ? D / 2 : D;
   const int lane = threadIdx.x & 31;
   const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  const int n0 = (blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5)) * kRowsPerWarp;
+  const int n0 = (cta * (blockDim.x / 32) + (threadIdx.x >> 5)) * kRowsPerWarp;
   const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + lane * EPT;
   RawRow<D> raw[kRowsPerWarp];
 #pragma unroll
@@ -166,6 +195,23 @@ __global__ void __launch_bounds__(256, 5) quant_rows_kernel(const PreprocessPara
       if (p.bias != nullptr) p.bias[row] = dot * p.qk_scale;
     }
   }
+}
+
+// The rows of Q and of K in one grid: CTAs x < q_ctas take Q's rows, the others K's.
+struct QuantRowsParams {
+  PreprocessParams q, k;
+  int q_ctas;
+};
+
+// grid (q_ctas + K's CTAs, B * H). Each tensor's rows through its own copy of quant_rows (constant offsets into
+// the parameters, as two launches had).
+// (<= 48 registers: 5 CTAs per SM instead of 4, 64 -> 60 us per call at Wan2.1-1.3B on the H100)
+template <typename T, int D, bool S4, int QMAX = 7>
+__global__ void __launch_bounds__(256, 5) quant_rows_kernel(const __grid_constant__ QuantRowsParams p) {
+  if ((int)blockIdx.x < p.q_ctas)
+    quant_rows<T, D, S4, QMAX>(p.q, blockIdx.x);
+  else
+    quant_rows<T, D, S4, QMAX>(p.k, blockIdx.x - p.q_ctas);
 }
 
 // grid (nblk, BH), D threads: thread d quantizes channel d of key block blockIdx.x.
@@ -256,24 +302,25 @@ __global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
 }
 
 template <typename T>
-cudaError_t colsum_typed(const PreprocessParams& p, double* work, float* mean, cudaStream_t stream) {
-  const int tps = 1024;  // tokens per CTA (256, or one wave sized from the SM count: no faster)
-  dim3 grid((p.N + tps - 1) / tps, p.B * p.H);
-  auto* done = reinterpret_cast<unsigned int*>(work + (size_t)p.B * p.H * p.D);
-  if (p.D == 128) {
-    colsum_f64_kernel<T, 128><<<grid, 256, 0, stream>>>(p, tps, work, done, mean);
-  } else {
-    colsum_f64_kernel<T, 64><<<grid, 256, 0, stream>>>(p, tps, work, done, mean);
+cudaError_t colsum_typed(const TokenMeanParams& p, cudaStream_t stream) {
+  long long ctas = 0;
+  for (int t = 0; t < p.tasks; ++t) ctas += (long long)colsum_splits(p.task[t].x) * p.task[t].x.B * p.task[t].x.H;
+  if (ctas > 0) {
+    if (p.task[0].x.D == 128)
+      colsum_f64_kernel<T, 128><<<(unsigned)ctas, 256, 0, stream>>>(p);
+    else
+      colsum_f64_kernel<T, 64><<<(unsigned)ctas, 256, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
 
 template <typename T, int D, bool S4>
-cudaError_t rows_typed(const PreprocessParams& p, cudaStream_t stream) {
+cudaError_t rows_typed(const PreprocessParams& q, const PreprocessParams& k, cudaStream_t stream) {
   const int warps = 8;
   const int rows_per_cta = warps * kRowsPerWarp;
-  dim3 grid((p.N_pad + rows_per_cta - 1) / rows_per_cta, p.B * p.H);
-  quant_rows_kernel<T, D, S4><<<grid, warps * 32, 0, stream>>>(p);
+  const QuantRowsParams p{q, k, (q.N_pad + rows_per_cta - 1) / rows_per_cta};
+  const int ctas = p.q_ctas + (k.N_pad + rows_per_cta - 1) / rows_per_cta;
+  if (ctas > 0 && q.B * q.H > 0) quant_rows_kernel<T, D, S4><<<dim3(ctas, q.B * q.H), warps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -306,22 +353,28 @@ cudaError_t v_type(const PreprocessParams& p, int block_n, int v_format, int p_m
 }
 
 template <typename T>
-cudaError_t rows_type(const PreprocessParams& p, bool s4, cudaStream_t stream) {
-  if (p.D == 64) return s4 ? rows_typed<T, 64, true>(p, stream) : rows_typed<T, 64, false>(p, stream);
-  if (p.D == 128) return s4 ? rows_typed<T, 128, true>(p, stream) : rows_typed<T, 128, false>(p, stream);
+cudaError_t rows_type(const PreprocessParams& q, const PreprocessParams& k, bool s4, cudaStream_t stream) {
+  if (q.D == 64) return s4 ? rows_typed<T, 64, true>(q, k, stream) : rows_typed<T, 64, false>(q, k, stream);
+  if (q.D == 128) return s4 ? rows_typed<T, 128, true>(q, k, stream) : rows_typed<T, 128, false>(q, k, stream);
   return cudaErrorInvalidValue;
 }
 
 }  // namespace pre
 
-cudaError_t launch_token_mean_f64(const PreprocessParams& p, double* work, float* mean, cudaStream_t stream) {
-  if (p.D != 64 && p.D != 128) return cudaErrorInvalidValue;
-  return p.is_bf16 ? pre::colsum_typed<__nv_bfloat16>(p, work, mean, stream)
-                   : pre::colsum_typed<__half>(p, work, mean, stream);
+cudaError_t launch_token_means_f64(const TokenMeanParams& p, cudaStream_t stream) {
+  if (p.tasks < 1 || p.tasks > 3) return cudaErrorInvalidValue;
+  const PreprocessParams& x0 = p.task[0].x;
+  for (int t = 0; t < p.tasks; ++t) {
+    const PreprocessParams& x = p.task[t].x;
+    if (x.D != x0.D || x.is_bf16 != x0.is_bf16 || (x.D != 64 && x.D != 128)) return cudaErrorInvalidValue;
+  }
+  return x0.is_bf16 ? pre::colsum_typed<__nv_bfloat16>(p, stream) : pre::colsum_typed<__half>(p, stream);
 }
 
-cudaError_t launch_quant_rows_int4(const PreprocessParams& p, bool s4, cudaStream_t stream) {
-  return p.is_bf16 ? pre::rows_type<__nv_bfloat16>(p, s4, stream) : pre::rows_type<__half>(p, s4, stream);
+cudaError_t launch_quant_rows_int4(const PreprocessParams& q, const PreprocessParams& k, bool s4,
+                                   cudaStream_t stream) {
+  if (k.D != q.D || k.is_bf16 != q.is_bf16 || k.B != q.B || k.H != q.H) return cudaErrorInvalidValue;
+  return q.is_bf16 ? pre::rows_type<__nv_bfloat16>(q, k, s4, stream) : pre::rows_type<__half>(q, k, s4, stream);
 }
 
 cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, int v_format, int p_mode, cudaStream_t stream) {
