@@ -101,98 +101,125 @@ __global__ void __launch_bounds__(256, 4) colsum_f64_kernel(const __grid_constan
   }
 }
 
-// One warp per group of ROWS rows of the padded output (loads of all rows issued first); lane
-// holds D/32 consecutive channels of each row.
-constexpr int kRowsPerWarp = 4;
+// Q's and K's rows: CTAs of kRowThreads threads over kRowPasses * RPP consecutive rows of one (batch, head); thread
+// t holds channels 8 * (t % TPR) .. + 7 (one 16-byte load) of the rows t / TPR + RPP * i, i < kRowPasses, all
+// loaded before the first is used; a row's max (and bias dot) by shuffles among its TPR lanes.
+constexpr int kRowThreads = 256;
+constexpr int kRowPasses = 4;
 
-// The D/32 channels of a lane as raw 16-bit values (converted to float only when the row is processed, so the
-// loads of all kRowsPerWarp rows in flight cost half the registers).
 template <int D>
-using RawRow = typename std::conditional<D == 128, uint2, uint32_t>::type;
+struct RowSplit {
+  static constexpr int TPR = D / 8;                // threads per row
+  static constexpr int RPP = kRowThreads / TPR;    // rows per pass
+  static constexpr int ROWS = RPP * kRowPasses;    // rows per CTA
+};
 
-template <typename T, int D>
-__device__ __forceinline__ void to_floats(const RawRow<D>& raw, float (&v)[D / 32]) {
-  const T* e = reinterpret_cast<const T*>(&raw);
+// sum over the TPR consecutive lanes holding one row (xor butterfly) / max over them
+template <int TPR>
+__device__ __forceinline__ float row_sum(float a) {
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) v[i] = to_f32<T>(e[i]);
+  for (int o = TPR / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+  return a;
+}
+template <int TPR>
+__device__ __forceinline__ float row_max(float a) {
+#pragma unroll
+  for (int o = TPR / 2; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  return a;
 }
 
-// Rows n0.. of one (batch, head) of p, cta the CTA's index among p's ceil(N_pad / (warps * kRowsPerWarp)).
-// QMAX: the symmetric grid (7: INT4 values; 127 would be INT8 rows, s8 layout only).
+// Q smoothing's ΔS of one row, q_mean . k_s in float32, summed in a fixed order (the bias's bits): the D channels as
+// 32 runs of D / 32 (fmaf chains), the runs added by the xor butterfly over 32 run indices, highest distance first.
+// A thread holds G = 8 / (D / 32) runs: distances G .. 16 cross threads (lane distance / G), 1 .. G / 2 are its own.
+template <int D>
+__device__ __forceinline__ float row_dot(const float (&qm)[8], const float (&v)[8]) {
+  constexpr int RUN = D / 32, G = 8 / RUN;
+  float s[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    s[g] = 0.f;
+#pragma unroll
+    for (int i = g * RUN; i < (g + 1) * RUN; ++i) s[g] = fmaf(qm[i], v[i], s[g]);
+    s[g] = row_sum<D / 8>(s[g]);
+  }
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) {
+#pragma unroll
+    for (int g = 0; g < o; ++g) s[g] = s[g] + s[g + o];  // run g's partner at distance o is g ^ o = g + o
+  }
+  return s[0];
+}
+
+// Rows of one (batch, head) of p (blockIdx.y), cta the CTA's index among p's ceil(N_pad / ROWS). Rows N .. N_pad - 1
+// are zero with scale 0 (and bias 0). QMAX: the symmetric grid (7: INT4 values; 127 would be INT8 rows, s8 only).
 template <typename T, int D, bool S4, int QMAX>
 __device__ __forceinline__ void quant_rows(const PreprocessParams& p, int cta) {
   static_assert(QMAX == 7 || !S4, "INT8 rows take the s8 layout");
-  constexpr int EPT = D / 32;
+  using RS = RowSplit<D>;
   constexpr int DB = S4 ? D / 2 : D;
-  const int lane = threadIdx.x & 31;
+  const int c8 = threadIdx.x % RS::TPR;
   const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  const int n0 = (cta * (blockDim.x / 32) + (threadIdx.x >> 5)) * kRowsPerWarp;
-  const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + lane * EPT;
-  RawRow<D> raw[kRowsPerWarp];
+  const int n0 = cta * RS::ROWS + threadIdx.x / RS::TPR;
+  const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + c8 * 8;
+  uint4 raw[kRowPasses];
 #pragma unroll
-  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    if (n0 + rr < p.N) raw[rr] = *reinterpret_cast<const RawRow<D>*>(xb + (size_t)(n0 + rr) * p.sn);
+  for (int i = 0; i < kRowPasses; ++i) {
+    const int n = n0 + i * RS::RPP;
+    raw[i] = n < p.N ? *reinterpret_cast<const uint4*>(xb + (size_t)n * p.sn) : make_uint4(0u, 0u, 0u, 0u);
   }
-  float mu[EPT], qm[EPT];
+  // the means in shared memory, read again in each pass: 16 fewer registers than holding them
+  __shared__ __align__(16) float s_mu[D], s_qm[D];
+  if (threadIdx.x < D) {
+    s_mu[threadIdx.x] = p.mean != nullptr ? p.mean[(size_t)bh * D + threadIdx.x] : 0.f;
+    s_qm[threadIdx.x] = p.bias != nullptr ? p.q_mean[(size_t)bh * D + threadIdx.x] : 0.f;
+  }
+  __syncthreads();
 #pragma unroll
-  for (int i = 0; i < EPT; ++i) mu[i] = p.mean != nullptr ? p.mean[(size_t)bh * D + lane * EPT + i] : 0.f;
+  for (int i = 0; i < kRowPasses; ++i) {
+    const int n = n0 + i * RS::RPP;
+    const bool live = n < p.N;  // (every lane runs the shuffles; only the stores stop at N_pad)
+    const T* e = reinterpret_cast<const T*>(&raw[i]);
+    float v[8], mu[8], qm[8];
+    *reinterpret_cast<float4*>(mu) = reinterpret_cast<const float4*>(s_mu)[2 * c8];
+    *reinterpret_cast<float4*>(mu + 4) = reinterpret_cast<const float4*>(s_mu)[2 * c8 + 1];
+    *reinterpret_cast<float4*>(qm) = reinterpret_cast<const float4*>(s_qm)[2 * c8];
+    *reinterpret_cast<float4*>(qm + 4) = reinterpret_cast<const float4*>(s_qm)[2 * c8 + 1];
 #pragma unroll
-  for (int i = 0; i < EPT; ++i) qm[i] = p.bias != nullptr ? p.q_mean[(size_t)bh * D + lane * EPT + i] : 0.f;
+    for (int j = 0; j < 8; ++j) {
+      v[j] = to_f32<T>(e[j]);
+      if (p.mean != nullptr) v[j] = v[j] - mu[j];
+      if (!live) v[j] = 0.f;
+    }
+    float dot = 0.f;
+    if (p.bias != nullptr) dot = row_dot<D>(qm, v);
+    float amax = 0.f;
 #pragma unroll
-  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    const int n = n0 + rr;
-    if (n >= p.N_pad) break;
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    amax = row_max<RS::TPR>(amax);
+    int qv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float scale = 0.f;
+    if (amax != 0.f) {
+      const float inv = __fdiv_rn((float)QMAX, amax);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) qv[j] = quant7<QMAX>(v[j], inv);
+      scale = __fdiv_rn(amax, (float)QMAX);
+    }
+    if (n >= p.N_pad) continue;
     const size_t row = (size_t)bh * p.N_pad + n;
-    const bool live = n < p.N;
-    int qv[EPT];
-    float scale = 0.f, dot = 0.f;
-#pragma unroll
-    for (int i = 0; i < EPT; ++i) qv[i] = 0;
-    if (live) {
-      float v[EPT];
-      to_floats<T, D>(raw[rr], v);
-      if (p.mean != nullptr) {
-#pragma unroll
-        for (int i = 0; i < EPT; ++i) v[i] = v[i] - mu[i];
-      }
-      if (p.bias != nullptr) {  // Q smoothing's ΔS of this key: q_mean . k_s (fp32, warp sum)
-#pragma unroll
-        for (int i = 0; i < EPT; ++i) dot = fmaf(qm[i], v[i], dot);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      }
-      float amax = 0.f;
-#pragma unroll
-      for (int i = 0; i < EPT; ++i) amax = fmaxf(amax, fabsf(v[i]));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (amax != 0.f) {
-        const float inv = __fdiv_rn((float)QMAX, amax);
-#pragma unroll
-        for (int i = 0; i < EPT; ++i) qv[i] = quant7<QMAX>(v[i], inv);
-        scale = __fdiv_rn(amax, (float)QMAX);
-      }
-    }
-    int8_t* out = p.out + row * DB;
     if constexpr (!S4) {
-      if constexpr (EPT == 4) {
-        const uint32_t w = (qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8) | ((qv[2] & 0xFF) << 16) | ((uint32_t)(qv[3] & 0xFF) << 24);
-        *reinterpret_cast<uint32_t*>(out + lane * 4) = w;
-      } else {
-        const uint16_t w = (uint16_t)((qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8));
-        *reinterpret_cast<uint16_t*>(out + lane * 2) = w;
-      }
+      uint32_t w[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w[j / 4] |= (uint32_t)(qv[j] & 0xFF) << (8 * (j % 4));
+      *reinterpret_cast<uint2*>(p.out + row * DB + c8 * 8) = make_uint2(w[0], w[1]);
     } else {
-      if constexpr (EPT == 4) {
-        const uint16_t w = (uint16_t)((qv[0] & 0xF) | ((qv[1] & 0xF) << 4) | ((qv[2] & 0xF) << 8) | ((qv[3] & 0xF) << 12));
-        *reinterpret_cast<uint16_t*>(out + lane * 2) = w;
-      } else {
-        out[lane] = (int8_t)((qv[0] & 0xF) | ((qv[1] & 0xF) << 4));
-      }
+      uint32_t w = 0u;  // element 2c in the low nibble of byte c
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w |= (uint32_t)(qv[j] & 0xF) << (4 * j);
+      *reinterpret_cast<uint32_t*>(p.out + row * DB + c8 * 4) = w;
     }
-    if (lane == 0) {
+    if (c8 == 0) {
       p.scale[row] = scale;
-      if (p.bias != nullptr) p.bias[row] = dot * p.qk_scale;
+      if (p.bias != nullptr) p.bias[row] = (live ? dot : 0.f) * p.qk_scale;
     }
   }
 }
@@ -204,10 +231,9 @@ struct QuantRowsParams {
 };
 
 // grid (q_ctas + K's CTAs, B * H). Each tensor's rows through its own copy of quant_rows (constant offsets into
-// the parameters, as two launches had).
-// (<= 48 registers: 5 CTAs per SM instead of 4, 64 -> 60 us per call at Wan2.1-1.3B on the H100)
+// the parameters, as two launches had). (4 CTAs per SM: 64 KB of loads in flight; at 48 registers for 5 it spills)
 template <typename T, int D, bool S4, int QMAX = 7>
-__global__ void __launch_bounds__(256, 5) quant_rows_kernel(const __grid_constant__ QuantRowsParams p) {
+__global__ void __launch_bounds__(kRowThreads, 4) quant_rows_kernel(const __grid_constant__ QuantRowsParams p) {
   if ((int)blockIdx.x < p.q_ctas)
     quant_rows<T, D, S4, QMAX>(p.q, blockIdx.x);
   else
@@ -316,11 +342,10 @@ cudaError_t colsum_typed(const TokenMeanParams& p, cudaStream_t stream) {
 
 template <typename T, int D, bool S4>
 cudaError_t rows_typed(const PreprocessParams& q, const PreprocessParams& k, cudaStream_t stream) {
-  const int warps = 8;
-  const int rows_per_cta = warps * kRowsPerWarp;
-  const QuantRowsParams p{q, k, (q.N_pad + rows_per_cta - 1) / rows_per_cta};
-  const int ctas = p.q_ctas + (k.N_pad + rows_per_cta - 1) / rows_per_cta;
-  if (ctas > 0 && q.B * q.H > 0) quant_rows_kernel<T, D, S4><<<dim3(ctas, q.B * q.H), warps * 32, 0, stream>>>(p);
+  constexpr int ROWS = RowSplit<D>::ROWS;
+  const QuantRowsParams p{q, k, (q.N_pad + ROWS - 1) / ROWS};
+  const int ctas = p.q_ctas + (k.N_pad + ROWS - 1) / ROWS;
+  if (ctas > 0 && q.B * q.H > 0) quant_rows_kernel<T, D, S4><<<dim3(ctas, q.B * q.H), kRowThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
