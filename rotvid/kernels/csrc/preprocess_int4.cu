@@ -22,6 +22,25 @@ namespace pre {
 
 using roperows::to_f32;
 
+// 16 bytes global -> shared by cp.async (sm80+), the last 16 - size of them zero
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(size)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// the low bytes of four ints as one word (byte i = a_i)
+__device__ __forceinline__ uint32_t pack_bytes(int a0, int a1, int a2, int a3) {
+  return __byte_perm(__byte_perm(a0, a1, 0x0040), __byte_perm(a2, a3, 0x0040), 0x5410);
+}
+
+// bytes v in [-7, 7] (two's complement) -> |v| | sign << 7 each: a negative byte's ~v + 1 is -v, with no carry out
+__device__ __forceinline__ uint32_t sign_magnitude_bytes(uint32_t w) {
+  const uint32_t sign = w & 0x80808080u, neg = sign >> 7;
+  return ((w ^ (neg * 0xFFu)) + neg) | sign;
+}
+
 template <int QMAX = 7>
 __device__ __forceinline__ int quant7(float x, float inv) {
   int v = __float2int_rn(x * inv);
@@ -240,91 +259,129 @@ __global__ void __launch_bounds__(kRowThreads, 4) quant_rows_kernel(const __grid
     quant_rows<T, D, S4, QMAX>(p.k, blockIdx.x - p.q_ctas);
 }
 
-// grid (nblk, BH), D threads: thread d quantizes channel d of key block blockIdx.x.
+// V's key blocks: P threads per channel (up to 256 threads, each with whole 16-byte chunks of its V^T row)
+template <int D, int BN, bool S4>
+struct VSplit {
+  static constexpr int VB = S4 ? BN / 2 : BN;  // V^T bytes of one channel and block
+  static constexpr int P = 256 / D < VB / 16 ? 256 / D : VB / 16;
+  static constexpr int THREADS = P * D;
+};
+
+// grid (nblk, BH), VSplit::THREADS threads: thread t takes channel d = t % D of key block blockIdx.x at the V^T
+// positions part * PPT .. + PPT - 1 (part = t / D, PPT = BN / P); the block's max |v - mean| and the column sum of
+// channel d combine the P parts through shared memory (a max and an integer sum: the same in any order).
+// (6 CTAs per SM: as many as the H100's shared memory holds at D = BN = 128)
 template <typename T, int D, int BN, bool S4, int PMODE, bool SIGNMAG = false>
-__global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
+__global__ void __launch_bounds__(VSplit<D, BN, S4>::THREADS, 6) quant_v_kernel(const PreprocessParams p) {
+  using VS = VSplit<D, BN, S4>;
   constexpr int CHK = S4 ? 64 : 32;
-  constexpr int VB = S4 ? BN / 2 : BN;
-  const int kb = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, d = threadIdx.x;
+  constexpr int VB = VS::VB, P = VS::P, NT = VS::THREADS, PPT = BN / P;
+  static_assert(PPT % (CHK / 2) == 0, "a part is whole half-chunks of CHK keys: the permutation stays inside it");
+  const int kb = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int d = threadIdx.x % D, part = threadIdx.x / D, p0 = part * PPT;
   int len = p.N;
   if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
-  // Stage the BN x D tile through shared memory with coalesced 16-byte loads (rows must be
-  // 16-byte aligned: checked by the binding), then thread d reads its column.
+  // Stage the BN x D tile in shared memory with coalesced 16-byte copies, all in flight at once and through no
+  // registers (rows must be 16-byte aligned: checked by the binding; keys >= len are zero), then each thread reads
+  // its part of column d.
   __shared__ __align__(16) T tile[BN * D];
+  __shared__ float part_amax[P][D];
   const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh;
   constexpr int CPR = D / 8;  // 16-byte chunks per row
+  static_assert(BN * CPR % NT == 0, "whole copies per thread");
 #pragma unroll
-  for (int i = 0; i < BN * CPR / D; ++i) {
-    const int c = d + i * D;
+  for (int i = 0; i < BN * CPR / NT; ++i) {
+    const int c = threadIdx.x + i * NT;
     const int j = c / CPR, c8 = c % CPR;
     const int key = kb * BN + j;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (key < len) val = *reinterpret_cast<const uint4*>(xb + (size_t)key * p.sn + c8 * 8);
-    *reinterpret_cast<uint4*>(tile + j * D + c8 * 8) = val;
+    const bool in = key < len;
+    cp_async16_zfill(tile + j * D + c8 * 8, in ? xb + (size_t)key * p.sn + c8 * 8 : xb, in ? 16 : 0);
   }
-  __syncthreads();
-  // Two passes over the tile's column d (no per-key register arrays: BN = 128 spilled): the max, then
-  // quantize straight into the permuted V^T bytes while summing the column.
   const float mu = p.mean != nullptr ? p.mean[(size_t)bh * D + d] : 0.f;
-  auto value = [&](int j) { return kb * BN + j < len ? to_f32<T>(tile[j * D + d]) - mu : 0.f; };
-  float amax = 0.f;
+  cp_async_wait_all();
+  __syncthreads();
+  // Two passes over the part's keys (no per-key register arrays: BN = 128 spilled): the max, then (after the
+  // parts' maxima meet) quantize straight into the permuted V^T bytes while summing the column. Both passes come in
+  // two copies: FULL for a part with every key below len (no per-value test), and one that reads 0 from key nv on.
+  const T* col = tile + p0 * D + d;       // this part's keys of column d
+  const int nv = len - kb * BN - p0;      // how many of them are below len
+  auto value = [&](int j, auto full) {
+    return decltype(full)::value || j < nv ? to_f32<T>(col[j * D]) - mu : 0.f;
+  };
+  auto part_max = [&](auto full) {
+    float m = 0.f;
 #pragma unroll 16
-  for (int j = 0; j < BN; ++j) amax = fmaxf(amax, fabsf(value(j)));
+    for (int j = 0; j < PPT; ++j) m = fmaxf(m, fabsf(value(j, full)));
+    return m;
+  };
+  float amax = nv >= PPT ? part_max(std::true_type{}) : part_max(std::false_type{});
+  part_amax[part][d] = amax;
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < P; ++k) amax = fmaxf(amax, part_amax[k][d]);
   const float inv = amax == 0.f ? 0.f : __fdiv_rn(7.0f, amax);
   const float scale = amax == 0.f ? 0.f : __fdiv_rn(amax, 7.0f);
-  auto q_at = [&](int pos) { return amax == 0.f ? 0 : quant7(value(vt_key_of_position(pos, CHK)), inv); };
+  // The part of row d of the V^T tile is built in registers, then goes to shared memory (over the input tile, once
+  // every thread has read its column; 16-byte chunk c at c ^ (d % CH)), and the tile leaves with coalesced stores
+  // (CH threads per 16*CH-byte row). One shared buffer: more CTAs per SM.
+  constexpr int CH = VB / 16, CHT = CH / P;  // chunks per V^T row / per thread
+  static_assert(D * CH * 16 + P * D * (int)sizeof(int) <= BN * D * (int)sizeof(T),
+                "the V^T tile and the parts' column sums fit in the input tile's space");
+  uint32_t row[4 * CHT];  // words of the part's V^T bytes
   int colsum = 0;
-  // Row d of the V^T tile is built in registers, then goes to shared memory (over the input tile, once every
-  // thread has read its column; 16-byte chunk c at c ^ (d % CH): conflict-free), and the tile leaves with
-  // coalesced stores (CH threads per 16*CH-byte row). One shared buffer: more CTAs per SM.
-  constexpr int CH = VB / 16;
-  static_assert(D * CH * 16 <= BN * D * (int)sizeof(T), "the V^T tile fits in the input tile's space");
-  uint4 row[CH];
+  auto quantize = [&](auto full) {
+    // local position -> quantized value; the part starts at a multiple of CHK / 2: its key is p0 + the local key
+    auto q_at = [&](int pos) { return quant7(value(vt_key_of_position(pos, CHK), full), inv); };
 #pragma unroll
-  for (int c = 0; c < CH; ++c) {
-    uint32_t w[4];
+    for (int w = 0; w < 4 * CHT; ++w) {
+      if constexpr (!S4) {  // bytes 4w .. 4w + 3 = positions 4w ..
+        const int q0 = q_at(4 * w), q1 = q_at(4 * w + 1), q2 = q_at(4 * w + 2), q3 = q_at(4 * w + 3);
+        colsum += q0 + q1 + q2 + q3;
+        row[w] = SIGNMAG ? sign_magnitude_bytes(pack_bytes(q0, q1, q2, q3)) : pack_bytes(q0, q1, q2, q3);
+      } else {  // byte 4w + i = positions 8w + 2i (low nibble) and 8w + 2i + 1 (high nibble)
+        int q[8];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      uint32_t acc = 0;
+        for (int i = 0; i < 8; ++i) q[i] = q_at(8 * w + i);
 #pragma unroll
-      for (int byte = 0; byte < 4; ++byte) {
-        const int pos_byte = 16 * c + 4 * k + byte;
-        uint32_t bv;
-        if constexpr (!S4) {
-          const int qa = q_at(pos_byte);
-          colsum += qa;
-          if constexpr (SIGNMAG) {
-            bv = qa < 0 ? 0x80u | (uint32_t)(-qa) : (uint32_t)qa;
-          } else {
-            bv = (uint32_t)(qa & 0xFF);
-          }
-        } else {
-          const int qa = q_at(2 * pos_byte), qb = q_at(2 * pos_byte + 1);
-          colsum += qa + qb;
-          bv = (uint32_t)(qa & 0xF) | ((uint32_t)(qb & 0xF) << 4);
-        }
-        acc |= bv << (8 * byte);
+        for (int i = 0; i < 8; ++i) colsum += q[i];
+        const uint32_t lo = pack_bytes(q[0], q[2], q[4], q[6]), hi = pack_bytes(q[1], q[3], q[5], q[7]);
+        row[w] = (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u);
       }
-      w[k] = acc;
     }
-    row[c] = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  __syncthreads();  // every column read: the input tile's space takes the V^T tile
-  uint4* vt_tile = reinterpret_cast<uint4*>(tile);
+  };
 #pragma unroll
-  for (int c = 0; c < CH; ++c) vt_tile[d * CH + (c ^ (d % CH))] = row[c];
+  for (int w = 0; w < 4 * CHT; ++w) row[w] = 0u;
+  if (amax != 0.f) {  // (else zero bytes and sum 0: one branch for the column, not one per value)
+    if (nv >= PPT)
+      quantize(std::true_type{});
+    else
+      quantize(std::false_type{});
+  }
+  __syncthreads();  // every column read: the input tile's space takes the V^T tile and the parts' sums
+  uint4* vt_tile = reinterpret_cast<uint4*>(tile);
+  int* part_sum = reinterpret_cast<int*>(vt_tile + D * CH);
+#pragma unroll
+  for (int c = 0; c < CHT; ++c) {
+    const int cg = part * CHT + c;
+    vt_tile[d * CH + (cg ^ (d % CH))] = make_uint4(row[4 * c], row[4 * c + 1], row[4 * c + 2], row[4 * c + 3]);
+  }
+  part_sum[part * D + d] = colsum;
   __syncthreads();
   const size_t vrow = S4 ? (size_t)p.N_pad / 2 : (size_t)p.N_pad;
   int8_t* vt_out = p.out + (size_t)bh * D * vrow + (size_t)kb * VB;
 #pragma unroll
-  for (int i = d; i < D * CH; i += D) {
+  for (int i = threadIdx.x; i < D * CH; i += NT) {
     const int r = i / CH, c = i % CH;
     *reinterpret_cast<uint4*>(vt_out + (size_t)r * vrow + c * 16) = vt_tile[r * CH + (c ^ (r % CH))];
   }
-  const int nblk = p.N_pad / BN;
-  float* vp = p.scale + (((size_t)bh * nblk + kb) * D + d) * 2;
-  vp[0] = scale;  // the P levels' 1/15 (1/7) cancels in O / l: both are kept in units of P^
-  vp[1] = __int_as_float(kMagicI + (PMODE == kPRange ? 8 * colsum : 0));
+  if (part == 0) {
+#pragma unroll
+    for (int k = 1; k < P; ++k) colsum += part_sum[k * D + d];
+    const int nblk = p.N_pad / BN;
+    float* vp = p.scale + (((size_t)bh * nblk + kb) * D + d) * 2;
+    vp[0] = scale;  // the P levels' 1/15 (1/7) cancels in O / l: both are kept in units of P^
+    vp[1] = __int_as_float(kMagicI + (PMODE == kPRange ? 8 * colsum : 0));
+  }
 }
 
 template <typename T>
@@ -352,11 +409,12 @@ cudaError_t rows_typed(const PreprocessParams& q, const PreprocessParams& k, cud
 template <typename T, int D, int BN, int VFMT>
 cudaError_t v_typed(const PreprocessParams& p, int p_mode, cudaStream_t stream) {
   constexpr bool S4 = VFMT == kVNibbles, SIGNMAG = VFMT == kVSignMagnitude;
+  constexpr int threads = VSplit<D, BN, S4>::THREADS;
   dim3 grid(p.N_pad / BN, p.B * p.H);
   if (p_mode == kPRange)
-    quant_v_kernel<T, D, BN, S4, kPRange, SIGNMAG><<<grid, D, 0, stream>>>(p);
+    quant_v_kernel<T, D, BN, S4, kPRange, SIGNMAG><<<grid, threads, 0, stream>>>(p);
   else
-    quant_v_kernel<T, D, BN, S4, kPSym, SIGNMAG><<<grid, D, 0, stream>>>(p);
+    quant_v_kernel<T, D, BN, S4, kPSym, SIGNMAG><<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
