@@ -22,6 +22,25 @@ namespace pre {
 
 using roperows::to_f32;
 
+// 16 bytes global -> shared by cp.async (sm80+), the last 16 - size of them zero
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(size)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// the low bytes of four ints as one word (byte i = a_i)
+__device__ __forceinline__ uint32_t pack_bytes(int a0, int a1, int a2, int a3) {
+  return __byte_perm(__byte_perm(a0, a1, 0x0040), __byte_perm(a2, a3, 0x0040), 0x5410);
+}
+
+// bytes v in [-7, 7] (two's complement) -> |v| | sign << 7 each: a negative byte's ~v + 1 is -v, with no carry out
+__device__ __forceinline__ uint32_t sign_magnitude_bytes(uint32_t w) {
+  const uint32_t sign = w & 0x80808080u, neg = sign >> 7;
+  return ((w ^ (neg * 0xFFu)) + neg) | sign;
+}
+
 template <int QMAX = 7>
 __device__ __forceinline__ int quant7(float x, float inv) {
   int v = __float2int_rn(x * inv);
@@ -101,98 +120,125 @@ __global__ void __launch_bounds__(256, 4) colsum_f64_kernel(const __grid_constan
   }
 }
 
-// One warp per group of ROWS rows of the padded output (loads of all rows issued first); lane
-// holds D/32 consecutive channels of each row.
-constexpr int kRowsPerWarp = 4;
+// Q's and K's rows: CTAs of kRowThreads threads over kRowPasses * RPP consecutive rows of one (batch, head); thread
+// t holds channels 8 * (t % TPR) .. + 7 (one 16-byte load) of the rows t / TPR + RPP * i, i < kRowPasses, all
+// loaded before the first is used; a row's max (and bias dot) by shuffles among its TPR lanes.
+constexpr int kRowThreads = 256;
+constexpr int kRowPasses = 4;
 
-// The D/32 channels of a lane as raw 16-bit values (converted to float only when the row is processed, so the
-// loads of all kRowsPerWarp rows in flight cost half the registers).
 template <int D>
-using RawRow = typename std::conditional<D == 128, uint2, uint32_t>::type;
+struct RowSplit {
+  static constexpr int TPR = D / 8;                // threads per row
+  static constexpr int RPP = kRowThreads / TPR;    // rows per pass
+  static constexpr int ROWS = RPP * kRowPasses;    // rows per CTA
+};
 
-template <typename T, int D>
-__device__ __forceinline__ void to_floats(const RawRow<D>& raw, float (&v)[D / 32]) {
-  const T* e = reinterpret_cast<const T*>(&raw);
+// sum over the TPR consecutive lanes holding one row (xor butterfly) / max over them
+template <int TPR>
+__device__ __forceinline__ float row_sum(float a) {
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) v[i] = to_f32<T>(e[i]);
+  for (int o = TPR / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+  return a;
+}
+template <int TPR>
+__device__ __forceinline__ float row_max(float a) {
+#pragma unroll
+  for (int o = TPR / 2; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  return a;
 }
 
-// Rows n0.. of one (batch, head) of p, cta the CTA's index among p's ceil(N_pad / (warps * kRowsPerWarp)).
-// QMAX: the symmetric grid (7: INT4 values; 127 would be INT8 rows, s8 layout only).
+// Q smoothing's ΔS of one row, q_mean . k_s in float32, summed in a fixed order (the bias's bits): the D channels as
+// 32 runs of D / 32 (fmaf chains), the runs added by the xor butterfly over 32 run indices, highest distance first.
+// A thread holds G = 8 / (D / 32) runs: distances G .. 16 cross threads (lane distance / G), 1 .. G / 2 are its own.
+template <int D>
+__device__ __forceinline__ float row_dot(const float (&qm)[8], const float (&v)[8]) {
+  constexpr int RUN = D / 32, G = 8 / RUN;
+  float s[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    s[g] = 0.f;
+#pragma unroll
+    for (int i = g * RUN; i < (g + 1) * RUN; ++i) s[g] = fmaf(qm[i], v[i], s[g]);
+    s[g] = row_sum<D / 8>(s[g]);
+  }
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) {
+#pragma unroll
+    for (int g = 0; g < o; ++g) s[g] = s[g] + s[g + o];  // run g's partner at distance o is g ^ o = g + o
+  }
+  return s[0];
+}
+
+// Rows of one (batch, head) of p (blockIdx.y), cta the CTA's index among p's ceil(N_pad / ROWS). Rows N .. N_pad - 1
+// are zero with scale 0 (and bias 0). QMAX: the symmetric grid (7: INT4 values; 127 would be INT8 rows, s8 only).
 template <typename T, int D, bool S4, int QMAX>
 __device__ __forceinline__ void quant_rows(const PreprocessParams& p, int cta) {
   static_assert(QMAX == 7 || !S4, "INT8 rows take the s8 layout");
-  constexpr int EPT = D / 32;
+  using RS = RowSplit<D>;
   constexpr int DB = S4 ? D / 2 : D;
-  const int lane = threadIdx.x & 31;
+  const int c8 = threadIdx.x % RS::TPR;
   const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
-  const int n0 = (cta * (blockDim.x / 32) + (threadIdx.x >> 5)) * kRowsPerWarp;
-  const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + lane * EPT;
-  RawRow<D> raw[kRowsPerWarp];
+  const int n0 = cta * RS::ROWS + threadIdx.x / RS::TPR;
+  const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh + c8 * 8;
+  uint4 raw[kRowPasses];
 #pragma unroll
-  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    if (n0 + rr < p.N) raw[rr] = *reinterpret_cast<const RawRow<D>*>(xb + (size_t)(n0 + rr) * p.sn);
+  for (int i = 0; i < kRowPasses; ++i) {
+    const int n = n0 + i * RS::RPP;
+    raw[i] = n < p.N ? *reinterpret_cast<const uint4*>(xb + (size_t)n * p.sn) : make_uint4(0u, 0u, 0u, 0u);
   }
-  float mu[EPT], qm[EPT];
+  // the means in shared memory, read again in each pass: 16 fewer registers than holding them
+  __shared__ __align__(16) float s_mu[D], s_qm[D];
+  if (threadIdx.x < D) {
+    s_mu[threadIdx.x] = p.mean != nullptr ? p.mean[(size_t)bh * D + threadIdx.x] : 0.f;
+    s_qm[threadIdx.x] = p.bias != nullptr ? p.q_mean[(size_t)bh * D + threadIdx.x] : 0.f;
+  }
+  __syncthreads();
 #pragma unroll
-  for (int i = 0; i < EPT; ++i) mu[i] = p.mean != nullptr ? p.mean[(size_t)bh * D + lane * EPT + i] : 0.f;
+  for (int i = 0; i < kRowPasses; ++i) {
+    const int n = n0 + i * RS::RPP;
+    const bool live = n < p.N;  // (every lane runs the shuffles; only the stores stop at N_pad)
+    const T* e = reinterpret_cast<const T*>(&raw[i]);
+    float v[8], mu[8], qm[8];
+    *reinterpret_cast<float4*>(mu) = reinterpret_cast<const float4*>(s_mu)[2 * c8];
+    *reinterpret_cast<float4*>(mu + 4) = reinterpret_cast<const float4*>(s_mu)[2 * c8 + 1];
+    *reinterpret_cast<float4*>(qm) = reinterpret_cast<const float4*>(s_qm)[2 * c8];
+    *reinterpret_cast<float4*>(qm + 4) = reinterpret_cast<const float4*>(s_qm)[2 * c8 + 1];
 #pragma unroll
-  for (int i = 0; i < EPT; ++i) qm[i] = p.bias != nullptr ? p.q_mean[(size_t)bh * D + lane * EPT + i] : 0.f;
+    for (int j = 0; j < 8; ++j) {
+      v[j] = to_f32<T>(e[j]);
+      if (p.mean != nullptr) v[j] = v[j] - mu[j];
+      if (!live) v[j] = 0.f;
+    }
+    float dot = 0.f;
+    if (p.bias != nullptr) dot = row_dot<D>(qm, v);
+    float amax = 0.f;
 #pragma unroll
-  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    const int n = n0 + rr;
-    if (n >= p.N_pad) break;
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    amax = row_max<RS::TPR>(amax);
+    int qv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float scale = 0.f;
+    if (amax != 0.f) {
+      const float inv = __fdiv_rn((float)QMAX, amax);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) qv[j] = quant7<QMAX>(v[j], inv);
+      scale = __fdiv_rn(amax, (float)QMAX);
+    }
+    if (n >= p.N_pad) continue;
     const size_t row = (size_t)bh * p.N_pad + n;
-    const bool live = n < p.N;
-    int qv[EPT];
-    float scale = 0.f, dot = 0.f;
-#pragma unroll
-    for (int i = 0; i < EPT; ++i) qv[i] = 0;
-    if (live) {
-      float v[EPT];
-      to_floats<T, D>(raw[rr], v);
-      if (p.mean != nullptr) {
-#pragma unroll
-        for (int i = 0; i < EPT; ++i) v[i] = v[i] - mu[i];
-      }
-      if (p.bias != nullptr) {  // Q smoothing's ΔS of this key: q_mean . k_s (fp32, warp sum)
-#pragma unroll
-        for (int i = 0; i < EPT; ++i) dot = fmaf(qm[i], v[i], dot);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      }
-      float amax = 0.f;
-#pragma unroll
-      for (int i = 0; i < EPT; ++i) amax = fmaxf(amax, fabsf(v[i]));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (amax != 0.f) {
-        const float inv = __fdiv_rn((float)QMAX, amax);
-#pragma unroll
-        for (int i = 0; i < EPT; ++i) qv[i] = quant7<QMAX>(v[i], inv);
-        scale = __fdiv_rn(amax, (float)QMAX);
-      }
-    }
-    int8_t* out = p.out + row * DB;
     if constexpr (!S4) {
-      if constexpr (EPT == 4) {
-        const uint32_t w = (qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8) | ((qv[2] & 0xFF) << 16) | ((uint32_t)(qv[3] & 0xFF) << 24);
-        *reinterpret_cast<uint32_t*>(out + lane * 4) = w;
-      } else {
-        const uint16_t w = (uint16_t)((qv[0] & 0xFF) | ((qv[1] & 0xFF) << 8));
-        *reinterpret_cast<uint16_t*>(out + lane * 2) = w;
-      }
+      uint32_t w[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w[j / 4] |= (uint32_t)(qv[j] & 0xFF) << (8 * (j % 4));
+      *reinterpret_cast<uint2*>(p.out + row * DB + c8 * 8) = make_uint2(w[0], w[1]);
     } else {
-      if constexpr (EPT == 4) {
-        const uint16_t w = (uint16_t)((qv[0] & 0xF) | ((qv[1] & 0xF) << 4) | ((qv[2] & 0xF) << 8) | ((qv[3] & 0xF) << 12));
-        *reinterpret_cast<uint16_t*>(out + lane * 2) = w;
-      } else {
-        out[lane] = (int8_t)((qv[0] & 0xF) | ((qv[1] & 0xF) << 4));
-      }
+      uint32_t w = 0u;  // element 2c in the low nibble of byte c
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w |= (uint32_t)(qv[j] & 0xF) << (4 * j);
+      *reinterpret_cast<uint32_t*>(p.out + row * DB + c8 * 4) = w;
     }
-    if (lane == 0) {
+    if (c8 == 0) {
       p.scale[row] = scale;
-      if (p.bias != nullptr) p.bias[row] = dot * p.qk_scale;
+      if (p.bias != nullptr) p.bias[row] = (live ? dot : 0.f) * p.qk_scale;
     }
   }
 }
@@ -204,101 +250,138 @@ struct QuantRowsParams {
 };
 
 // grid (q_ctas + K's CTAs, B * H). Each tensor's rows through its own copy of quant_rows (constant offsets into
-// the parameters, as two launches had).
-// (<= 48 registers: 5 CTAs per SM instead of 4, 64 -> 60 us per call at Wan2.1-1.3B on the H100)
+// the parameters, as two launches had). (4 CTAs per SM: 64 KB of loads in flight; at 48 registers for 5 it spills)
 template <typename T, int D, bool S4, int QMAX = 7>
-__global__ void __launch_bounds__(256, 5) quant_rows_kernel(const __grid_constant__ QuantRowsParams p) {
+__global__ void __launch_bounds__(kRowThreads, 4) quant_rows_kernel(const __grid_constant__ QuantRowsParams p) {
   if ((int)blockIdx.x < p.q_ctas)
     quant_rows<T, D, S4, QMAX>(p.q, blockIdx.x);
   else
     quant_rows<T, D, S4, QMAX>(p.k, blockIdx.x - p.q_ctas);
 }
 
-// grid (nblk, BH), D threads: thread d quantizes channel d of key block blockIdx.x.
+// V's key blocks: P threads per channel (up to 256 threads, each with whole 16-byte chunks of its V^T row)
+template <int D, int BN, bool S4>
+struct VSplit {
+  static constexpr int VB = S4 ? BN / 2 : BN;  // V^T bytes of one channel and block
+  static constexpr int P = 256 / D < VB / 16 ? 256 / D : VB / 16;
+  static constexpr int THREADS = P * D;
+};
+
+// grid (nblk, BH), VSplit::THREADS threads: thread t takes channel d = t % D of key block blockIdx.x at the V^T
+// positions part * PPT .. + PPT - 1 (part = t / D, PPT = BN / P); the block's max |v - mean| and the column sum of
+// channel d combine the P parts through shared memory (a max and an integer sum: the same in any order).
+// (6 CTAs per SM: as many as the H100's shared memory holds at D = BN = 128)
 template <typename T, int D, int BN, bool S4, int PMODE, bool SIGNMAG = false>
-__global__ void __launch_bounds__(D) quant_v_kernel(const PreprocessParams p) {
+__global__ void __launch_bounds__(VSplit<D, BN, S4>::THREADS, 6) quant_v_kernel(const PreprocessParams p) {
+  using VS = VSplit<D, BN, S4>;
   constexpr int CHK = S4 ? 64 : 32;
-  constexpr int VB = S4 ? BN / 2 : BN;
-  const int kb = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H, d = threadIdx.x;
+  constexpr int VB = VS::VB, P = VS::P, NT = VS::THREADS, PPT = BN / P;
+  static_assert(PPT % (CHK / 2) == 0, "a part is whole half-chunks of CHK keys: the permutation stays inside it");
+  const int kb = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int d = threadIdx.x % D, part = threadIdx.x / D, p0 = part * PPT;
   int len = p.N;
   if (p.kv_lens != nullptr) len = min(p.kv_lens[b], p.N);
-  // Stage the BN x D tile through shared memory with coalesced 16-byte loads (rows must be
-  // 16-byte aligned: checked by the binding), then thread d reads its column.
+  // Stage the BN x D tile in shared memory with coalesced 16-byte copies, all in flight at once and through no
+  // registers (rows must be 16-byte aligned: checked by the binding; keys >= len are zero), then each thread reads
+  // its part of column d.
   __shared__ __align__(16) T tile[BN * D];
+  __shared__ float part_amax[P][D];
   const T* xb = static_cast<const T*>(p.x) + (size_t)b * p.sb + (size_t)h * p.sh;
   constexpr int CPR = D / 8;  // 16-byte chunks per row
+  static_assert(BN * CPR % NT == 0, "whole copies per thread");
 #pragma unroll
-  for (int i = 0; i < BN * CPR / D; ++i) {
-    const int c = d + i * D;
+  for (int i = 0; i < BN * CPR / NT; ++i) {
+    const int c = threadIdx.x + i * NT;
     const int j = c / CPR, c8 = c % CPR;
     const int key = kb * BN + j;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (key < len) val = *reinterpret_cast<const uint4*>(xb + (size_t)key * p.sn + c8 * 8);
-    *reinterpret_cast<uint4*>(tile + j * D + c8 * 8) = val;
+    const bool in = key < len;
+    cp_async16_zfill(tile + j * D + c8 * 8, in ? xb + (size_t)key * p.sn + c8 * 8 : xb, in ? 16 : 0);
   }
-  __syncthreads();
-  // Two passes over the tile's column d (no per-key register arrays: BN = 128 spilled): the max, then
-  // quantize straight into the permuted V^T bytes while summing the column.
   const float mu = p.mean != nullptr ? p.mean[(size_t)bh * D + d] : 0.f;
-  auto value = [&](int j) { return kb * BN + j < len ? to_f32<T>(tile[j * D + d]) - mu : 0.f; };
-  float amax = 0.f;
+  cp_async_wait_all();
+  __syncthreads();
+  // Two passes over the part's keys (no per-key register arrays: BN = 128 spilled): the max, then (after the
+  // parts' maxima meet) quantize straight into the permuted V^T bytes while summing the column. Both passes come in
+  // two copies: FULL for a part with every key below len (no per-value test), and one that reads 0 from key nv on.
+  const T* col = tile + p0 * D + d;       // this part's keys of column d
+  const int nv = len - kb * BN - p0;      // how many of them are below len
+  auto value = [&](int j, auto full) {
+    return decltype(full)::value || j < nv ? to_f32<T>(col[j * D]) - mu : 0.f;
+  };
+  auto part_max = [&](auto full) {
+    float m = 0.f;
 #pragma unroll 16
-  for (int j = 0; j < BN; ++j) amax = fmaxf(amax, fabsf(value(j)));
+    for (int j = 0; j < PPT; ++j) m = fmaxf(m, fabsf(value(j, full)));
+    return m;
+  };
+  float amax = nv >= PPT ? part_max(std::true_type{}) : part_max(std::false_type{});
+  part_amax[part][d] = amax;
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < P; ++k) amax = fmaxf(amax, part_amax[k][d]);
   const float inv = amax == 0.f ? 0.f : __fdiv_rn(7.0f, amax);
   const float scale = amax == 0.f ? 0.f : __fdiv_rn(amax, 7.0f);
-  auto q_at = [&](int pos) { return amax == 0.f ? 0 : quant7(value(vt_key_of_position(pos, CHK)), inv); };
+  // The part of row d of the V^T tile is built in registers, then goes to shared memory (over the input tile, once
+  // every thread has read its column; 16-byte chunk c at c ^ (d % CH)), and the tile leaves with coalesced stores
+  // (CH threads per 16*CH-byte row). One shared buffer: more CTAs per SM.
+  constexpr int CH = VB / 16, CHT = CH / P;  // chunks per V^T row / per thread
+  static_assert(D * CH * 16 + P * D * (int)sizeof(int) <= BN * D * (int)sizeof(T),
+                "the V^T tile and the parts' column sums fit in the input tile's space");
+  uint32_t row[4 * CHT];  // words of the part's V^T bytes
   int colsum = 0;
-  // Row d of the V^T tile is built in registers, then goes to shared memory (over the input tile, once every
-  // thread has read its column; 16-byte chunk c at c ^ (d % CH): conflict-free), and the tile leaves with
-  // coalesced stores (CH threads per 16*CH-byte row). One shared buffer: more CTAs per SM.
-  constexpr int CH = VB / 16;
-  static_assert(D * CH * 16 <= BN * D * (int)sizeof(T), "the V^T tile fits in the input tile's space");
-  uint4 row[CH];
+  auto quantize = [&](auto full) {
+    // local position -> quantized value; the part starts at a multiple of CHK / 2: its key is p0 + the local key
+    auto q_at = [&](int pos) { return quant7(value(vt_key_of_position(pos, CHK), full), inv); };
 #pragma unroll
-  for (int c = 0; c < CH; ++c) {
-    uint32_t w[4];
+    for (int w = 0; w < 4 * CHT; ++w) {
+      if constexpr (!S4) {  // bytes 4w .. 4w + 3 = positions 4w ..
+        const int q0 = q_at(4 * w), q1 = q_at(4 * w + 1), q2 = q_at(4 * w + 2), q3 = q_at(4 * w + 3);
+        colsum += q0 + q1 + q2 + q3;
+        row[w] = SIGNMAG ? sign_magnitude_bytes(pack_bytes(q0, q1, q2, q3)) : pack_bytes(q0, q1, q2, q3);
+      } else {  // byte 4w + i = positions 8w + 2i (low nibble) and 8w + 2i + 1 (high nibble)
+        int q[8];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      uint32_t acc = 0;
+        for (int i = 0; i < 8; ++i) q[i] = q_at(8 * w + i);
 #pragma unroll
-      for (int byte = 0; byte < 4; ++byte) {
-        const int pos_byte = 16 * c + 4 * k + byte;
-        uint32_t bv;
-        if constexpr (!S4) {
-          const int qa = q_at(pos_byte);
-          colsum += qa;
-          if constexpr (SIGNMAG) {
-            bv = qa < 0 ? 0x80u | (uint32_t)(-qa) : (uint32_t)qa;
-          } else {
-            bv = (uint32_t)(qa & 0xFF);
-          }
-        } else {
-          const int qa = q_at(2 * pos_byte), qb = q_at(2 * pos_byte + 1);
-          colsum += qa + qb;
-          bv = (uint32_t)(qa & 0xF) | ((uint32_t)(qb & 0xF) << 4);
-        }
-        acc |= bv << (8 * byte);
+        for (int i = 0; i < 8; ++i) colsum += q[i];
+        const uint32_t lo = pack_bytes(q[0], q[2], q[4], q[6]), hi = pack_bytes(q[1], q[3], q[5], q[7]);
+        row[w] = (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u);
       }
-      w[k] = acc;
     }
-    row[c] = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  __syncthreads();  // every column read: the input tile's space takes the V^T tile
-  uint4* vt_tile = reinterpret_cast<uint4*>(tile);
+  };
 #pragma unroll
-  for (int c = 0; c < CH; ++c) vt_tile[d * CH + (c ^ (d % CH))] = row[c];
+  for (int w = 0; w < 4 * CHT; ++w) row[w] = 0u;
+  if (amax != 0.f) {  // (else zero bytes and sum 0: one branch for the column, not one per value)
+    if (nv >= PPT)
+      quantize(std::true_type{});
+    else
+      quantize(std::false_type{});
+  }
+  __syncthreads();  // every column read: the input tile's space takes the V^T tile and the parts' sums
+  uint4* vt_tile = reinterpret_cast<uint4*>(tile);
+  int* part_sum = reinterpret_cast<int*>(vt_tile + D * CH);
+#pragma unroll
+  for (int c = 0; c < CHT; ++c) {
+    const int cg = part * CHT + c;
+    vt_tile[d * CH + (cg ^ (d % CH))] = make_uint4(row[4 * c], row[4 * c + 1], row[4 * c + 2], row[4 * c + 3]);
+  }
+  part_sum[part * D + d] = colsum;
   __syncthreads();
   const size_t vrow = S4 ? (size_t)p.N_pad / 2 : (size_t)p.N_pad;
   int8_t* vt_out = p.out + (size_t)bh * D * vrow + (size_t)kb * VB;
 #pragma unroll
-  for (int i = d; i < D * CH; i += D) {
+  for (int i = threadIdx.x; i < D * CH; i += NT) {
     const int r = i / CH, c = i % CH;
     *reinterpret_cast<uint4*>(vt_out + (size_t)r * vrow + c * 16) = vt_tile[r * CH + (c ^ (r % CH))];
   }
-  const int nblk = p.N_pad / BN;
-  float* vp = p.scale + (((size_t)bh * nblk + kb) * D + d) * 2;
-  vp[0] = scale;  // the P levels' 1/15 (1/7) cancels in O / l: both are kept in units of P^
-  vp[1] = __int_as_float(kMagicI + (PMODE == kPRange ? 8 * colsum : 0));
+  if (part == 0) {
+#pragma unroll
+    for (int k = 1; k < P; ++k) colsum += part_sum[k * D + d];
+    const int nblk = p.N_pad / BN;
+    float* vp = p.scale + (((size_t)bh * nblk + kb) * D + d) * 2;
+    vp[0] = scale;  // the P levels' 1/15 (1/7) cancels in O / l: both are kept in units of P^
+    vp[1] = __int_as_float(kMagicI + (PMODE == kPRange ? 8 * colsum : 0));
+  }
 }
 
 template <typename T>
@@ -316,22 +399,22 @@ cudaError_t colsum_typed(const TokenMeanParams& p, cudaStream_t stream) {
 
 template <typename T, int D, bool S4>
 cudaError_t rows_typed(const PreprocessParams& q, const PreprocessParams& k, cudaStream_t stream) {
-  const int warps = 8;
-  const int rows_per_cta = warps * kRowsPerWarp;
-  const QuantRowsParams p{q, k, (q.N_pad + rows_per_cta - 1) / rows_per_cta};
-  const int ctas = p.q_ctas + (k.N_pad + rows_per_cta - 1) / rows_per_cta;
-  if (ctas > 0 && q.B * q.H > 0) quant_rows_kernel<T, D, S4><<<dim3(ctas, q.B * q.H), warps * 32, 0, stream>>>(p);
+  constexpr int ROWS = RowSplit<D>::ROWS;
+  const QuantRowsParams p{q, k, (q.N_pad + ROWS - 1) / ROWS};
+  const int ctas = p.q_ctas + (k.N_pad + ROWS - 1) / ROWS;
+  if (ctas > 0 && q.B * q.H > 0) quant_rows_kernel<T, D, S4><<<dim3(ctas, q.B * q.H), kRowThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename T, int D, int BN, int VFMT>
 cudaError_t v_typed(const PreprocessParams& p, int p_mode, cudaStream_t stream) {
   constexpr bool S4 = VFMT == kVNibbles, SIGNMAG = VFMT == kVSignMagnitude;
+  constexpr int threads = VSplit<D, BN, S4>::THREADS;
   dim3 grid(p.N_pad / BN, p.B * p.H);
   if (p_mode == kPRange)
-    quant_v_kernel<T, D, BN, S4, kPRange, SIGNMAG><<<grid, D, 0, stream>>>(p);
+    quant_v_kernel<T, D, BN, S4, kPRange, SIGNMAG><<<grid, threads, 0, stream>>>(p);
   else
-    quant_v_kernel<T, D, BN, S4, kPSym, SIGNMAG><<<grid, D, 0, stream>>>(p);
+    quant_v_kernel<T, D, BN, S4, kPSym, SIGNMAG><<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
