@@ -22,9 +22,9 @@ __all__ = ["AUTO", "RecipeChoice", "RECIPE_TABLE", "FALLBACK_CHOICE", "auto_reci
 
 AUTO = "auto"
 
-# Measured side by side on an H100 (benchmarks/kernel_bench.py, commit fdba316, pre-processing included, ratio to
+# Measured side by side on an H100 (benchmarks/kernel_bench.py, commit 20a09d3, pre-processing included, ratio to
 # cuDNN bf16 in the same run, over the five benchmark shapes).
-_HOPPER_MEASURED = "H100 kernel_bench at fdba316: int8-fp8 1.30-1.52x cuDNN bf16, int4 0.95-1.27x"
+_HOPPER_MEASURED = "H100 kernel_bench at 20a09d3: int8-fp8 1.31-1.50x cuDNN bf16, int4 1.07-1.28x"
 _HOPPER_REASON = (
     "no INT4 tensor cores on Hopper: INT4 maths runs at the 8-bit rate, so the 8-bit recipe costs "
     "no speed and gains 12-16 dB SQNR over int4 (accuracy study, benchmarks/RESULTS.md); it is also the faster "
