@@ -66,6 +66,10 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
     if (variant == 43) return launch8_d<D, 3, 2, 0, 2, 192, 0>(p, stream);  // d64: 16 B, d128: ~1 KB spill
     if (variant == 44) return launch8_d<D, 3, 2, 0, 2, 256, 0>(p, stream);  // d64: 96 B, d128: ~1 KB spill
     if (variant == 50) return launch8_d<D, 3, 2, 1, 2, 128, M>(p, stream);  // = the default (for A/B in one build)
+    // 51: head_dim 64's default before session 16 (ping-pong 2, PIPE 1, 3 stages)
+    if constexpr (D == 64) {
+      if (variant == 51) return launch8_d<D, 3, 2, 1, 2, 128, 1>(p, stream);
+    }
   }
 #endif
   // H100, int8fp8_variants.py (attention only, one run): ping-pong 2 + PIPE 1 with 3 stages at both head dims --
@@ -77,7 +81,14 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
   // CogVideoX-5B at 571 vs 553 TOP/s (+3.3%, three interleaved rounds) but cost 0.1 dB against float64 (the block max
   // is part of the numerics): not kept. At head_dim 128 blocks of 192 / 256 spill ~1 KB (or, scores without I2F, get
   // warpgroup arrives injected, C7519) and run 40% slower. 256-key blocks at 64 serialize their wgmmas (C7512).
-  return launch8_d<D, 3, 2, 1, 2, 128, D == 64 ? 1 : 0>(p, stream);
+  // H100, session 16 (int8fp8_variants.py, three rounds): at head_dim 64 PIPE 1 without ping-pong, 3 stages, runs
+  // CogVideoX-5B in 6.82-6.84 ms against 7.00 with ping-pong 2 (4 stages 6.90, ping-pong 2 with 4 stages 6.99-7.03,
+  // 2 stages 7.57-7.60); same numerics.
+  if constexpr (D == 64) {
+    return launch8_d<D, 3, 0, 1, 2, 128, 1>(p, stream);
+  } else {
+    return launch8_d<D, 3, 2, 1, 2, 128, 0>(p, stream);
+  }
 }
 
 }  // namespace
