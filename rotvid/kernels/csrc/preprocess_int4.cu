@@ -15,12 +15,14 @@
 #include <type_traits>
 
 #include "int4_common.cuh"
+#include "int4_rowmath.cuh"
 #include "rope_rows.cuh"
 
 namespace rotvid {
 namespace pre {
 
 using roperows::to_f32;
+using rowmath::pack_low_bytes;  // byte i = the low byte of the i-th int
 
 // 16 bytes global -> shared by cp.async (sm80+), the last 16 - size of them zero
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int size) {
@@ -29,11 +31,6 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int
                : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-// the low bytes of four ints as one word (byte i = a_i)
-__device__ __forceinline__ uint32_t pack_bytes(int a0, int a1, int a2, int a3) {
-  return __byte_perm(__byte_perm(a0, a1, 0x0040), __byte_perm(a2, a3, 0x0040), 0x5410);
-}
 
 // bytes v in [-7, 7] (two's complement) -> |v| | sign << 7 each: a negative byte's ~v + 1 is -v, with no carry out
 __device__ __forceinline__ uint32_t sign_magnitude_bytes(uint32_t w) {
@@ -337,14 +334,14 @@ __global__ void __launch_bounds__(VSplit<D, BN, S4>::THREADS, 6) quant_v_kernel(
       if constexpr (!S4) {  // bytes 4w .. 4w + 3 = positions 4w ..
         const int q0 = q_at(4 * w), q1 = q_at(4 * w + 1), q2 = q_at(4 * w + 2), q3 = q_at(4 * w + 3);
         colsum += q0 + q1 + q2 + q3;
-        row[w] = SIGNMAG ? sign_magnitude_bytes(pack_bytes(q0, q1, q2, q3)) : pack_bytes(q0, q1, q2, q3);
+        row[w] = SIGNMAG ? sign_magnitude_bytes(pack_low_bytes(q0, q1, q2, q3)) : pack_low_bytes(q0, q1, q2, q3);
       } else {  // byte 4w + i = positions 8w + 2i (low nibble) and 8w + 2i + 1 (high nibble)
         int q[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) q[i] = q_at(8 * w + i);
 #pragma unroll
         for (int i = 0; i < 8; ++i) colsum += q[i];
-        const uint32_t lo = pack_bytes(q[0], q[2], q[4], q[6]), hi = pack_bytes(q[1], q[3], q[5], q[7]);
+        const uint32_t lo = pack_low_bytes(q[0], q[2], q[4], q[6]), hi = pack_low_bytes(q[1], q[3], q[5], q[7]);
         row[w] = (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u);
       }
     }
