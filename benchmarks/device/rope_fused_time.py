@@ -1,6 +1,4 @@
-"""Device aid (session 11): RoPE·R inside the int8-fp8 pre-processing against the RoPE·R pass + pre-processing
-(``--recipe int4``, session 17: the same rows for the INT4 pre-processing, preprocess_int4_rope.cu, with the runtime's
-INT4 smoothing defaults and the INT4 attention kernel).
+"""Device aid (session 11): RoPE·R inside the int8-fp8 pre-processing against the RoPE·R pass + pre-processing.
 
 On the kernel_bench shapes with RoPE on every token (Wan's case; ``--rotation``: half, the default, or any other,
 ``full`` included -- its Walsh–Hadamard transform in registers; the generalized table shared by the heads),
@@ -16,7 +14,7 @@ more column, "matmul pre": the path ``full`` took before the transform moved int
 GPU time per kernel of both pre-processings (torch.profiler, 5 calls after a warm-up).
 
     python3 benchmarks/device/rope_fused_time.py [--shapes wan1.3b-480p wan14b-720p] [--rounds 3] [--rotation full]
-        [--profile] [--recipe int4]
+        [--profile]
 """
 import argparse
 import sys
@@ -28,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.kernel_bench import SHAPES, time_interleaved  # noqa: E402
 from rotvid.kernels import cuda_backend as cb  # noqa: E402
-from rotvid.pipelines.config import SMOOTH_Q_BY_RECIPE, smooth_v_for  # noqa: E402
+from rotvid.pipelines.config import smooth_v_for  # noqa: E402
 from rotvid.rope.fused_table import apply_generalized_rope, fuse_rope_and_rotation  # noqa: E402
 from rotvid.rope.hadamard import hadamard_matrix  # noqa: E402
 from rotvid.rope.rotations import make_rotation  # noqa: E402
@@ -66,16 +64,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rotation", default="half", help="none, interleaved, half or full (default half)")
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of both pre-processings instead")
-    ap.add_argument("--recipe", default="int8-fp8", choices=["int8-fp8", "int4"])
     args = ap.parse_args()
-    smooth_v = smooth_v_for(args.recipe, None)
-    if args.recipe == "int4":
-        opts = dict(smooth_v=smooth_v, smooth_q=SMOOTH_Q_BY_RECIPE["int4"], block_n=128)
-        pre_fn, attn_fn = cb.preprocess_int4_cuda, cb.int4_attention_cuda
-    else:
-        opts = dict(smooth_v=smooth_v)
-        pre_fn, attn_fn = cb.preprocess_int8fp8_cuda, cb.int8fp8_attention_cuda
-    print(f"recipe {args.recipe}, smooth_k True, {opts} (the runtime's defaults); rotation {args.rotation}")
+    smooth_v = smooth_v_for("int8-fp8", None)
+    print(f"smooth_k True, smooth_v {smooth_v} (the runtime's int8-fp8 defaults); rotation {args.rotation}")
     if not args.profile:
         print("| shape | no-rope pre (ms) | two-pass pre (ms) | fused pre (ms) | saved (ms) | two-pass attn (ms) | "
               "fused attn (ms) | saved share | same bytes |")
@@ -84,24 +75,24 @@ def main():
         sh = SHAPES[name]
         q, k, v, table, cos, sin = wan_inputs(sh, args.rotation, cos_sin=True)
         rot = lambda x: apply_generalized_rope(x, table)  # noqa: E731
-        pre2 = lambda: pre_fn(rot(q), rot(k), v, **opts)  # noqa: E731
-        pre1 = lambda: pre_fn(q, k, v, rope=table, **opts)  # noqa: E731
+        pre2 = lambda: cb.preprocess_int8fp8_cuda(rot(q), rot(k), v, smooth_v=smooth_v)  # noqa: E731
+        pre1 = lambda: cb.preprocess_int8fp8_cuda(q, k, v, smooth_v=smooth_v, rope=table)  # noqa: E731
         if args.profile:
             profile_kernels(name, pre2, pre1)
         else:
             bits = lambda t: t.view(torch.int32) if t.dtype == torch.float32 else t  # noqa: E731
             same = all((x is None and y is None) or torch.equal(bits(x), bits(y)) for x, y in zip(pre2(), pre1()))
             fns = {
-                "pre0": lambda: pre_fn(q, k, v, **opts),
+                "pre0": lambda: cb.preprocess_int8fp8_cuda(q, k, v, smooth_v=smooth_v),
                 "pre2": pre2,
                 "pre1": pre1,
-                "attn2": lambda: attn_fn(rot(q), rot(k), v, **opts),
-                "attn1": lambda: attn_fn(q, k, v, rope=table, **opts),
+                "attn2": lambda: cb.int8fp8_attention_cuda(rot(q), rot(k), v, smooth_v=smooth_v),
+                "attn1": lambda: cb.int8fp8_attention_cuda(q, k, v, smooth_v=smooth_v, rope=table),
             }
             if args.rotation == "full":
                 hm = hadamard_matrix(sh.d, torch.float32, "cuda")
                 old = lambda x: (apply_rope_interleaved(x, cos, sin).float() @ hm).to(x.dtype)  # noqa: E731
-                fns["pre_mm"] = lambda: pre_fn(old(q), old(k), v, **opts)
+                fns["pre_mm"] = lambda: cb.preprocess_int8fp8_cuda(old(q), old(k), v, smooth_v=smooth_v)
             times = time_interleaved(fns, args.rounds)
             saved = times["pre2"] - times["pre1"]
             print(f"| {name} | {times['pre0']:.3f} | {times['pre2']:.3f} | {times['pre1']:.3f} | {saved:.3f} | {times['attn2']:.3f} | "

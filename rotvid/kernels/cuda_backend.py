@@ -78,7 +78,6 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = (
     "binding.cpp",
     "preprocess_int4.cu",
-    "preprocess_int4_rope.cu",
     "preprocess_int8fp8.cu",
     "attn_dispatch.cu",
     "attn_s8_d64.cu",
@@ -93,7 +92,6 @@ SOURCES = (
 HEADERS = (
     "int4_common.cuh",
     "int4_rowmath.cuh",
-    "int4_rows.cuh",
     "rope_rows.cuh",
     "int4_attention.cuh",
     "int4_attention_wgmma.cuh",
@@ -247,20 +245,16 @@ def _int4_preprocess_op(
     p_mode: int,
     smooth_q: bool,
     qk_scale: float,
-    rope_coef: torch.Tensor | None = None,
-    rope_index: torch.Tensor | None = None,
-    rope_hadamard: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
            torch.Tensor]:
     ext = load_extension(q.device)
     kernel = _resolve_path(path, q.device)
     return tuple(ext.preprocess_int4(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, kernel == "s4", p_mode,
-                                     smooth_q, qk_scale, kernel == "wgmma", rope_coef, rope_index, rope_hadamard))
+                                     smooth_q, qk_scale, kernel == "wgmma"))
 
 
 @_int4_preprocess_op.register_fake
-def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode, smooth_q, qk_scale, rope_coef=None,
-      rope_index=None, rope_hadamard=False):
+def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode, smooth_q, qk_scale):
     kernel = _resolve_path(path, q.device)
     s4 = kernel == "s4"
     if bnhd:
@@ -496,7 +490,6 @@ def preprocess_int4_cuda(
     path: str | None = None,
     smooth_q: bool = False,
     sm_scale: float | None = None,
-    rope: GeneralizedRopeTable | None = None,
 ) -> KernelQKV:
     """Steps 1-2 of the INT4 recipe on the GPU (Q/K/V smoothing, per-token INT4 Q/K, per-group INT4 V).
 
@@ -508,12 +501,6 @@ def preprocess_int4_cuda(
     D ** -0.5; attend with the same). Returns a :class:`KernelQKV` (module docstring).
     Bit-identical to :func:`rotvid.kernels.reference.preprocess_int4` packed by
     :func:`pack_reference_quantized`.
-
-    ``rope``: a generalized RoPE table shared by the heads, as :func:`preprocess_int8fp8_cuda` takes it; q and k are
-    then un-rotated and RoPE·R is applied where the pre-processing reads them (``csrc/preprocess_int4_rope.cu``: one
-    launch for the means of the rotated Q and K and of V, one for the rotated rows), with the bits of
-    ``preprocess_int4_cuda(apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), v)`` and no rotated copy
-    written (:func:`rope_fusion_unsupported` says when it applies).
     """
     block_n = default_block_n(q.device) if block_n is None else block_n
     _check_inputs(q, k, v, layout, kv_lens, block_n)
@@ -522,26 +509,11 @@ def preprocess_int4_cuda(
     path = _check_path(path, q.device)
     check_sm_scale(sm_scale)
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
-    coef, index = _rope_operands(q, k, rope, layout)
     out = _int4_preprocess_op(
         q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", block_n, smooth_k, smooth_v, path,
-        P_MODES[p_mode], bool(smooth_q), float(sm_scale * LOG2E), coef, index,
-        rope is not None and bool(rope.hadamard),
+        P_MODES[p_mode], bool(smooth_q), float(sm_scale * LOG2E),
     )
     return KernelQKV(*out)
-
-
-def _rope_operands(q: torch.Tensor, k: torch.Tensor, rope, layout: str):
-    """The table's coefficients and index as the extension takes them (float32 / int32 on q's device), or (None,
-    None) without a table; ValueError naming why the pre-processing cannot apply it."""
-    if rope is None:
-        return None, None
-    reason = rope_fusion_unsupported(q, k, rope, layout=layout)
-    if reason:
-        raise ValueError(f"rope: {reason}")
-    coef = rope.coef.to(device=q.device, dtype=torch.float32).contiguous()
-    index = rope.index.to(device=q.device, dtype=torch.int32).contiguous()
-    return coef, index
 
 
 def attention_int4_quantized(
@@ -617,15 +589,13 @@ def int4_attention_cuda(
     block_n: int | None = None,
     path: str | None = None,
     smooth_q: bool = False,
-    rope: GeneralizedRopeTable | None = None,
 ) -> torch.Tensor:
-    """Pre-processing + INT4 attention on the GPU; output has q's shape, layout and dtype (``rope``: RoPE·R applied
-    to q and k inside the pre-processing, as :func:`preprocess_int4_cuda`)."""
+    """Pre-processing + INT4 attention on the GPU; output has q's shape, layout and dtype."""
     block_n = default_block_n(q.device) if block_n is None else block_n
     qb, qh, qn, qd, kn = _check_inputs(q, k, v, layout, kv_lens, block_n)
     qkv = preprocess_int4_cuda(
         q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k, smooth_v=smooth_v,
-        p_mode=p_mode, path=path, smooth_q=smooth_q, sm_scale=sm_scale, rope=rope,
+        p_mode=p_mode, path=path, smooth_q=smooth_q, sm_scale=sm_scale,
     )
     return attention_int4_quantized(
         qkv, n_q=qn, n_kv=kn, head_dim=qd, block_n=block_n, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
@@ -693,7 +663,13 @@ def preprocess_int8fp8_cuda(
     """
     _check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     _check_int8fp8_device(q.device)
-    coef, index = _rope_operands(q, k, rope, layout)
+    coef = index = None
+    if rope is not None:
+        reason = rope_fusion_unsupported(q, k, rope, layout=layout)
+        if reason:
+            raise ValueError(f"rope: {reason}")
+        coef = rope.coef.to(device=q.device, dtype=torch.float32).contiguous()
+        index = rope.index.to(device=q.device, dtype=torch.int32).contiguous()
     out = _int8fp8_preprocess_op(
         q, k, v, _kv_lens_int32(kv_lens, q.device), layout == "BNHD", smooth_k, smooth_v, coef, index,
         rope is not None and bool(rope.hadamard),
@@ -702,7 +678,7 @@ def preprocess_int8fp8_cuda(
 
 
 def rope_fusion_unsupported(q: torch.Tensor, k: torch.Tensor, rope, *, layout: str = "BHND") -> str:
-    """Why the pre-processing (int8-fp8 and INT4) cannot apply ``rope`` itself ("" when it can): a table shared by the heads
+    """Why the int8-fp8 pre-processing cannot apply ``rope`` itself ("" when it can): a table shared by the heads
     ([N, D, 4], N = the queries = the keys), head_dim 64 or 128, rows on 16-byte boundaries. Shapes and strides
     only (a constant of a compiled graph)."""
     nq, d = (q.shape[2] if layout == "BHND" else q.shape[1]), q.shape[3]
@@ -1091,11 +1067,9 @@ class CudaBackend:
         return None
 
     def fuses_rope(self, q, k, rope, *, recipe="int4", layout="BHND") -> bool:
-        """True when :meth:`run` applies ``rope`` (RoPE·R) inside its pre-processing: every CUDA recipe (int8-fp8
-        and the INT4 ones), with a table :func:`rope_fusion_unsupported` accepts. (The dispatcher rotates q and k
-        first otherwise.)"""
-        known = recipe == INT8FP8_RECIPE or recipe in RECIPE_P_MODE
-        return known and not rope_fusion_unsupported(q, k, rope, layout=layout)
+        """True when :meth:`run` applies ``rope`` (RoPE·R) inside its pre-processing: the int8-fp8 recipe with a
+        table :func:`rope_fusion_unsupported` accepts. (The dispatcher rotates q and k first otherwise.)"""
+        return recipe == INT8FP8_RECIPE and not rope_fusion_unsupported(q, k, rope, layout=layout)
 
     def run(self, q, k, v, *, recipe="int4", layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True,
             smooth_q=False, smooth_v=False, block_m=None, block_n=None, q_block=None, rope=None) -> torch.Tensor:
@@ -1113,7 +1087,7 @@ class CudaBackend:
             )
         return int4_attention_cuda(
             q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=RECIPE_P_MODE[recipe],
-            smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n, smooth_q=smooth_q, rope=rope,
+            smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n, smooth_q=smooth_q,
         )
 
 

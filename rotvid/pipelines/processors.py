@@ -6,8 +6,8 @@ for two steps:
 
 * the RoPE step becomes RoPE·R on the video tokens and R alone on the text tokens
   (:class:`~rotvid.pipelines.qk_rotation.QKRotator`); where RoPE covers every token through one
-  table (Wan), the table goes to the attention call instead, and the CUDA pre-processing (int8-fp8
-  and INT4) applies it where it reads Q and K (no separate RoPE·R pass; the FP16 path rotates first);
+  table (Wan), the table goes to the attention call instead, and the int8-fp8 CUDA pre-processing
+  applies it in its own pass (no separate RoPE·R pass; the FP16 path rotates first);
 * the attention call goes through :meth:`~rotvid.pipelines.runtime.Runtime.attend`, which runs
   the quantized recipe or — by the schedule or as a recorded fallback — the model's own
   attention function on the same rotated tensors (diffusers' ``dispatch_attention_fn`` with the
@@ -106,7 +106,7 @@ class RotvidProcessorBase:
         if group is None and not self.runtime.observers:
             table = self.rotator.deferred_table(q, rope, span)
         if table is not None:
-            # RoPE·R left to the call: the CUDA pre-processing (int8-fp8, INT4) applies it itself; FP16 rotates here.
+            # RoPE·R left to the call: the int8-fp8 CUDA pre-processing applies it itself; FP16 rotates here.
             def fp16_rotated():
                 return fp16(apply_generalized_rope(q, table), apply_generalized_rope(k, table), v, mask)
 

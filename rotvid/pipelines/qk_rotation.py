@@ -10,7 +10,7 @@ text tokens, for both Q and K. One orthogonal R on every token keeps every score
   the generalized table (:func:`rotvid.rope.fused_table.fuse_rope_and_rotation`), built from
   the cos/sin the model's own rotary module produced for this forward. One table covers the whole
   joint sequence: the text tokens' rows are RoPE's identity (cos 1, sin 0), so they get R alone
-  in the same pass, and the CUDA pre-processing (int8-fp8, INT4) can apply the table itself
+  in the same pass, and the int8-fp8 CUDA pre-processing can apply the table itself
   (:meth:`QKRotator.deferred_table`) for HunyuanVideo and CogVideoX as for Wan. A model without
   RoPE (CogVideoX-2B) gets a table of identity rows: R alone on every token, the same way.
 * ``full``: RoPE's table flagged ``hadamard``: the table, then the fast Walsh–Hadamard transform
@@ -149,7 +149,7 @@ class QKRotator:
     ) -> GeneralizedRopeTable | None:
         """The table that :meth:`rotate` applies to ``x`` as ``apply_generalized_rope(x, table)`` (the whole
         sequence: RoPE·R on ``span``, R alone on the text tokens, or on every token without RoPE), when it is one
-        table for all heads. The caller may then hand the table on (the CUDA pre-processing applies it itself)
+        table for all heads. The caller may then hand the table on (the int8-fp8 pre-processing applies it itself)
         and rotate only where it must. ``None`` otherwise (``fuse=False``, per-block or per-head rotations, or
         nothing to apply: rotation none without RoPE): rotate first."""
         if not self._uses_table(rope):

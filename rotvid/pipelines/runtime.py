@@ -331,7 +331,7 @@ class Runtime:
             fp16_attention: runs the model's own attention on the rotated (q, k, v, mask), returns BHND.
             rope: ``None``, or the RoPE·R table (:class:`~rotvid.rope.fused_table.GeneralizedRopeTable`) still to
                 be applied to q and k: the quantized call hands it to :func:`rotvid.kernels.attention`, whose
-                CUDA pre-processing (int8-fp8 and INT4) applies it itself (no RoPE·R pass), and ``fp16_attention`` rotates.
+                CUDA int8-fp8 pre-processing applies it itself (one pass less), and ``fp16_attention`` rotates.
 
         Returns:
             [B, H, N_q, D] in q's dtype.

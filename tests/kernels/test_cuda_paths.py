@@ -104,3 +104,12 @@ def test_int8fp8_p_fragment_positions_are_the_score_accumulator_columns():
                     key = 8 * tile + 2 * t + i % 2
                     assert int(perm[pos]) == key
                     assert int(k_group_of_key(torch.tensor(key % 128))) == t
+
+
+def test_extension_hash_covers_every_source_and_header():
+    """A change to any file under csrc rebuilds the extension: every .cu / .cpp is compiled and every .cuh is hashed
+    (rope_rows.cuh was once missing from the hash, so an edit to it alone reused a stale build)."""
+    on_disk = {p.name for p in cb.CSRC.iterdir() if p.suffix in (".cu", ".cpp", ".cuh")}
+    assert set(cb.SOURCES) | set(cb.HEADERS) == on_disk
+    assert all(name.endswith((".cu", ".cpp")) for name in cb.SOURCES)
+    assert all(name.endswith(".cuh") for name in cb.HEADERS)

@@ -97,29 +97,10 @@ QKVDims checked_qkv_dims(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return {dq, dk, dv};
 }
 
-// The generalized RoPE table that a pre-processing entry point applies to q and k itself: float32 [N, D, 4] and int32
-// [D, 4] on the GPU, for self-attention (Nq == Nkv == N); q, k, v already passed checked_qkv_dims (16-byte rows).
-void check_rope_table(const c10::optional<at::Tensor>& rope_coef, const c10::optional<at::Tensor>& rope_index,
-                      const QKVDims& d) {
-  TORCH_CHECK(rope_coef.has_value() && rope_index.has_value(), "rope_coef and rope_index go together");
-  const at::Tensor &coef = *rope_coef, &index = *rope_index;
-  const int64_t D = d.q.D;
-  TORCH_CHECK(D == 64 || D == 128, "RoPE·R in the pre-processing: head_dim 64 or 128");
-  TORCH_CHECK(d.q.N == d.k.N, "RoPE·R in the pre-processing: as many queries as keys (self-attention)");
-  TORCH_CHECK(coef.is_cuda() && coef.scalar_type() == at::kFloat && coef.is_contiguous() &&
-                  coef.sizes() == at::IntArrayRef({d.q.N, D, 4}), "rope_coef: contiguous float32 CUDA [N, D, 4]");
-  TORCH_CHECK(index.is_cuda() && index.scalar_type() == at::kInt && index.is_contiguous() &&
-                  index.sizes() == at::IntArrayRef({D, 4}), "rope_index: contiguous int32 CUDA [D, 4]");
-}
-
-// The INT4 recipes' operands {q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, k_bias}. With rope_coef /
-// rope_index (the generalized RoPE table, as preprocess_int8fp8 takes it) q and k are un-rotated and RoPE·R is applied
-// where they are read (preprocess_int4_rope.cu): the bits of generalized_rope on both followed by this function.
 std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                         const c10::optional<at::Tensor>& kv_lens, bool bnhd, int64_t block_n,
                                         bool smooth_k, bool smooth_v, bool s4, int64_t p_mode, bool smooth_q,
-                                        double qk_scale, bool wgmma, const c10::optional<at::Tensor>& rope_coef,
-                                        const c10::optional<at::Tensor>& rope_index, bool rope_hadamard) {
+                                        double qk_scale, bool wgmma) {
   TORCH_CHECK(!(s4 && wgmma), "s4 / wgmma: one V^T format");
   TORCH_CHECK(block_n == 64 || block_n == 128, "block_n: 64 or 128");
   const QKVDims d = checked_qkv_dims(q, k, v, kv_lens, bnhd);  // (before the guard: CUDA inputs checked first)
@@ -147,49 +128,7 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
   // their uint32 counters [BH]} and ONE launch over them
   at::Tensor q_mean, k_mean, v_mean = at::empty({0}, f32), k_bias = at::empty({0}, f32);
   const int64_t bh = dq.B * dq.H, n_means = (smooth_q ? 1 : 0) + (smooth_k ? 1 : 0) + (smooth_v ? 1 : 0);
-  const bool rope = rope_coef.has_value() || rope_index.has_value();
-  if (rope) {
-    // RoPE·R applied here (preprocess_int4_rope.cu): the means of the rotated Q and K (and of V) in one launch, the
-    // rotated rows of Q and K in another; no rotated copy is written
-    check_rope_table(rope_coef, rope_index, d);
-    rotvid::Int4RopeParams r{};
-    r.q = pq;
-    r.k = pk;
-    r.v = pv;
-    r.coef = rope_coef->data_ptr<float>();
-    r.index = rope_index->data_ptr<int>();
-    r.hadamard = rope_hadamard ? 1 : 0;
-    at::Tensor work;
-    if (n_means > 0) {
-      work = at::zeros({n_means * bh * D + (bh + 1) / 2}, q.options().dtype(at::kDouble));
-      double* sums = work.data_ptr<double>();
-      r.done = reinterpret_cast<unsigned int*>(sums + n_means * bh * D);
-      auto add_mean = [&](double*& sum, float*& out, at::Tensor& mean) {
-        mean = at::empty({dq.B, dq.H, D}, f32);
-        sum = sums;
-        sums += bh * D;
-        out = mean.data_ptr<float>();
-      };
-      if (smooth_q) add_mean(r.q_sum, r.q_mean_out, q_mean);
-      if (smooth_k) add_mean(r.k_sum, r.k_mean_out, k_mean);
-      if (smooth_v) add_mean(r.v_sum, r.v_mean_out, v_mean);
-      check_cuda(rotvid::launch_int4_rope_means(r, stream), "int4_rope_means");
-    }
-    r.q.mean = smooth_q ? q_mean.data_ptr<float>() : nullptr;
-    r.q.out = q_hat.data_ptr<int8_t>();
-    r.q.scale = q_scale.data_ptr<float>();
-    r.k.mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
-    r.k.out = k_hat.data_ptr<int8_t>();
-    r.k.scale = k_scale.data_ptr<float>();
-    if (smooth_q) {
-      k_bias = at::empty({dk.B, dk.H, nkv_pad}, f32);
-      r.k.q_mean = q_mean.data_ptr<float>();
-      r.k.bias = k_bias.data_ptr<float>();
-      r.k.qk_scale = (float)qk_scale;
-    }
-    check_cuda(rotvid::launch_int4_rope_rows(r, s4, stream), "int4_rope_rows");
-    pv.mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
-  } else if (n_means > 0) {
+  if (n_means > 0) {
     auto work = at::zeros({n_means * bh * D + (n_means * bh + 1) / 2}, q.options().dtype(at::kDouble));
     double* sums = work.data_ptr<double>();
     auto* done = reinterpret_cast<unsigned int*>(sums + n_means * bh * D);
@@ -209,19 +148,18 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
     if (smooth_v) add_mean(pv, v_mean);
     check_cuda(rotvid::launch_token_means_f64(mp, stream), "token_means_f64");
   }
-  if (!rope) {  // Q's and K's rows in one launch
-    pq.out = q_hat.data_ptr<int8_t>();
-    pq.scale = q_scale.data_ptr<float>();
-    if (smooth_q) {
-      k_bias = at::empty({dk.B, dk.H, nkv_pad}, f32);
-      pk.q_mean = q_mean.data_ptr<float>();
-      pk.bias = k_bias.data_ptr<float>();
-      pk.qk_scale = (float)qk_scale;
-    }
-    pk.out = k_hat.data_ptr<int8_t>();
-    pk.scale = k_scale.data_ptr<float>();
-    check_cuda(rotvid::launch_quant_rows_int4(pq, pk, s4, stream), "quant_rows_int4");
+  // Q's and K's rows in one launch
+  pq.out = q_hat.data_ptr<int8_t>();
+  pq.scale = q_scale.data_ptr<float>();
+  if (smooth_q) {
+    k_bias = at::empty({dk.B, dk.H, nkv_pad}, f32);
+    pk.q_mean = q_mean.data_ptr<float>();
+    pk.bias = k_bias.data_ptr<float>();
+    pk.qk_scale = (float)qk_scale;
   }
+  pk.out = k_hat.data_ptr<int8_t>();
+  pk.scale = k_scale.data_ptr<float>();
+  check_cuda(rotvid::launch_quant_rows_int4(pq, pk, s4, stream), "quant_rows_int4");
   pv.out = static_cast<int8_t*>(vt.data_ptr());
   pv.scale = vparams.data_ptr<float>();
   const int v_format = s4 ? rotvid::kVNibbles : wgmma ? rotvid::kVSignMagnitude : rotvid::kVTwosComplement;
@@ -391,8 +329,18 @@ std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor
   p.v_scale = v_scale.data_ptr<float>();
   at::Tensor k_rot;
   if (rope_coef.has_value() || rope_index.has_value()) {
-    check_rope_table(rope_coef, rope_index, d);
+    TORCH_CHECK(rope_coef.has_value() && rope_index.has_value(), "rope_coef and rope_index go together");
     const at::Tensor &coef = *rope_coef, &index = *rope_index;
+    TORCH_CHECK(D == 64 || D == 128, "RoPE·R in the pre-processing: head_dim 64 or 128");
+    TORCH_CHECK(dq.N == dk.N, "RoPE·R in the pre-processing: as many queries as keys (self-attention)");
+    TORCH_CHECK(coef.is_cuda() && coef.scalar_type() == at::kFloat && coef.is_contiguous() &&
+                    coef.sizes() == at::IntArrayRef({dq.N, D, 4}), "rope_coef: contiguous float32 CUDA [N, D, 4]");
+    TORCH_CHECK(index.is_cuda() && index.scalar_type() == at::kInt && index.is_contiguous() &&
+                    index.sizes() == at::IntArrayRef({D, 4}), "rope_index: contiguous int32 CUDA [D, 4]");
+    for (const at::Tensor* x : {&q, &k})
+      TORCH_CHECK(x->stride(0) % 8 == 0 && x->stride(1) % 8 == 0 && x->stride(2) % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 == 0,
+                  "q, k: 16-byte aligned rows for RoPE·R in the pre-processing");
     k_rot = at::empty({dk.B, dk.H, dk.N, D}, k.options());
     rotvid::RopePreParams r{};
     r.q = rope_params(q, dq, coef, index, nullptr, rope_hadamard);

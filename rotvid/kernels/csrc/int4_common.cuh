@@ -103,26 +103,6 @@ struct TokenMeanParams {
 cudaError_t launch_token_means_f64(const TokenMeanParams& p, cudaStream_t stream);
 // The rows of Q and of K (same B, H, D and dtype) in one launch; a tensor with N_pad = 0 has none.
 cudaError_t launch_quant_rows_int4(const PreprocessParams& q, const PreprocessParams& k, bool s4, cudaStream_t stream);
-// RoPE·R inside the INT4 pre-processing (preprocess_int4_rope.cu), for self-attention (q, k, v of the same B, H, N, D
-// and dtype) with a generalized RoPE table shared by the heads: the bits of launch_generalized_rope on Q and K followed
-// by launch_token_means_f64 and launch_quant_rows_int4, without the rotated copies. launch_int4_rope_means (the
-// smoothing means; its sums and `done` zero on entry), then launch_int4_rope_rows (q.mean / k.mean / k.q_mean the
-// means it wrote), then launch_quant_v_int4 on v as usual.
-struct Int4RopeParams {
-  PreprocessParams q, k, v;   // q, k as launch_quant_rows_int4 takes them (x un-rotated); v: its input and kv_lens
-  const float* coef;          // [N, D, 4] float32
-  const int* index;           // [D, 4] int32
-  int hadamard;               // the full rotation: the Walsh-Hadamard transform after the table (roperows::fwht8)
-  double* q_sum;              // [BH, D] float64 sums of each smoothed tensor (nullptr: not smoothed)
-  double* k_sum;
-  double* v_sum;
-  float* q_mean_out;          // [BH, D] its mean float32(sum / len), for each non-null sum
-  float* k_mean_out;
-  float* v_mean_out;
-  unsigned int* done;         // [BH] counters
-};
-cudaError_t launch_int4_rope_means(const Int4RopeParams& p, cudaStream_t stream);
-cudaError_t launch_int4_rope_rows(const Int4RopeParams& p, bool s4, cudaStream_t stream);
 // V^T bytes: two's complement (the s8 mma.sync kernel), two values per byte (s4), or sign-magnitude |v| | sign << 7
 // (the Hopper kernel, whose P.V reads them as the e4m3 values v 2^-9)
 enum VFormat { kVTwosComplement = 0, kVNibbles = 1, kVSignMagnitude = 2 };

@@ -14,9 +14,7 @@
 
 #include <type_traits>
 
-#include "cp_async.cuh"
 #include "int4_common.cuh"
-#include "int4_rows.cuh"
 #include "int4_rowmath.cuh"
 #include "rope_rows.cuh"
 
@@ -25,17 +23,25 @@ namespace pre {
 
 using roperows::to_f32;
 using rowmath::pack_low_bytes;  // byte i = the low byte of the i-th int
-using cpasync::copy16_zfill;
-using cpasync::wait_all;
-using int4rows::quant7;
-using int4rows::quant_row8;
-using int4rows::row_dot;
-using int4rows::store_row8;
+
+// 16 bytes global -> shared by cp.async (sm80+), the last 16 - size of them zero
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(size)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // bytes v in [-7, 7] (two's complement) -> |v| | sign << 7 each: a negative byte's ~v + 1 is -v, with no carry out
 __device__ __forceinline__ uint32_t sign_magnitude_bytes(uint32_t w) {
   const uint32_t sign = w & 0x80808080u, neg = sign >> 7;
   return ((w ^ (neg * 0xFFu)) + neg) | sign;
+}
+
+template <int QMAX = 7>
+__device__ __forceinline__ int quant7(float x, float inv) {
+  int v = __float2int_rn(x * inv);
+  return max(-QMAX, min(QMAX, v));
 }
 
 constexpr int kColsumTokens = 1024;  // tokens per CTA (256, or one wave sized from the SM count: no faster)
@@ -124,6 +130,42 @@ struct RowSplit {
   static constexpr int ROWS = RPP * kRowPasses;    // rows per CTA
 };
 
+// sum over the TPR consecutive lanes holding one row (xor butterfly) / max over them
+template <int TPR>
+__device__ __forceinline__ float row_sum(float a) {
+#pragma unroll
+  for (int o = TPR / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+  return a;
+}
+template <int TPR>
+__device__ __forceinline__ float row_max(float a) {
+#pragma unroll
+  for (int o = TPR / 2; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  return a;
+}
+
+// Q smoothing's ΔS of one row, q_mean . k_s in float32, summed in a fixed order (the bias's bits): the D channels as
+// 32 runs of D / 32 (fmaf chains), the runs added by the xor butterfly over 32 run indices, highest distance first.
+// A thread holds G = 8 / (D / 32) runs: distances G .. 16 cross threads (lane distance / G), 1 .. G / 2 are its own.
+template <int D>
+__device__ __forceinline__ float row_dot(const float (&qm)[8], const float (&v)[8]) {
+  constexpr int RUN = D / 32, G = 8 / RUN;
+  float s[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    s[g] = 0.f;
+#pragma unroll
+    for (int i = g * RUN; i < (g + 1) * RUN; ++i) s[g] = fmaf(qm[i], v[i], s[g]);
+    s[g] = row_sum<D / 8>(s[g]);
+  }
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) {
+#pragma unroll
+    for (int g = 0; g < o; ++g) s[g] = s[g] + s[g + o];  // run g's partner at distance o is g ^ o = g + o
+  }
+  return s[0];
+}
+
 // Rows of one (batch, head) of p (blockIdx.y), cta the CTA's index among p's ceil(N_pad / ROWS). Rows N .. N_pad - 1
 // are zero with scale 0 (and bias 0). QMAX: the symmetric grid (7: INT4 values; 127 would be INT8 rows, s8 only).
 template <typename T, int D, bool S4, int QMAX>
@@ -166,11 +208,31 @@ __device__ __forceinline__ void quant_rows(const PreprocessParams& p, int cta) {
     }
     float dot = 0.f;
     if (p.bias != nullptr) dot = row_dot<D>(qm, v);
-    int qv[8];
-    const float scale = quant_row8<D, QMAX>(v, qv);
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    amax = row_max<RS::TPR>(amax);
+    int qv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float scale = 0.f;
+    if (amax != 0.f) {
+      const float inv = __fdiv_rn((float)QMAX, amax);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) qv[j] = quant7<QMAX>(v[j], inv);
+      scale = __fdiv_rn(amax, (float)QMAX);
+    }
     if (n >= p.N_pad) continue;
     const size_t row = (size_t)bh * p.N_pad + n;
-    store_row8<S4>(p.out + row * DB, c8, qv);
+    if constexpr (!S4) {
+      uint32_t w[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w[j / 4] |= (uint32_t)(qv[j] & 0xFF) << (8 * (j % 4));
+      *reinterpret_cast<uint2*>(p.out + row * DB + c8 * 8) = make_uint2(w[0], w[1]);
+    } else {
+      uint32_t w = 0u;  // element 2c in the low nibble of byte c
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w |= (uint32_t)(qv[j] & 0xF) << (4 * j);
+      *reinterpret_cast<uint32_t*>(p.out + row * DB + c8 * 4) = w;
+    }
     if (c8 == 0) {
       p.scale[row] = scale;
       if (p.bias != nullptr) p.bias[row] = (live ? dot : 0.f) * p.qk_scale;
@@ -230,10 +292,10 @@ __global__ void __launch_bounds__(VSplit<D, BN, S4>::THREADS, 6) quant_v_kernel(
     const int j = c / CPR, c8 = c % CPR;
     const int key = kb * BN + j;
     const bool in = key < len;
-    copy16_zfill(tile + j * D + c8 * 8, in ? xb + (size_t)key * p.sn + c8 * 8 : xb, in ? 16 : 0);
+    cp_async16_zfill(tile + j * D + c8 * 8, in ? xb + (size_t)key * p.sn + c8 * 8 : xb, in ? 16 : 0);
   }
   const float mu = p.mean != nullptr ? p.mean[(size_t)bh * D + d] : 0.f;
-  wait_all();
+  cp_async_wait_all();
   __syncthreads();
   // Two passes over the part's keys (no per-key register arrays: BN = 128 spilled): the max, then (after the
   // parts' maxima meet) quantize straight into the permuted V^T bytes while summing the column. Both passes come in
