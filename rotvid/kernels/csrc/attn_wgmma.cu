@@ -85,8 +85,9 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
   // consumer warpgroups take turns issuing the QK^T (ping-pong 1: with the e4m3 P.V of FP8PV 2, 668 -> 722 TOP/s
   // at Wan2.1-1.3B and 674 -> 724 at Wan 14B 720p against ping-pong 2's turn around P.V + the next QK^T, which
   // was the better one with the u8 x s8 P.V: 632 -> 658). Head_dim 64 takes no ping-pong (CogVideoX-5B: it lost
-  // 4-16% there, with either P.V) and issues the next block's QK^T during this block's O update with a 4-stage ring (session 16, CogVideoX-5B, attention only, Q/K/V smoothed: 9.36 ->
-  // 8.57 ms against the plain order with 3 stages; K only: 8.38 -> 7.93; 2, 3 and 5 stages and PIPE 2 in between).
+  // 4-16% there, with either P.V) and issues the next block's QK^T during this block's O update with a 4-stage
+  // ring (session 16, CogVideoX-5B, attention only, Q/K/V smoothed: 9.36 -> 8.57 ms against the plain order with 3
+  // stages; K only: 8.38 -> 7.93; 2, 3 and 5 stages and PIPE 2 in between).
   if constexpr (D == 128) {
     return launch_d<D, PMODE, 3, 1, 1, 128, SQ>(p, stream);
   } else {

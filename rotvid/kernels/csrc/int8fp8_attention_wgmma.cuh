@@ -14,9 +14,8 @@
 // The CTA skeleton is the INT4 Hopper kernel's (int4_attention_wgmma.cuh): two consumer warpgroups of 64 query
 // rows, a producer warpgroup issuing TMA copies of K^ / V8^T tiles and the K scales into a ring of stages, the
 // ping-pong turn between consumers (PINGPONG 2, head_dim 128) and the next QK^T issued during the O update (PIPE 1;
-// attn_int8fp8_wgmma.cu picks the schedule per head_dim). V8^T keys
-// are permuted per 32 exactly as the s8 layout (int4_common.cuh), so that the S accumulator layout is the
-// e4m3 A-fragment layout.
+// attn_int8fp8_wgmma.cu picks the schedule per head_dim). V8^T keys are permuted per 32 exactly as the s8 layout
+// (int4_common.cuh), so that the S accumulator layout is the e4m3 A-fragment layout.
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
