@@ -1,13 +1,13 @@
-"""Device helper: attention kernels isolated vs sustained (back to back for seconds), with SM clock and power.
+"""Attention kernels isolated vs sustained (back to back for seconds), with SM clock and power.
 
 Inside a forward the attention kernels run back to back with GEMMs; kernel_bench times them in short
 interleaved bursts. At the Wan 14B 720p slice the int8-fp8 kernel took 145 ms per call in the compiled
-forward against 130 ms isolated (e2e_attn_gap.py), with the board at its 700 W limit. This script asks
+forward against 130 ms isolated (benchmarks/RESULTS.md), with the board at its 700 W limit. This script asks
 whether that is the same for every method: per method, the median of ``--calls`` isolated calls (a sync and a
 ``--sleep`` pause before each), then ``--seconds`` of back-to-back calls, timed over their second half,
 while ``nvidia-smi`` samples the SM clock, power and temperature every 100 ms.
 
-    python3 benchmarks/device/sustained_power.py --shape wan14b-720p
+    python3 benchmarks/sustained_power.py --shape wan14b-720p
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rotvid.kernels import cuda_backend as cb  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Device helper: where one compiled forward's GPU time goes, bf16 SDPA vs rotvid, per kernel.
+"""Where one compiled forward's GPU time goes, bf16 SDPA vs rotvid, per kernel.
 
 Builds an ``e2e_bench`` setup (random weights, real shapes), compiles the untouched transformer and
 then the rotvid one (``apply(..., compile=...)``, schedule none: every self-attention call quantized),
@@ -6,7 +6,7 @@ and profiles ``--forwards`` forwards of each after warm-up. Prints, per row, the
 per forward and a summary by group (attention, rotvid pre-processing, everything else), so the two rows'
 non-attention time can be compared.
 
-    python3 benchmarks/device/e2e_profile.py --setup wan14b-720p-slice --rotation half
+    python3 benchmarks/e2e_profile.py --setup wan14b-720p-slice --rotation half
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_bench import build, make_setup  # noqa: E402
 
