@@ -1,7 +1,0 @@
-# Device script (session 4): wheels + peer, default build, every GPU test, kernel_bench over all shapes with the
-# peer (kernel_bench.json + markdown into $OUT). Carry [".whl", ".peers"]; set ROTVID_COMMIT.
-source benchmarks/device/setup.sh
-python3 -m pytest -q -m gpu tests -rfs -p no:cacheprovider ${TEST_ARGS} 2>&1 | tee $OUT/gpu_tests.txt | tail -${TEST_TAIL:-12}
-[ -n "$NO_BENCH" ] && exit 0
-python3 benchmarks/kernel_bench.py --markdown-out $OUT/kernel_bench.md --json-out $OUT/kernel_bench.json ${BENCH_ARGS} > $OUT/bench_stdout.txt 2>&1
-tail -45 $OUT/kernel_bench.md
