@@ -9,8 +9,8 @@
 #   kernel    benchmarks/kernel_bench.py over every shape, the peer and cuDNN in the same run (KERNEL_ARGS)
 #   e2e       benchmarks/e2e_bench.py, compiled, both setups (E2E_ARGS replaces the default arguments)
 #   parallel  benchmarks/parallel_bench.py, 1 and 2 GPUs (PARALLEL_ARGS; needs two GPUs)
-#   profile   benchmarks/e2e_profile.py --setup wan (where a compiled forward's GPU time goes)
-#   power     benchmarks/sustained_power.py (attention isolated vs sustained, with SM clock and power)
+#   profile   benchmarks/e2e_profile.py (where a compiled forward's GPU time goes; PROFILE_ARGS)
+#   power     benchmarks/sustained_power.py (attention isolated vs sustained, with SM clock and power; POWER_ARGS)
 #   ab        kernel-source A/B on this one machine: kernel_bench's rotvid rows (attention with pre-processing,
 #             KERNEL_ARGS, default --rotvid-only --no-sage --shapes wan1.3b-480p cogvideox5b) in AB_ROUNDS rounds
 #             (default 2) alternating the working tree and a copy whose rotvid/kernels/csrc is AB_CSRC (a saved
@@ -111,9 +111,9 @@ for step in "${steps[@]}"; do
       # shellcheck disable=SC2086
       run_step parallel "$PY" benchmarks/parallel_bench.py ${PARALLEL_ARGS:-} --append "$OUT/parallel.md" ;;
     profile)
-      run_step profile bash -c "$PY benchmarks/e2e_profile.py --setup wan > '$OUT/e2e_profile.txt' 2>&1" ;;
+      run_step profile bash -c "$PY benchmarks/e2e_profile.py ${PROFILE_ARGS:-} > '$OUT/e2e_profile.txt' 2>&1" ;;
     power)
-      run_step power bash -c "$PY benchmarks/sustained_power.py > '$OUT/sustained_power.txt' 2>&1" ;;
+      run_step power bash -c "$PY benchmarks/sustained_power.py ${POWER_ARGS:-} > '$OUT/sustained_power.txt' 2>&1" ;;
     ab)
       rm -rf build/ab_tree && mkdir -p build/ab_tree && cp -r rotvid benchmarks build/ab_tree/ \
         && rm -rf build/ab_tree/rotvid/kernels/csrc && cp -r "$AB_CSRC" build/ab_tree/rotvid/kernels/csrc
