@@ -125,7 +125,7 @@ def _load_for(cap: tuple[int, int]):
 
     entry = ARCH_TABLE[cap]
     _nvcc()
-    name = f"rotvid_int4_sm{cap[0]}{cap[1]}_{_source_hash()}"
+    name = f"rotvid_cuda_sm{cap[0]}{cap[1]}_{_source_hash()}"  # every recipe's kernels, one extension
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
     logger.info("loading/building rotvid CUDA extension %s in %s", name, build)
