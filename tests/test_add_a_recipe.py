@@ -96,3 +96,24 @@ def test_toy_recipe_through_eval_variants(toy_recipe, tiny_wan, tmp_path):  # no
     assert side["recipe"] == TOY and side["fallbacks"] == {}
     row = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"| {TOY}_half |")).split(" | ")
     assert row[1:4] == ["BF16-QK", "–", "Half"]
+
+
+def test_no_quantized_recipe_name_is_written_outside_the_recipes_package():
+    """Code outside ``rotvid/kernels/recipes/`` asks the registry: no string constant equal to a quantized recipe's
+    name (``fp16`` is also an outcome and a dtype name, so it is not searched; docs and messages inside longer
+    strings are not constants equal to a name)."""
+    import ast
+    from pathlib import Path
+
+    from rotvid.kernels.recipes import quantized_recipe_names
+
+    names = set(quantized_recipe_names())
+    root = Path(__file__).resolve().parent.parent / "rotvid"
+    found = []
+    for path in root.rglob("*.py"):
+        if "recipes" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
+    assert found == []

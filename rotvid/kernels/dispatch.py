@@ -125,6 +125,19 @@ def validate_attention_inputs(q, k, v, *, recipe, layout, kv_lens, block_m=None,
             raise ValueError(f"{name}: expected True or False, got {val!r}")
 
 
+def refusing_check(backend: str, q, k, v, **opts) -> tuple[str, str] | None:
+    """Which check of ``backend`` refuses this call and why: ``(check name, reason)``, or None when it can run it.
+    A backend without named checks (a ``refusal`` method) answers with the name ``"unsupported_reason"``."""
+    chosen = registered_backends().get(backend)
+    if chosen is None:
+        raise ValueError(f"backend: expected one of {', '.join(sorted(_BACKENDS))}, got {backend!r}")
+    refusal = getattr(chosen, "refusal", None)
+    if refusal is not None:
+        return refusal(q, k, v, **opts)
+    why = chosen.unsupported_reason(q, k, v, **opts)
+    return None if why is None else ("unsupported_reason", why)
+
+
 def select_backend(q, k, v, *, backend: str = "auto", **opts) -> tuple[AttentionBackend, str]:
     """Pick the backend for this call. Returns ``(backend, reason)``; raises if a named one cannot run."""
     backends = registered_backends()
