@@ -81,13 +81,13 @@ def version() -> None:
 def backends() -> None:
     """Show which attention backends run on this machine, and why not where they don't."""
     from rotvid.kernels.dispatch import describe_backends
-
-    from rotvid.kernels.recipe_table import auto_recipe
+    from rotvid.kernels.recipes import int4
+    from rotvid.kernels.recipes.auto import auto_recipe
 
     for name, reason in describe_backends().items():
         typer.echo(f"{name:10s} {reason}")
     recipe, why = auto_recipe()
-    typer.echo(f"{'recipe':10s} auto -> {recipe} ({why}); --recipe int4 keeps the paper's INT4 everywhere")
+    typer.echo(f"{'recipe':10s} auto -> {recipe} ({why}); --recipe {int4.RECIPE.name} keeps the paper's INT4 everywhere")
 
 
 # ---- shared option helpers --------------------------------------------------------------------
@@ -488,6 +488,13 @@ def _check_backend(backend: str | None) -> None:
         raise ValueError(f"--backend: expected {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}, got {backend!r}")
 
 
+def _runs_model_attention(recipe: str | None) -> bool:
+    """True for a registered recipe that runs the model's own attention (``fp16``: nothing quantized)."""
+    from rotvid.kernels.recipes import recipes
+
+    return any(r.name == recipe and not r.quantized for r in recipes())
+
+
 class _ConfigFactory:
     """Builds the RotvidConfig of a run from --config, --recipe, --rotation, --schedule, --backend and
     --smooth-k/q/v (``smoothing``: ``{"smooth_k": bool or None, ...}``, None = not given).
@@ -502,7 +509,7 @@ class _ConfigFactory:
         self.changes = {k: v for k, v in (("recipe", recipe), ("rotation", rotation), ("backend", backend),
                                           *(smoothing or {}).items())
                         if v is not None}
-        self.untouched = base is None and recipe == "fp16" and rotation is None
+        self.untouched = base is None and _runs_model_attention(recipe) and rotation is None
         if rotation is not None:
             _check_learned_file("--rotation", rotation)
 
@@ -784,7 +791,7 @@ def calibrate(
     with _user_errors():
         from rotvid.eval.generation import call_kwargs, load_prompts
         from rotvid.pipelines.calibrate import CalibrationOptions, calibrate as run_calibration
-        from rotvid.pipelines.config import CONFIG_RECIPES
+        from rotvid.kernels.recipes import AUTO, quantized_recipe_names
 
         if not prompt_file.is_file():
             raise FileNotFoundError(f"--prompt-file {prompt_file} does not exist")
@@ -795,8 +802,8 @@ def calibrate(
             raise ValueError(f"--pairing: expected half or interleaved, got {pairing!r}")
         if objective not in ("scores", "output"):
             raise ValueError(f"--objective: expected scores or output, got {objective!r}")
-        if recipe not in CONFIG_RECIPES or recipe == "fp16":
-            raise ValueError(f"--recipe: expected auto or a quantized recipe ({', '.join(r for r in CONFIG_RECIPES if r != 'fp16')}), got {recipe!r}")
+        if recipe != AUTO and recipe not in quantized_recipe_names():
+            raise ValueError(f"--recipe: expected auto or a quantized recipe ({', '.join((AUTO, *quantized_recipe_names()))}), got {recipe!r}")
         _check_positive("--iters", iters)
         _check_positive("--lr", lr)
         _check_positive("--max-tokens", max_tokens)

@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from rotvid.kernels import recipe_table
+from rotvid.kernels.recipes import auto as recipe_table
 from tests.test_cli import TINY, assert_fails, run, tiny_wan  # noqa: F401  (fixture)
 
 

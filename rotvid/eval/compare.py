@@ -18,7 +18,8 @@ from rotvid.eval.matching import CandidateSet, match_videos
 from rotvid.eval.pixel_metrics import compare_files
 from rotvid.eval.report import REPORT_FILES, EvalReport, VariantResult, write_report
 from rotvid.eval.sidecar import read_sidecar
-from rotvid.eval.variants import RECIPES, VariantSpec
+from rotvid.eval.variants import VariantSpec
+from rotvid.kernels.recipes import recipe_names
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def _columns_from_sidecars(sidecars: list[dict | None]) -> tuple[str, str, str]:
     if len(specs) != 1 or None in sidecars:
         return ("–", "–", "–")
     recipe, rotation = specs.pop()
-    if recipe not in RECIPES or not isinstance(rotation, str):
+    if recipe not in recipe_names() or not isinstance(rotation, str):
         return ("–", "–", "–")
     return VariantSpec(recipe, rotation).table_columns()
 

@@ -33,8 +33,10 @@ from pathlib import Path
 
 import torch
 
+from rotvid.atomic import check_can_write
 from rotvid.eval.sidecar import read_sidecar, sidecar_path, write_sidecar
-from rotvid.eval.video_io import check_can_write, to_uint8_frames, write_video
+from rotvid.eval.video_io import to_uint8_frames, write_video
+from rotvid.kernels.recipes import fp16
 
 logger = logging.getLogger(__name__)
 
@@ -414,7 +416,7 @@ def generate_video(
         "request": request_record(model, request, config_dict),
         "video": out.name,
         # the recipe that ran (``auto`` resolved by apply) and why; the request keeps what was asked
-        "recipe": run_report["recipe"] if run_report is not None else "fp16",
+        "recipe": run_report["recipe"] if run_report is not None else fp16.RECIPE.name,
         "recipe_reason": run_report["recipe_reason"] if run_report is not None else "the untouched FP16 pipeline",
         "rotation": config.rotation if config is not None else "none",
         "model": {"name": str(model), "pipeline": type(pipe).__name__, "family": family, "task": task},

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from rotvid.atomic import write_file_atomically
 from rotvid.eval.pixel_metrics import VideoMetrics, float_to_json, mean_metrics
-from rotvid.eval.video_io import iter_frames, write_file_atomically
+from rotvid.eval.video_io import iter_frames
 
 logger = logging.getLogger(__name__)
 

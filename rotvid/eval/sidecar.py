@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from rotvid.eval.video_io import write_file_atomically
+from rotvid.atomic import write_file_atomically
 
 SIDECAR_VERSION = 1
 

@@ -1,12 +1,12 @@
 """Variant specs of ``rotvid eval --variants``: ``RECIPE:ROTATION`` (e.g. ``int4:half``).
 
-RECIPE is one of the attention recipes of :mod:`rotvid.kernels` (``fp16``, ``int4``,
+RECIPE is one of the registered attention recipes (:mod:`rotvid.kernels.recipes`: ``fp16``, ``int4``,
 ``int4-sym-p``, ``int8-fp8``, ``int4-fp8``, ``nvfp4``); ROTATION one of ``none``,
 ``interleaved``, ``half``, ``full`` or ``learned:<file.safetensors>``. ``RECIPE`` alone means
-``RECIPE:none``. RECIPE ``auto`` is this GPU's recipe (:mod:`rotvid.kernels.recipe_table`),
+``RECIPE:none``. RECIPE ``auto`` is this GPU's recipe (:mod:`rotvid.kernels.recipes.auto`),
 resolved by :func:`resolve_auto_variants` before anything runs, so every label names the recipe
 that ran (``int8-fp8_half``, not ``auto_half``). The Table-1 columns (datatype, range-optimized P,
-rotation) are derived here.
+rotation) come from the recipe's labels and the rotation.
 """
 
 from __future__ import annotations
@@ -14,19 +14,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-RECIPES = ("fp16", "int4", "int4-sym-p", "int8-fp8", "int4-fp8", "nvfp4")
-AUTO = "auto"
-ROTATIONS = ("none", "interleaved", "half", "full")
+from rotvid.kernels.recipes import AUTO, recipe_names, recipes
+from rotvid.kernels.recipes.auto import resolve_recipe
 
-# Table 1 columns per recipe: (datatype, optimized-P mark)
-_RECIPE_COLUMNS = {
-    "fp16": ("FP16", "–"),
-    "int4": ("INT4", "✓"),
-    "int4-sym-p": ("INT4", "×"),
-    "int8-fp8": ("INT8/FP8", "–"),
-    "int4-fp8": ("INT4/FP8", "–"),
-    "nvfp4": ("NVFP4", "–"),
-}
+ROTATIONS = ("none", "interleaved", "half", "full")
 _ROTATION_NAMES = {"none": "W/O", "interleaved": "Interleave", "half": "Half", "full": "Full"}
 
 
@@ -52,8 +43,9 @@ class VariantSpec:
 
     def table_columns(self) -> tuple[str, str, str]:
         """(Datatype, Optim-P, Rotation) as in the paper's Table 1."""
-        dtype, optim_p = _RECIPE_COLUMNS.get(self.recipe, (self.recipe, "–"))
-        if self.recipe == "fp16" and self.rotation == "none":
+        recipe = next((r for r in recipes() if r.name == self.recipe), None)
+        dtype, optim_p = (recipe.labels.datatype, recipe.labels.optim_p) if recipe is not None else (self.recipe, "–")
+        if recipe is not None and not recipe.quantized and self.rotation == "none":  # the untouched model
             return dtype, "–", "–"
         rot = "Trained" if self.rotation.startswith("learned:") else _ROTATION_NAMES.get(self.rotation, self.rotation)
         return dtype, optim_p, rot
@@ -64,9 +56,9 @@ def parse_variant(text: str) -> VariantSpec:
     text = text.strip()
     recipe, _, rotation = text.partition(":")
     rotation = rotation or "none"
-    if recipe not in RECIPES and recipe != AUTO:
+    if recipe not in recipe_names() and recipe != AUTO:
         raise ValueError(
-            f"--variants: unknown recipe {recipe!r} in {text!r}; expected one of {', '.join(RECIPES)} or {AUTO}"
+            f"--variants: unknown recipe {recipe!r} in {text!r}; expected one of {', '.join(recipe_names())} or {AUTO}"
         )
     if rotation not in ROTATIONS and not (rotation.startswith("learned:") and len(rotation) > len("learned:")):
         raise ValueError(
@@ -100,8 +92,6 @@ def resolve_auto_variants(specs: list[VariantSpec], device) -> tuple[list[Varian
     ``ValueError`` when a resolved variant repeats one listed explicitly (``auto:half,int4:half`` on
     an INT4 GPU).
     """
-    from rotvid.kernels.recipe_table import resolve_recipe
-
     out, notes = [], []
     for spec in specs:
         if spec.recipe == AUTO:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rotvid.atomic import check_can_write, temporary_path
+
 logger = logging.getLogger(__name__)
 
 VIDEO_SUFFIXES = (".mp4",)
@@ -36,19 +38,6 @@ class VideoInfo:
     height: int
     width: int
     fps: Fraction
-
-
-def temporary_path(path: Path) -> Path:
-    """The name a file is written under before it is complete: hidden, same folder, same suffix."""
-    path = Path(path)
-    return path.with_name(f".{path.stem}.partial-{os.getpid()}{path.suffix}")
-
-
-def check_can_write(path: Path, *, overwrite: bool, what: str = "output") -> None:
-    """Raise ``FileExistsError`` when ``path`` exists and ``overwrite`` is false."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{what} {path} already exists (pass --overwrite to replace it)")
 
 
 def to_uint8_frames(frames) -> np.ndarray:
@@ -205,22 +194,3 @@ def list_videos(folder: str | os.PathLike) -> list[Path]:
     return sorted(
         p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES and not p.name.startswith(".")
     )
-
-
-def write_file_atomically(path: Path, data: bytes | str, *, overwrite: bool = True) -> Path:
-    """Write a small text or binary file through a temporary name and a rename."""
-    path = Path(path)
-    check_can_write(path, overwrite=overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(path)
-    try:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        else:
-            tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
-

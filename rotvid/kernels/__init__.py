@@ -1,9 +1,29 @@
-"""Quantized attention: the PyTorch reference (any device), CUDA kernels, and the dispatcher.
+"""Quantized attention: the recipes, the PyTorch reference (any device), CUDA kernels, and the dispatcher.
 
-``rotvid.kernels.attention`` is the one public entry point; see its docstring.
+``rotvid.kernels.attention`` is the one public entry point at the kernel level; see its docstring. The recipes and
+their registry: :mod:`rotvid.kernels.recipes`.
 """
 
-from rotvid.kernels.dispatch import attention, describe_backends, register_backend, select_backend
-from rotvid.kernels.reference import RECIPES, attention_reference
+from rotvid.kernels.dispatch import (
+    AttentionCall,
+    attention,
+    describe_backends,
+    prepare_attention,
+    register_backend,
+    run_attention,
+    select_backend,
+)
+from rotvid.kernels.recipes import attention_reference, get_recipe, recipe_names, register_recipe, unregister_recipe
 
-__all__ = ["RECIPES", "attention", "attention_reference", "describe_backends", "register_backend", "select_backend"]
+__all__ = [
+    "RECIPES", "AttentionCall", "attention", "attention_reference", "describe_backends", "get_recipe",
+    "prepare_attention", "recipe_names", "register_backend", "register_recipe", "run_attention", "select_backend",
+    "unregister_recipe",
+]
+
+
+def __getattr__(name: str):
+    """``RECIPES``: the registered recipes' names as of now (:func:`rotvid.kernels.recipes.recipe_names`)."""
+    if name == "RECIPES":
+        return recipe_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,14 @@
 """The one public attention entry point: input checks, backend registry, backend choice.
 
-Backends register themselves with :func:`register_backend`. A backend object has a ``name``,
-``unsupported_reason(q, k, v, **opts) -> str | None`` (``None`` when it can run the call) and
-``run(q, k, v, **opts) -> Tensor``. ``backend="auto"`` tries the registered accelerated
-backends in order of preference and falls back to the reference, logging why.
+A backend object has a ``name``, ``unsupported_reason(q, k, v, **opts) -> str | None`` (``None`` when it can run
+the call) and ``run(q, k, v, **opts) -> Tensor``; ``reference`` and ``cuda`` are built in, others register with
+:func:`register_backend`. ``backend="auto"`` tries the accelerated backends in order of preference and falls back
+to the reference, logging why. Which recipes a backend runs, and with which checks, is the recipes'
+(:mod:`rotvid.kernels.recipes`).
+
+A call is validated and its backend chosen once: :func:`prepare_attention` returns an :class:`AttentionCall`,
+:func:`run_attention` runs it (the pipelines' runtime decides between the two whether the call falls back);
+:func:`attention` is the two in one.
 """
 
 from __future__ import annotations
@@ -15,6 +20,11 @@ from typing import Protocol
 import torch
 
 from rotvid.kernels import reference
+from rotvid.kernels.cuda_backend import CudaBackend
+from rotvid.kernels.recipes import AUTO, get_recipe, int4
+from rotvid.kernels.recipes.auto import resolve_recipe
+from rotvid.kernels.rope_op import apply_generalized_rope
+from rotvid.rope.fused_table import GeneralizedRopeTable
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +53,16 @@ class ReferenceBackend:
 
     def run(self, q, k, v, **opts) -> torch.Tensor:
         opts = dict(opts)
+        recipe = get_recipe(opts.pop("recipe"))
         opts["block_m"] = opts.get("block_m") or reference.DEFAULT_BLOCK_M
-        # (int8-fp8: the kernels' 128-key blocks, so a fallback to the reference keeps their numerics)
-        default_n = reference.INT8FP8_BLOCK_N if opts.get("recipe") == "int8-fp8" else reference.DEFAULT_BLOCK_N
-        opts["block_n"] = opts.get("block_n") or default_n
-        return reference.attention_reference(q, k, v, **opts)
+        # (the recipe's reference key block: int8-fp8's is its kernels' 128, so a fallback keeps their numerics)
+        opts["block_n"] = opts.get("block_n") or recipe.reference_block_n
+        sm_scale = opts.pop("sm_scale", None)
+        sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+        return recipe.reference(q, k, v, sm_scale=sm_scale, **opts)
 
 
-_BACKENDS: dict[str, AttentionBackend] = {"reference": ReferenceBackend()}
+_BACKENDS: dict[str, AttentionBackend] = {"reference": ReferenceBackend(), "cuda": CudaBackend()}
 
 
 def register_backend(name: str, backend: AttentionBackend) -> None:
@@ -59,29 +71,14 @@ def register_backend(name: str, backend: AttentionBackend) -> None:
 
 
 def registered_backends() -> dict[str, AttentionBackend]:
-    _load_optional_backends()
     return dict(_BACKENDS)
-
-
-def _load_optional_backends() -> None:
-    """Import the CUDA backend module if it exists, so that it registers itself.
-
-    Only a missing module is tolerated here; an error inside it propagates (no silent hiding).
-    """
-    if "cuda" in _BACKENDS:
-        return
-    import importlib.util
-
-    if importlib.util.find_spec("rotvid.kernels.cuda_backend") is not None:
-        importlib.import_module("rotvid.kernels.cuda_backend")
 
 
 def validate_attention_inputs(q, k, v, *, recipe, layout, kv_lens, block_m=None, block_n=None, sm_scale=None,
                               switches: dict | None = None) -> None:
     """Raise ``ValueError`` naming the argument and what was expected, for any bad input (``switches``: the
     smoothing flags by name, each a bool)."""
-    if recipe not in reference.RECIPES:
-        raise ValueError(f"recipe: expected one of {', '.join(reference.RECIPES)}, got {recipe!r}")
+    get_recipe(recipe)  # ValueError naming the registered recipes
     if layout not in reference.LAYOUTS:
         raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -128,13 +125,24 @@ def validate_attention_inputs(q, k, v, *, recipe, layout, kv_lens, block_m=None,
             raise ValueError(f"{name}: expected True or False, got {val!r}")
 
 
+def refusing_check(backend: str, q, k, v, **opts) -> tuple[str, str] | None:
+    """Which check of ``backend`` refuses this call and why: ``(check name, reason)``, or None when it can run it.
+    A backend without named checks (a ``refusal`` method) answers with the name ``"unsupported_reason"``."""
+    chosen = registered_backends().get(backend)
+    if chosen is None:
+        raise ValueError(f"backend: expected one of {', '.join(sorted(_BACKENDS))}, got {backend!r}")
+    refusal = getattr(chosen, "refusal", None)
+    if refusal is not None:
+        return refusal(q, k, v, **opts)
+    why = chosen.unsupported_reason(q, k, v, **opts)
+    return None if why is None else ("unsupported_reason", why)
+
+
 def select_backend(q, k, v, *, backend: str = "auto", **opts) -> tuple[AttentionBackend, str]:
     """Pick the backend for this call. Returns ``(backend, reason)``; raises if a named one cannot run."""
     backends = registered_backends()
     if backend != "auto":
         if backend not in backends:
-            if backend == "cuda":
-                raise ValueError("backend: 'cuda' is not available (rotvid.kernels.cuda_backend is not installed)")
             raise ValueError(f"backend: expected 'auto' or one of {', '.join(sorted(backends))}, got {backend!r}")
         chosen = backends[backend]
         why_not = chosen.unsupported_reason(q, k, v, **opts)
@@ -153,12 +161,86 @@ def select_backend(q, k, v, *, backend: str = "auto", **opts) -> tuple[Attention
     return backends["reference"], "reference (auto; " + "; ".join(reasons) + ")"
 
 
+@dataclass(frozen=True)
+class AttentionCall:
+    """A validated call and the backend chosen for it (:func:`prepare_attention`): run it with
+    :func:`run_attention`.
+
+    Attributes:
+        backend: the backend object; reason: why it was chosen (``"cuda (auto)"``, ``"reference (auto; cuda: ...)"``).
+        opts: the call's options as the backend takes them (recipe, layout, kv_lens, sm_scale, smoothing, tiles).
+    """
+
+    backend: AttentionBackend
+    reason: str
+    opts: dict
+
+
+def prepare_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    recipe: str,
+    layout: str = "BHND",
+    backend: str = "auto",
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    smooth_k: bool = True,
+    smooth_q: bool = False,
+    smooth_v: bool = False,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    q_block: int | None = None,
+) -> AttentionCall:
+    """Validate a call of :func:`attention` (ValueError naming the argument) and choose its backend, once.
+
+    ``recipe`` is a registered recipe (``"auto"`` resolved first: :func:`attention` does). Arguments as
+    :func:`attention`'s, but ``rope``, which :func:`run_attention` takes.
+    """
+    validate_attention_inputs(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
+                              sm_scale=sm_scale, switches=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v))
+    opts = dict(
+        recipe=recipe, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
+        smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m, block_n=block_n,
+    )
+    if q_block is not None:
+        if isinstance(q_block, bool) or not isinstance(q_block, int) or q_block < 1:
+            raise ValueError(f"q_block: expected a positive int or None, got {q_block!r}")
+        if not smooth_q:
+            raise ValueError(f"q_block: the Q-smoothing block size, only with smooth_q=True (got q_block={q_block})")
+        opts["q_block"] = q_block
+    chosen, reason = select_backend(q, k, v, backend=backend, **opts)
+    return AttentionCall(chosen, reason, opts)
+
+
+def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str | None = None,
+                  kv_lens=None, rope=None) -> torch.Tensor:
+    """Run a prepared call on ``q, k, v`` (the tensors it was prepared with, or the same tensors in ``layout``, or,
+    inside a ``torch.cond`` branch, its operands; ``kv_lens`` likewise replaces the prepared one when given).
+    ``rope``: as :func:`attention`'s."""
+    opts = dict(call.opts)
+    if layout is not None:
+        opts["layout"] = layout
+    if kv_lens is not None:
+        opts["kv_lens"] = kv_lens
+    if not torch.compiler.is_compiling():  # a logging call would break a compiled graph
+        logger.debug("attention backend: %s", call.reason)
+    if rope is not None:
+        _check_rope(rope, q, k, opts["layout"])
+        fuses = getattr(call.backend, "fuses_rope", None)
+        if fuses is not None and fuses(q, k, rope, recipe=opts["recipe"], layout=opts["layout"]):
+            return call.backend.run(q, k, v, rope=rope, **opts)
+        q, k = _rotate(q, rope, opts["layout"]), _rotate(k, rope, opts["layout"])
+    return call.backend.run(q, k, v, **opts)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    recipe: str = "int4",
+    recipe: str = int4.RECIPE.name,
     layout: str = "BHND",
     backend: str = "auto",
     kv_lens: torch.Tensor | None = None,
@@ -177,57 +259,43 @@ def attention(
         q: [B, H, N_q, D] for ``layout="BHND"`` or [B, N_q, H, D] for ``"BNHD"``; fp16, bf16,
             fp32 or fp64.
         k, v: the same layout with N_kv keys; same dtype and device as q.
-        recipe: ``fp16`` | ``int4`` (RotateAttention, range-optimized P) | ``int4-sym-p`` |
-            ``int8-fp8`` (SageAttention2-8b) | ``int4-fp8`` (SageAttention2-4b) | ``nvfp4``.
+        recipe: a registered recipe (:mod:`rotvid.kernels.recipes`): ``fp16`` | ``int4`` (RotateAttention,
+            range-optimized P) | ``int4-sym-p`` | ``int8-fp8`` (SageAttention2-8b) | ``int4-fp8``
+            (SageAttention2-4b) | ``nvfp4``; or ``auto``: q's device's recipe (:mod:`rotvid.kernels.recipes.auto`).
+            The default here is ``int4`` and the smoothing switches are given as they are (no recipe defaults
+            applied): this is the kernel-level call; :func:`rotvid.attention` defaults to ``auto`` with the
+            recipe's smoothing.
         backend: ``auto`` (CUDA kernel where it runs, else the reference, logged with the
             reason), ``reference`` or ``cuda``.
         kv_lens: optional int tensor [B]: keys ``j >= kv_lens[b]`` are masked (padded keys).
         sm_scale: score scale, default ``D ** -0.5``.
         smooth_k / smooth_q / smooth_v: smoothing switches (see :mod:`rotvid.kernels.reference`).
-        block_m / block_n: query / key tile sizes (backend default when None: block_m 128; block_n 128 for
-            int8-fp8 on every backend, else 64 on the reference and 128 with the Hopper wgmma INT4 kernel, 64 on
-            the other INT4 kernels). The key-block size is part
-            of the numerics (block-local softmax max, per-block V scales): to reproduce a kernel
-            with the reference, pass the same ``block_n``.
+        block_m / block_n: query / key tile sizes (backend default when None: block_m 128; block_n the recipe's
+            (:meth:`~rotvid.kernels.recipes.base.Recipe.default_block_n`): 128 for int8-fp8 on every backend, else
+            64 on the reference and 128 with the Hopper wgmma INT4 kernel, 64 on the other INT4 kernels). The
+            key-block size is part of the numerics (block-local softmax max, per-block V scales): to reproduce a
+            kernel with the reference, pass the same ``block_n``.
         q_block: query rows per Q-smoothing mean; None (default): one mean per head over all query
             rows, the CUDA kernels' Q smoothing (a block size runs on the reference only).
         rope: a :class:`rotvid.rope.fused_table.GeneralizedRopeTable` (RoPE·R): q and k are
             un-rotated and the call attends ``apply_generalized_rope(q, rope)`` and ``(k, rope)``.
             The CUDA backend applies it inside the int8-fp8 pre-processing (same bits, no separate
-            pass, :func:`rotvid.kernels.cuda_backend.rope_fusion_unsupported` says when);
-            otherwise q and k are rotated here first.
+            pass, :func:`rotvid.kernels.recipes.int8_fp8_ops.rope_fusion_unsupported` says when);
+            otherwise q and k are rotated here first (:func:`rotvid.kernels.rope_op.apply_generalized_rope`).
 
     Returns:
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in
         the affected rows of that head (nothing is raised).
     """
-    validate_attention_inputs(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
-                              sm_scale=sm_scale, switches=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v))
-    opts = dict(
-        recipe=recipe, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
-        smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m, block_n=block_n,
-    )
-    if q_block is not None:
-        if isinstance(q_block, bool) or not isinstance(q_block, int) or q_block < 1:
-            raise ValueError(f"q_block: expected a positive int or None, got {q_block!r}")
-        if not smooth_q:
-            raise ValueError(f"q_block: the Q-smoothing block size, only with smooth_q=True (got q_block={q_block})")
-        opts["q_block"] = q_block
-    chosen, reason = select_backend(q, k, v, backend=backend, **opts)
-    if not torch.compiler.is_compiling():  # a logging call would break a compiled graph
-        logger.debug("attention backend: %s", reason)
-    if rope is not None:
-        _check_rope(rope, q, k, layout)
-        fuses = getattr(chosen, "fuses_rope", None)
-        if fuses is not None and fuses(q, k, rope, recipe=recipe, layout=layout):
-            return chosen.run(q, k, v, rope=rope, **opts)
-        q, k = _rotate(q, rope, layout), _rotate(k, rope, layout)
-    return chosen.run(q, k, v, **opts)
+    if recipe == AUTO:
+        recipe, _ = resolve_recipe(AUTO, q.device if isinstance(q, torch.Tensor) else None)
+    call = prepare_attention(q, k, v, recipe=recipe, layout=layout, backend=backend, kv_lens=kv_lens, sm_scale=sm_scale,
+                             smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m,
+                             block_n=block_n, q_block=q_block)
+    return run_attention(call, q, k, v, rope=rope)
 
 
 def _check_rope(rope, q: torch.Tensor, k: torch.Tensor, layout: str) -> None:
-    from rotvid.rope.fused_table import GeneralizedRopeTable
-
     if not isinstance(rope, GeneralizedRopeTable):
         raise ValueError(f"rope: expected a GeneralizedRopeTable or None, got {type(rope).__name__}")
     _, _, nq, d = reference.to_bhnd(q, layout).shape
@@ -240,8 +308,6 @@ def _check_rope(rope, q: torch.Tensor, k: torch.Tensor, layout: str) -> None:
 
 
 def _rotate(x: torch.Tensor, rope, layout: str) -> torch.Tensor:
-    from rotvid.rope.fused_table import apply_generalized_rope
-
     out = apply_generalized_rope(reference.to_bhnd(x, layout), rope)
     return out if layout == "BHND" else out.transpose(1, 2)  # (a view: the backends take strided layouts)
 

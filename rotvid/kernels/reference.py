@@ -30,7 +30,9 @@ arithmetic in float32 (float64 when the inputs are float64), ``rint`` = round ha
 6. Online combine: ``m_new = max(m, m_blk)``, ``O = O·exp2(m - m_new) + exp2(m_blk - m_new)·pv``,
    ``l`` likewise; ``out = O / l (+ mean(v))``.
 
-Other recipes share steps 1, 3, 4 and 6 (with ``l_blk = rowsum(p)`` of the unquantized p): ``fp16`` (no quantization), ``int8-fp8``
+Each recipe's own numerics are in its module of :mod:`rotvid.kernels.recipes`, built from the steps here
+(:func:`attention_int4`, :func:`attention_blockwise`); :func:`rotvid.kernels.recipes.attention_reference` runs one
+by name. Other recipes share steps 1, 3, 4 and 6 (with ``l_blk = rowsum(p)`` of the unquantized p): ``fp16`` (no quantization), ``int8-fp8``
 (SageAttention2-8b: INT8 Q per token and K per group of 32 keys per 128-key block -- the keys one
 kernel thread holds --, P and V in FP8 e4m3 with V per channel and P scaled by 448, one FP32 buffer per
 key block), ``int4-fp8`` (SageAttention2-4b: INT4 Q/K, FP8 P/V) and
@@ -55,17 +57,12 @@ from rotvid.kernels.quantize import (
     quant_p_fp8,
     quant_p_range_int4,
     quant_p_sym_int4,
-    quantize_k_groups_int8,
-    quantize_nvfp4,
-    quantize_per_channel_fp8,
     quantize_per_token_int4,
-    quantize_per_token_int8,
     quantize_v_per_group_int4,
 )
 
 LOG2E = 1.4426950408889634
 
-RECIPES = ("fp16", "int4", "int4-sym-p", "int8-fp8", "int4-fp8", "nvfp4")
 LAYOUTS = ("BHND", "BNHD")
 DEFAULT_BLOCK_M = 128
 DEFAULT_BLOCK_N = 64
@@ -341,62 +338,13 @@ def attention_int8fp8_from_quantized(
     return out
 
 
-def _attention_generic(q, k, v, *, recipe, kv_lens, sm_scale, block_n, smooth_k, smooth_q, smooth_v, q_block):
-    """fp16 / int8-fp8 / int4-fp8 / nvfp4 on (B, H, N, D) inputs; returns (B, H, Nq, D) in compute dtype."""
-    b, h, nq, d = q.shape
-    n_kv = k.shape[2]
-    q_s, k_s, v_s, q_mean, v_mean = smooth_qkv(
-        q, k, v, kv_lens=kv_lens, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block
-    )
-    dt = q_s.dtype
-    qk_scale = _qk_scale(sm_scale, dt).to(q.device)
-    valid = key_valid_mask(n_kv, kv_lens, b, q.device)
-    v_div = None
-    if recipe == "fp16":
-        qd, kd, vd = q_s, k_s, v_s
-    elif recipe in ("int8-fp8", "int4-fp8"):
-        if recipe == "int8-fp8":  # INT8 Q per token, K per group of 32 keys per 128-key block
-            q_hat, q_sc = quantize_per_token_int8(q_s)
-            k_hat, k_sc, _ = quantize_k_groups_int8(k_s, kv_lens)
-        else:
-            q_hat, q_sc = quantize_per_token_int4(q_s)
-            k_hat, k_sc = quantize_per_token_int4(k_s)
-        qd, kd = q_hat.to(dt) * q_sc, k_hat.to(dt) * k_sc
-        vd, v_sc = quantize_per_channel_fp8(v_s, valid)
-        v_div = v_sc
-    elif recipe == "nvfp4":
-        qd, kd = quantize_nvfp4(q_s, dim=-1), quantize_nvfp4(k_s, dim=-1)
-        vd = quantize_nvfp4(v_s * valid.to(dt), dim=-2)
-    else:  # pragma: no cover - validated by the dispatcher
-        raise ValueError(f"recipe: unknown {recipe!r}")
-    state = _OnlineSoftmax((b, h, nq, d), dt, q.device)
-    for start in range(0, n_kv, block_n):
-        stop = min(start + block_n, n_kv)
-        s = torch.matmul(qd, kd[:, :, start:stop].transpose(-1, -2)) * qk_scale
-        if q_mean is not None:
-            s = s + torch.matmul(q_mean, k_s[:, :, start:stop].transpose(-1, -2)) * qk_scale
-        s = _score_mask(s, start, kv_lens)
-        m_blk, p, l_blk = state.block_probs(s)
-        vb = vd[:, :, start:stop]
-        if recipe == "fp16":
-            pv = torch.matmul(p, vb)
-        elif v_div is not None:  # FP8 P and V, an FP32 buffer for this block
-            pv = torch.matmul(quant_p_fp8(p), vb) * (v_div / FP8_E4M3_MAX)
-        else:
-            pv = torch.matmul(quantize_nvfp4(p, dim=-1), vb)
-        state.update(m_blk, l_blk, pv)
-    out = state.result()
-    if v_mean is not None:
-        out = out + v_mean
-    return out
-
-
-def attention_reference(
+def attention_blockwise(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    recipe: str = "int4",
+    operands,
+    block_pv,
     layout: str = "BHND",
     kv_lens: torch.Tensor | None = None,
     sm_scale: float | None = None,
@@ -407,24 +355,64 @@ def attention_reference(
     smooth_v: bool = False,
     q_block: int | None = None,
 ) -> torch.Tensor:
-    """Attention of ``q`` [B, H, Nq, D] (or BNHD) over ``k``, ``v`` [.., N_kv, ..] under ``recipe``.
+    """Steps 1, 3, 4 and 6 with a recipe's own operands and P·V: every recipe but the INT4 ones (``fp16``,
+    ``int8-fp8``, ``int4-fp8``, ``nvfp4``, each in its module of :mod:`rotvid.kernels.recipes`).
 
-    Inputs are assumed validated (use :func:`rotvid.kernels.attention` for checked entry).
-    Output has q's shape, layout and dtype. Computation is float32 (float64 for float64 inputs).
-    ``block_m`` is the kernels' query tile (no effect on these numerics); ``q_block``: query rows per Q
-    smoothing mean (None: one per head, as the CUDA kernels).
+    ``operands(q_s, k_s, v_s, valid, kv_lens) -> (qd, kd, vd, v_div)``: the smoothed (B, H, N, D) tensors in compute
+    dtype as the recipe (de)quantizes them (``valid`` [B, 1, N_kv, 1] marks the keys before ``kv_lens``), and what
+    ``block_pv`` needs besides (V's scale, or None). ``block_pv(p, vb, v_div) -> pv``: one key block's P·V from the
+    block's probabilities ``p = exp2(s - m_blk)`` and V rows ``vb``; ``l_blk = rowsum(p)`` of the unquantized p.
+    Output in q's shape, layout and dtype; ``block_m`` is the kernels' query tile (no effect on these numerics).
     """
+    q, k, v = to_bhnd(q, layout), to_bhnd(k, layout), to_bhnd(v, layout)
+    out_dtype = q.dtype
+    b, h, nq, d = q.shape
+    n_kv = k.shape[2]
+    sm_scale = d**-0.5 if sm_scale is None else sm_scale
+    q_s, k_s, v_s, q_mean, v_mean = smooth_qkv(
+        q, k, v, kv_lens=kv_lens, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block
+    )
+    dt = q_s.dtype
+    qk_scale = _qk_scale(sm_scale, dt).to(q.device)
+    valid = key_valid_mask(n_kv, kv_lens, b, q.device)
+    qd, kd, vd, v_div = operands(q_s, k_s, v_s, valid, kv_lens)
+    state = _OnlineSoftmax((b, h, nq, d), dt, q.device)
+    for start in range(0, n_kv, block_n):
+        stop = min(start + block_n, n_kv)
+        s = torch.matmul(qd, kd[:, :, start:stop].transpose(-1, -2)) * qk_scale
+        if q_mean is not None:
+            s = s + torch.matmul(q_mean, k_s[:, :, start:stop].transpose(-1, -2)) * qk_scale
+        s = _score_mask(s, start, kv_lens)
+        m_blk, p, l_blk = state.block_probs(s)
+        state.update(m_blk, l_blk, block_pv(p, vd[:, :, start:stop], v_div))
+    out = state.result()
+    if v_mean is not None:
+        out = out + v_mean
+    return from_bhnd(out.to(out_dtype), layout)
+
+
+def attention_int4(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    p_mode: str = "range",
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    smooth_k: bool = True,
+    smooth_q: bool = False,
+    smooth_v: bool = False,
+    q_block: int | None = None,
+) -> torch.Tensor:
+    """The INT4 recipes end to end (steps 1-6): ``p_mode`` ``"range"`` (``int4``) or ``"sym"`` (``int4-sym-p``).
+    Output in q's shape, layout and dtype."""
     d = q.shape[-1]
     sm_scale = d**-0.5 if sm_scale is None else sm_scale
-    if recipe in ("int4", "int4-sym-p"):
-        qkv = preprocess_int4(
-            q, k, v, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
-            smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block,
-        )
-        p_mode = "range" if recipe == "int4" else "sym"
-        return attention_from_quantized(qkv, p_mode=p_mode, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout)
-    out = _attention_generic(
-        to_bhnd(q, layout), to_bhnd(k, layout), to_bhnd(v, layout), recipe=recipe, kv_lens=kv_lens,
-        sm_scale=sm_scale, block_n=block_n, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block,
+    qkv = preprocess_int4(
+        q, k, v, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
+        smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block,
     )
-    return from_bhnd(out.to(q.dtype), layout)
+    return attention_from_quantized(qkv, p_mode=p_mode, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout)

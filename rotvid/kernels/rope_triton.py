@@ -1,7 +1,8 @@
 """One-pass GPU kernel (Triton) for the generalized RoPE table: RoPE and the Q/K rotation together.
 
 ``out[b, h, n, c] = sum_t coef[n, c, t] * x[b, h, n, index[c, t]]`` — the op of
-:func:`rotvid.rope.fused_table.apply_generalized_rope`, which calls this on CUDA tensors. The
+:func:`rotvid.rope.fused_table.apply_generalized_rope`; :func:`rotvid.kernels.rope_op.apply_generalized_rope` calls
+this on CUDA tensors. The
 eager PyTorch form materializes a gathered [B, H, N, D, 4] float32 tensor (about 1.6 GB for
 Wan 480p); this kernel reads x once (the four gathered reads of a row hit L1), reads each tile
 of the table once for all heads of a batch row, and writes the output once, computing in float32.
@@ -119,7 +120,7 @@ def apply_generalized_rope_triton(x: torch.Tensor, coef: torch.Tensor, index: to
         layout, block_t, num_warps: the launch (a tuning aid, benchmarks/device/rope_tune.py): ``"loop"``, one
             program per tile of ``block_t`` tokens looping over the heads (the default, 16 tokens, 4 warps), or
             ``"head"``, one program per (head, tile). On an H100 the default was the fastest of those tried, and
-            rotvid's CUDA kernel (rotvid.kernels.cuda_backend.generalized_rope_cuda), which
+            rotvid's CUDA kernel (rotvid.kernels.rope_op.generalized_rope_cuda), which
             ``apply_generalized_rope`` takes first where it can, runs 3-6x faster with the same bits.
 
     Returns:

@@ -10,7 +10,8 @@
 """
 
 from rotvid.pipelines.attach import RotvidHandle, apply, find_transformers, remove
-from rotvid.pipelines.config import CONFIG_VERSION, PIPELINE_RECIPES, RotvidConfig
+from rotvid.pipelines import config as _config
+from rotvid.pipelines.config import CONFIG_VERSION, RotvidConfig
 from rotvid.pipelines.loading import load_pipeline, resolve_model
 from rotvid.pipelines.model_table import DEFAULT_MODEL, FAMILIES, MODELS
 from rotvid.pipelines.report import RunReport
@@ -38,3 +39,10 @@ __all__ = [
     "FAMILIES",
     "MODELS",
 ]
+
+
+def __getattr__(name: str):
+    """``PIPELINE_RECIPES``: the registered recipes, as of now (:data:`rotvid.pipelines.config.PIPELINE_RECIPES`)."""
+    if name == "PIPELINE_RECIPES":
+        return _config.PIPELINE_RECIPES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

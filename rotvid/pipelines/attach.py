@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from rotvid.kernels.recipe_table import resolve_recipe
+from rotvid.kernels.recipes.auto import resolve_recipe
 from rotvid.pipelines.compiling import compile_options, compile_transformers, uncompile_transformers
-from rotvid.pipelines.config import RotvidConfig, smooth_q_for, smooth_v_for
+from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.context_parallel import check_context_parallel
 from rotvid.pipelines.model_table import FAMILIES, BlockStack, ModelFamily, family_of_transformer
 from rotvid.pipelines.processors import PROCESSORS
@@ -207,7 +207,7 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
             rotation + V/O Hadamard + the recipe's smoothing (K always; Q and V for the INT4 recipes), no FP16
             steps/blocks). ``recipe="auto"`` is
             resolved here, once, from the pipeline's execution device
-            (:func:`rotvid.kernels.recipe_table.resolve_recipe`).
+            (:func:`rotvid.kernels.recipes.auto.resolve_recipe`).
         exact_remove: keep a CPU copy of every weight the V/O Hadamard rewrites so that
             :func:`remove` restores them bit for bit (memory: W_v and W_o of every block). With
             ``False``, ``remove`` un-fuses arithmetically (exact up to the weights' rounding).
@@ -240,9 +240,8 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
                              "what it was applied to first")
     recipe, recipe_reason = resolve_recipe(config.recipe, _execution_device(pipe, transformers))
     logger.info("rotvid recipe: %s (%s)", recipe, recipe_reason)
-    handle = RotvidHandle(pipe, config.with_(recipe=recipe, smooth_q=smooth_q_for(recipe, config.smooth_q),
-                                       smooth_v=smooth_v_for(recipe, config.smooth_v)), family,
-                          transformers,
+    # The recipe and its smoothing are resolved here, once: the runtime and the report read them as they are.
+    handle = RotvidHandle(pipe, config.resolved(recipe), family, transformers,
                           recipe_requested=config.recipe, recipe_reason=recipe_reason)
     try:
         _install(handle, exact_remove=exact_remove)

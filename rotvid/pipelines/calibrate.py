@@ -6,7 +6,7 @@ Two passes over the calibration prompts on the same pipeline:
    what it computes without rotvid): :class:`~rotvid.pipelines.capture.QKVCapture` records
    token-subsampled post-RoPE Q and smoothed K (and V) of every block at the chosen steps.
    Per block (optionally per head) the 2×2 blocks are learned
-   (:func:`rotvid.rope.rotation_training.learn_rotation`, paper Eq. 9–10, initialized at H₂)
+   (:func:`rotvid.pipelines.rotation_training.learn_rotation`, paper Eq. 9–10, initialized at H₂)
    and written to ``rotations.safetensors`` ([blocks, P] or [blocks, heads, P]; several
    transformers — Wan2.2's experts — are stacked one after the other).
 2. **Probe** (the learned rotation installed, every call measured, none quantized for real):
@@ -29,13 +29,14 @@ from typing import Callable, Iterable
 
 import torch
 
+from rotvid.kernels.recipes import fp16
+from rotvid.kernels.recipes.auto import resolve_recipe
 from rotvid.pipelines.adaptive_schedule import AccuracyTable, choose_fp16_cells, write_schedule
-from rotvid.kernels.recipe_table import resolve_recipe
 from rotvid.pipelines.attach import _execution_device, apply, find_transformers, remove
 from rotvid.pipelines.capture import TEXT_POSITION_BY_TOKEN_ORDER, AccuracyProbe, DumpSpec, QKVCapture, latent_grid
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.schedule import Schedule
-from rotvid.rope.rotation_training import learn_rotation
+from rotvid.pipelines.rotation_training import learn_rotation
 from rotvid.rope.rotations import save_learned_rotation
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class CalibrationOptions:
         capture_steps: steps to capture (``None``: every step).
         max_tokens: tokens per call kept by the capture, and per block for learning.
         recipe, backend: what the probe measures (``recipe="auto"``: the GPU's recipe,
-            :func:`rotvid.kernels.recipe_table.resolve_recipe`).
+            :func:`rotvid.kernels.recipes.auto.resolve_recipe`).
         cosine_floor, target_int4_fraction: the adaptive schedule's rules (at least one).
         dump_dir: also write every captured call (batch row 0, full tensors) as a tensor dump
             for ``benchmarks/accuracy_study.py --dump``; needs ``video_size``.
@@ -150,7 +151,7 @@ def calibrate(
     # Pass 1: capture Q/K/V exactly as the untouched model computes them.
     capture = QKVCapture(steps=opts.capture_steps, max_tokens=opts.max_tokens, seed=opts.seed,
                          dump=_dump_spec(pipe, family, transformers, opts))
-    config = RotvidConfig(recipe="fp16", rotation="none", vo_hadamard=False, backend="reference")
+    config = RotvidConfig(recipe=fp16.RECIPE.name, rotation="none", vo_hadamard=False, backend="reference")
     _run_observed(pipe, config, capture, prompts, call, say, "capture")
 
     # Learn per block.
@@ -196,7 +197,7 @@ def calibrate(
     recipe, recipe_reason = resolve_recipe(opts.recipe, _execution_device(pipe, transformers))
     say(f"probe recipe: {recipe} ({recipe_reason})")
     probe = AccuracyProbe(recipe=recipe, backend=opts.backend)
-    config = RotvidConfig(recipe="fp16", rotation=f"learned:{rot_path}", vo_hadamard=True, backend=opts.backend)
+    config = RotvidConfig(recipe=fp16.RECIPE.name, rotation=f"learned:{rot_path}", vo_hadamard=True, backend=opts.backend)
     _run_observed(pipe, config, probe, prompts, call, say, "probe")
 
     cells: dict[str, list[tuple[int, int]]] = {}

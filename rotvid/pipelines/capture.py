@@ -22,7 +22,7 @@ import torch
 import rotvid.kernels as kernels
 from rotvid.kernels import metrics
 from rotvid.pipelines.adaptive_schedule import AccuracyTable
-from rotvid.pipelines.config import smooth_q_for, smooth_v_for
+from rotvid.kernels.recipes import get_recipe, int4
 from rotvid.pipelines.runtime import AttentionSite
 
 logger = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class AccuracyProbe:
     One :class:`AccuracyTable` per transformer (Wan2.2's experts run different steps).
     """
 
-    recipe: str = "int4"
+    recipe: str = int4.RECIPE.name
     backend: str = "auto"
     smooth_k: bool = True
     smooth_q: bool | None = None
@@ -163,12 +163,16 @@ class AccuracyProbe:
     block_n: int | None = None
     tables: dict[str, AccuracyTable] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # the recipe's smoothing defaults, resolved once (ValueError for a recipe not registered)
+        self.smooth_q, self.smooth_v = get_recipe(self.recipe).smoothing(self.smooth_q, self.smooth_v)
+
     def __call__(self, site: AttentionSite, step, num_steps, q, k, v, kv_lens, fp16_attention) -> None:
         table = self.tables.setdefault(site.transformer, AccuracyTable(num_steps=num_steps, num_blocks=site.num_blocks))
         ref = fp16_attention()
         out = kernels.attention(
             q, k, v, recipe=self.recipe, layout="BHND", backend=self.backend, kv_lens=kv_lens,
-            smooth_k=self.smooth_k, smooth_q=smooth_q_for(self.recipe, self.smooth_q), smooth_v=smooth_v_for(self.recipe, self.smooth_v),
+            smooth_k=self.smooth_k, smooth_q=self.smooth_q, smooth_v=self.smooth_v,
             block_n=self.block_n,
         )
         table.add(step, site.block, metrics.cosine_similarity(ref, out), metrics.relative_l2(ref, out))

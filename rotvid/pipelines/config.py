@@ -6,56 +6,46 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from rotvid.atomic import write_file_atomically
+from rotvid.kernels.recipes import AUTO, get_recipe, recipe_names
 from rotvid.pipelines.schedule import Schedule, schedule_preset
 
 __all__ = [
     "RotvidConfig", "CONFIG_VERSION", "CONFIG_RECIPES", "PIPELINE_RECIPES", "ROTATION_KINDS", "BACKENDS",
-    "SMOOTH_V_BY_RECIPE", "smooth_v_for", "SMOOTH_Q_BY_RECIPE", "smooth_q_for",
+    "smooth_v_for", "smooth_q_for",
 ]
 
 CONFIG_VERSION = 1
-# "fp16" runs every self-attention through the model's own attention function (diffusers'
-# dispatcher / SDPA), on the rotated tensors: the exactness check of every fusion.
-PIPELINE_RECIPES = ("fp16", "int4", "int4-sym-p", "int8-fp8", "int4-fp8", "nvfp4")
-# "auto" is resolved once per apply from the GPU (rotvid.kernels.recipe_table.resolve_recipe).
-CONFIG_RECIPES = ("auto", *PIPELINE_RECIPES)
 ROTATION_KINDS = ("none", "interleaved", "half", "full")
 BACKENDS = ("auto", "reference", "cuda")
 
-# V smoothing when a config leaves it unset (smooth_v=None), per recipe. The INT4 recipes smooth V (the paper;
-# their V scales are per key block, and the kernels add the mean back in the epilogue). The FP8-V recipes do not:
-# with one FP8 scale per channel over the whole sequence, subtracting the mean first cost cosine vs float64 at
-# video lengths on zero-mean V (int8-fp8: 0.99937 -> 0.99664 at 119K tokens, 0.99934 -> 0.99902 at 33K; CPU
-# reference, benchmarks/accuracy_vs_length.py, RESULTS.md 2026-11-23).
-SMOOTH_V_BY_RECIPE = {
-    "fp16": False, "int4": True, "int4-sym-p": True, "int8-fp8": False, "int4-fp8": False, "nvfp4": False,
-}
-# Q smoothing (one mean per head, its ΔS added to the scores as a bias per key) when a config leaves it unset
-# (smooth_q=None). On for the recipes with INT4 Q: +3.6 to +5.1 dB mean SQNR for int4 with per-block means,
-# +3.1 to +4.6 dB with the per-head mean the kernels use (CPU reference, 27 synthetic RoPE-structured sets,
-# RESULTS.md session 7). Off for int8-fp8 (+0.5 to +0.9 dB, and its kernels do not smooth Q) and the others.
-SMOOTH_Q_BY_RECIPE = {
-    "fp16": False, "int4": True, "int4-sym-p": True, "int8-fp8": False, "int4-fp8": True, "nvfp4": False,
-}
+
+def __getattr__(name: str):
+    """``PIPELINE_RECIPES`` (the registered recipes) and ``CONFIG_RECIPES`` (``auto`` and those), as of now."""
+    if name == "PIPELINE_RECIPES":
+        return recipe_names()
+    if name == "CONFIG_RECIPES":
+        return (AUTO, *recipe_names())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _switch_for(table: dict[str, bool], recipe: str, value: bool | None) -> bool:
-    """``value`` when set, else ``table[recipe]`` (ValueError for a recipe not in the table, e.g. unresolved 'auto')."""
-    if value is not None:
-        return value
-    if recipe not in table:
-        raise ValueError(f"recipe: expected one of {', '.join(table)} (resolve 'auto' first), got {recipe!r}")
-    return table[recipe]
+def _resolved(recipe: str):
+    if recipe == AUTO:
+        raise ValueError(f"recipe: expected one of {', '.join(recipe_names())} (resolve 'auto' first), got {recipe!r}")
+    return get_recipe(recipe)
 
 
 def smooth_q_for(recipe: str, smooth_q: bool | None) -> bool:
-    """The Q smoothing a call runs: ``smooth_q`` when set, else the recipe's default (:data:`SMOOTH_Q_BY_RECIPE`)."""
-    return _switch_for(SMOOTH_Q_BY_RECIPE, recipe, smooth_q)
+    """The Q smoothing a call runs: ``smooth_q`` when set, else the recipe's default
+    (:attr:`rotvid.kernels.recipes.base.Recipe.smooth_q`; ValueError for a recipe not registered, e.g. unresolved
+    ``auto``)."""
+    return _resolved(recipe).smoothing(smooth_q, None)[0]
 
 
 def smooth_v_for(recipe: str, smooth_v: bool | None) -> bool:
-    """The V smoothing a call runs: ``smooth_v`` when set, else the recipe's default (:data:`SMOOTH_V_BY_RECIPE`)."""
-    return _switch_for(SMOOTH_V_BY_RECIPE, recipe, smooth_v)
+    """The V smoothing a call runs: ``smooth_v`` when set, else the recipe's default
+    (:attr:`rotvid.kernels.recipes.base.Recipe.smooth_v`)."""
+    return _resolved(recipe).smoothing(None, smooth_v)[1]
 
 
 def _check_bool(name: str, value) -> None:
@@ -69,8 +59,9 @@ class RotvidConfig:
 
     Attributes:
         recipe: quantized recipe of the non-FP16 calls: ``auto`` (default: chosen per GPU when
-            the config is applied, see :mod:`rotvid.kernels.recipe_table` — ``int8-fp8`` on
-            Hopper, ``int4`` on Ampere/Ada and the CPU), ``int4`` (RotateAttention: INT4 Q/K/V,
+            the config is applied, see :mod:`rotvid.kernels.recipes.auto` — ``int8-fp8`` on
+            Hopper, ``int4`` on Ampere/Ada and the CPU), or a registered recipe
+            (:mod:`rotvid.kernels.recipes`): ``int4`` (RotateAttention: INT4 Q/K/V,
             range-optimized P), ``int4-sym-p``, ``int8-fp8``, ``int4-fp8``, ``nvfp4``, or ``fp16``
             (every call FP16 — the fusions alone).
         rotation: Q/K rotation: ``none``, ``interleaved``, ``half``, ``full`` (D×D Hadamard after
@@ -78,9 +69,10 @@ class RotvidConfig:
         vo_hadamard: fuse a per-head Hadamard into W_v / W_o (exact; zero run-time cost).
         smooth_k / smooth_q / smooth_v: smoothing switches passed to the kernel. K is smoothed by
             default; V by the recipe's default when ``smooth_v`` is ``None`` (the default: on for the
-            INT4 recipes, off for the FP8-V recipes, :data:`SMOOTH_V_BY_RECIPE`; resolved with the
-            recipe when the config is applied); Q likewise when ``smooth_q`` is ``None`` (on for the
-            recipes with INT4 Q, off for int8-fp8 and the others, :data:`SMOOTH_Q_BY_RECIPE`): Q minus
+            INT4 recipes, off for the FP8-V recipes, :attr:`Recipe.smooth_v
+            <rotvid.kernels.recipes.base.Recipe.smooth_v>`; resolved with the recipe when the config is
+            applied); Q likewise when ``smooth_q`` is ``None`` (on for the recipes with INT4 Q, off for
+            int8-fp8 and the others, :attr:`Recipe.smooth_q <rotvid.kernels.recipes.base.Recipe.smooth_q>`): Q minus
             its per-head mean, the ΔS correction added to the scores by the kernels (the int8-fp8
             kernels do not smooth Q: a call that asks for it there falls back, counted with its reason).
         backend: ``auto`` (the CUDA kernel where it runs the call, else the reference; the run
@@ -105,8 +97,8 @@ class RotvidConfig:
     def __post_init__(self) -> None:
         if self.version != CONFIG_VERSION:
             raise ValueError(f"version: expected {CONFIG_VERSION}, got {self.version!r}")
-        if self.recipe not in CONFIG_RECIPES:
-            raise ValueError(f"recipe: expected one of {', '.join(CONFIG_RECIPES)}, got {self.recipe!r}")
+        if self.recipe != AUTO and self.recipe not in recipe_names():
+            raise ValueError(f"recipe: expected one of {', '.join((AUTO, *recipe_names()))}, got {self.recipe!r}")
         if not isinstance(self.rotation, str) or not (
             self.rotation in ROTATION_KINDS or (self.rotation.startswith("learned:") and len(self.rotation) > 8)
         ):
@@ -166,8 +158,6 @@ class RotvidConfig:
         rename, so an existing file is replaced whole or not at all)."""
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
         if path is not None:
-            from rotvid.eval.video_io import write_file_atomically
-
             write_file_atomically(Path(path), text + "\n")
         return text
 
@@ -185,6 +175,13 @@ class RotvidConfig:
         except json.JSONDecodeError as e:
             raise ValueError(f"text_or_path: not valid JSON ({e})") from None
         return cls.from_dict(d)
+
+    def resolved(self, recipe: str) -> "RotvidConfig":
+        """This config running ``recipe`` (a registered recipe: ``auto`` already resolved) with the smoothing left
+        unset (None) set to the recipe's defaults: what ``apply`` runs. ValueError for ``auto`` or an unknown
+        recipe."""
+        smooth_q, smooth_v = _resolved(recipe).smoothing(self.smooth_q, self.smooth_v)
+        return self.with_(recipe=recipe, smooth_q=smooth_q, smooth_v=smooth_v)
 
     def with_(self, **changes) -> "RotvidConfig":
         """A copy with fields changed (validated again)."""

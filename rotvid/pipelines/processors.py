@@ -34,7 +34,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from rotvid.pipelines.context_parallel import ulysses_attend, ulysses_group
 from rotvid.pipelines.qk_rotation import QKRotator
 from rotvid.pipelines.runtime import AttentionSite, Runtime
-from rotvid.rope.fused_table import apply_generalized_rope
+from rotvid.kernels.rope_op import apply_generalized_rope
 
 __all__ = [
     "RotvidProcessorBase",

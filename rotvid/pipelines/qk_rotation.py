@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import torch
 
-from rotvid.rope.fused_table import GeneralizedRopeTable, apply_generalized_rope, fuse_rope_and_rotation
+from rotvid.kernels.rope_op import apply_generalized_rope
+from rotvid.rope.fused_table import GeneralizedRopeTable, fuse_rope_and_rotation
 from rotvid.rope.rotations import Rotation
 from rotvid.rope.tables import apply_rope_interleaved, as_token_table
 

@@ -8,7 +8,8 @@ that runs the model's own FP16 attention on them. :meth:`Runtime.attend` then
 2. if it runs quantized, checks the call can take the quantized recipe — the mask must be a
    key-padding mask (per-batch valid key lengths), the kernel must accept the inputs, the
    backend must run them — and otherwise runs FP16 and records the reason as a *fallback*;
-3. calls ``rotvid.kernels.attention(q, k, v, recipe=..., layout="BHND", backend=..., kv_lens=...)``;
+3. runs the call that step 2 validated and chose a backend for (:func:`rotvid.kernels.dispatch.prepare_attention`,
+   then :func:`~rotvid.kernels.dispatch.run_attention`: validated and chosen once);
 4. counts the outcome (:mod:`rotvid.pipelines.call_counts`).
 
 Schedule under ``torch.compile``
@@ -51,10 +52,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-import rotvid.kernels as kernels
-from rotvid.kernels.dispatch import validate_attention_inputs
+from rotvid.kernels.dispatch import AttentionCall, prepare_attention, run_attention
+from rotvid.kernels.recipes import get_recipe
+from rotvid.kernels.rope_op import apply_generalized_rope
 from rotvid.pipelines.call_counts import SiteCounters
-from rotvid.pipelines.config import RotvidConfig, smooth_q_for, smooth_v_for
+from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.report import RunReport
 from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
 
@@ -94,16 +96,22 @@ class AttentionSite:
         return f"{self.transformer}/{self.block}"
 
 
-def attention_into_bnhd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **opts) -> torch.Tensor:
-    """:func:`rotvid.kernels.attention` on BHND q, k, v, run in the BNHD layout (``opts["layout"]`` is replaced).
+def run_into_bnhd(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rope=None) -> torch.Tensor:
+    """A call prepared on BHND q, k, v (:func:`rotvid.kernels.dispatch.prepare_attention`), run in the BNHD layout.
 
     The result is a BHND view of BNHD memory, so the processors' ``out.transpose(1, 2).flatten(2, 3)`` back to
     ``[B, N, H·D]`` is a view, not a copy of the whole attention output (one read and one write of it per call).
-    Every backend takes both layouts; the values are those of the BHND call.
+    Every backend takes both layouts (and accepts a transposed view as it accepts the tensor: the checks read the
+    same strides); the values are those of the BHND call.
     """
-    opts = {**opts, "layout": "BNHD"}
-    out = kernels.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **opts)
+    out = run_attention(call, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="BNHD", rope=rope)
     return out.transpose(1, 2)
+
+
+def attention_into_bnhd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rope=None, **opts) -> torch.Tensor:
+    """:func:`rotvid.kernels.attention` on BHND q, k, v (``opts`` its arguments, ``layout`` BHND), run in the BNHD
+    layout as :func:`run_into_bnhd`."""
+    return run_into_bnhd(prepare_attention(q, k, v, **opts), q, k, v, rope=rope)
 
 
 def key_padding_lengths(mask: torch.Tensor | None, batch: int, n_kv: int) -> tuple[torch.Tensor | None, str | None]:
@@ -175,7 +183,16 @@ class Runtime:
     """Shared state of one ``apply``: config, step tracker, report, plan, counters, mask cache."""
 
     def __init__(self, config: RotvidConfig, tracker: StepTracker, report: RunReport):
+        if config.smooth_q is None or config.smooth_v is None:  # (apply passes it resolved; a bare Runtime may not)
+            config = config.resolved(config.recipe)
         self.config = config
+        # False for a recipe that runs the model's own attention (fp16): no plan, every call FP16.
+        self.quantized = get_recipe(config.recipe).quantized
+        # The options of every quantized call, from the config resolved once (recipe, smoothing, tiles).
+        self.call_options = dict(
+            recipe=config.recipe, layout="BHND", sm_scale=None, smooth_k=config.smooth_k, smooth_q=config.smooth_q,
+            smooth_v=config.smooth_v, block_m=config.block_m, block_n=config.block_n,
+        )
         self.tracker = tracker
         self.report = report
         self._mask_key: torch.Tensor | None = None
@@ -198,8 +215,6 @@ class Runtime:
         self._run_plans: tuple | None = None  # (num_steps, number of sites, [(plan, reasons) per step])
         tracker.add_listener(self._on_step_change)
         self.refresh_plan()
-        # Import the optional kernel backends now, not on the first call (inside a compiled graph).
-        kernels.dispatch.registered_backends()
 
     # ---- sites, plan, counts (outside the graph) ----------------------------------------------
     def add_site(self, site: AttentionSite, attn: nn.Module, rotator=None) -> None:
@@ -224,7 +239,7 @@ class Runtime:
     def refresh_plan(self) -> None:
         """Set :attr:`plan` for the tracker's current step (never called inside the graph)."""
         self.step_known = False
-        if self.config.recipe == "fp16":
+        if not self.quantized:
             self.plan, self.plan_reasons = None, {}  # every call: "recipe fp16", no step needed
             return
         try:
@@ -302,10 +317,11 @@ class Runtime:
     def planned_fp16(self, site: AttentionSite) -> str | None:
         """The detail to count when the plan keeps this call in FP16 (None: run the quantized recipe).
 
-        ``"recipe fp16"``, or :data:`PLANNED`, which :meth:`drain_counts` replaces by the schedule's reason.
+        ``"recipe fp16"`` (the recipe's name), or :data:`PLANNED`, which :meth:`drain_counts` replaces by the
+        schedule's reason.
         """
-        if self.config.recipe == "fp16":
-            return "recipe fp16"
+        if not self.quantized:
+            return f"recipe {self.config.recipe}"
         plan = self.plan
         if plan is None:
             raise StepUnknownError(self.plan_problem)
@@ -338,8 +354,6 @@ class Runtime:
         """
         compiling = torch.compiler.is_compiling()
         if self.observers and rope is not None:  # observers see rotated tensors
-            from rotvid.rope.fused_table import apply_generalized_rope
-
             q, k, rope = apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), None
         if self.observers:
             if compiling:
@@ -351,7 +365,7 @@ class Runtime:
         counters = self.counters[site.key]
         # ``run``: None, or a 0-d bool the device decides with (the quantized path is taken where True).
         run = None
-        if compiling and self.plan_as_data and self.config.recipe != "fp16":
+        if compiling and self.plan_as_data and self.quantized:
             if not self.step_known:
                 raise StepUnknownError(self.plan_problem)
             planned = counters.planned
@@ -367,32 +381,18 @@ class Runtime:
             kv_lens, ok, problem = key_padding_lengths_on_device(mask, k.shape[0], k.shape[2])
         else:
             kv_lens, problem = self.kv_lens_for(mask, k.shape[0], k.shape[2])
-        cfg = self.config
-        opts = dict(
-            recipe=cfg.recipe,
-            layout="BHND",
-            sm_scale=None,
-            smooth_k=cfg.smooth_k,
-            smooth_q=smooth_q_for(cfg.recipe, cfg.smooth_q),
-            smooth_v=smooth_v_for(cfg.recipe, cfg.smooth_v),
-            block_m=cfg.block_m,
-            block_n=cfg.block_n,
-        )
         if problem is None:
-            try:
-                validate_attention_inputs(
-                    q, k, v, recipe=cfg.recipe, layout="BHND", kv_lens=kv_lens, block_m=cfg.block_m,
-                    block_n=cfg.block_n,
-                )
-                backend, why = kernels.select_backend(q, k, v, backend=cfg.backend, kv_lens=kv_lens, **opts)
+            try:  # validated and the backend chosen once, here
+                call = prepare_attention(q, k, v, backend=self.config.backend, kv_lens=kv_lens, **self.call_options)
             except ValueError as e:
                 problem = "kernel cannot take this call: " + e.args[0]
         if problem is not None:
             counters.add("fallback", problem, 1 if run is None else run)
             return fp16_attention()
+        why = call.reason
         if run is None and ok is None:
             counters.add("quantized", why)
-            return attention_into_bnhd(q, k, v, backend=backend.name, kv_lens=kv_lens, rope=rope, **opts)
+            return run_into_bnhd(call, q, k, v, rope=rope)
         # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.
         take = run if ok is None else (ok if run is None else run & ok)
         counters.add("quantized", why, take)
@@ -401,9 +401,7 @@ class Runtime:
         operands = (q, k, v) if kv_lens is None else (q, k, v, kv_lens)
 
         def quantized(q, k, v, *lens):
-            return kernels.attention(
-                q, k, v, backend=backend.name, kv_lens=lens[0] if lens else None, rope=rope, **opts
-            )
+            return run_attention(call, q, k, v, kv_lens=lens[0] if lens else None, rope=rope)
 
         def fp16(q, k, v, *lens):
             return fp16_attention()

@@ -25,9 +25,6 @@ after the table, in the same order of additions.
 
 from __future__ import annotations
 
-import functools
-import logging
-
 from dataclasses import dataclass
 
 import torch
@@ -36,10 +33,8 @@ from rotvid.rope.hadamard import fwht
 from rotvid.rope.rotations import FullHadamardRotation, NoRotation, PairRotation, Rotation
 from rotvid.rope.tables import as_token_table
 
-__all__ = ["GeneralizedRopeTable", "fuse_rope_and_rotation", "apply_generalized_rope"]
+__all__ = ["GeneralizedRopeTable", "fuse_rope_and_rotation", "apply_generalized_rope", "check_table_input", "table_op"]
 
-
-logger = logging.getLogger(__name__)
 
 @dataclass
 class GeneralizedRopeTable:
@@ -157,34 +152,9 @@ def _rope_only_table(cos: torch.Tensor, sin: torch.Tensor, hadamard: bool) -> Ge
     return GeneralizedRopeTable(coef=coef, index=index, hadamard=hadamard)
 
 
-@functools.lru_cache(maxsize=1)
-def _triton_available() -> bool:
-    """Triton present (the one-pass CUDA kernel); without it CUDA tensors take the eager path (logged once)."""
-    import importlib.util
-
-    if importlib.util.find_spec("triton") is None:
-        logger.warning("triton is not installed: RoPE·R runs as eager PyTorch ops on CUDA (slower, same result)")
-        return False
-    return True
-
-
-def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torch.Tensor:
-    """out[..., n, c] = sum_t coef[n, c, t] * x[..., n, index[c, t]] for x [..., N, D].
-
-    Token axis second to last (BHND-style); coef broadcasts over x's leading dims (a per-head
-    table [H, N, D, 4] needs x [..., H, N, D]). Computes in float64 for float64 x, else float32;
-    returns x.dtype. On CUDA (B, H, N, D) fp16 / bf16 inputs with one table for all heads and D 64
-    or 128 it runs rotvid's CUDA kernel (:func:`rotvid.kernels.cuda_backend.generalized_rope_cuda`,
-    a custom op, so eager and compiled alike; same bits as the two paths below). Otherwise (or when
-    the CUDA extension does not load), on CUDA, the one-pass Triton kernel
-    :func:`rotvid.kernels.rope_triton.apply_generalized_rope_triton` (float32 compute),
-    except under ``torch.compile``, where the PyTorch form below is traced (no availability probe
-    in the graph) and the compiler fuses the gather, multiply and sum into one pass itself.
-
-    A ``hadamard`` table (the ``full`` rotation) adds :func:`rotvid.rope.hadamard.fwht` over D after the table's
-    output is rounded to x.dtype: inside the CUDA kernel (in registers, the same order of additions), after the
-    Triton kernel or the PyTorch form otherwise.
-    """
+def check_table_input(x: torch.Tensor, table: GeneralizedRopeTable) -> tuple:
+    """ValueError unless ``x`` is a float tensor [..., N, D] the table applies to; returns the table's leading dims
+    (``()`` for one table for all heads)."""
     n, d = table.num_tokens, table.head_dim
     if not x.is_floating_point():
         raise ValueError(f"x: expected a floating-point tensor, got {x.dtype} (the rotation would be truncated)")
@@ -193,28 +163,29 @@ def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torc
     lead = table.coef.shape[:-3]
     if lead and (x.dim() < len(lead) + 2 or tuple(x.shape[-2 - len(lead) : -2]) != tuple(lead)):
         raise ValueError(f"table has leading dims {tuple(lead)}: x must be [..., {', '.join(map(str, lead))}, {n}, {d}]")
-    if x.is_cuda and not lead:
-        from rotvid.kernels import cuda_backend
-
-        if not cuda_backend.generalized_rope_unsupported(x, table.coef):
-            return cuda_backend.generalized_rope_cuda(x, table.coef, table.index, hadamard=table.hadamard)
-    out = _table_op(x, table, lead)
-    return fwht(out) if table.hadamard else out
+    return lead
 
 
-def _table_op(x: torch.Tensor, table: GeneralizedRopeTable, lead: tuple) -> torch.Tensor:
-    if (
-        x.is_cuda
-        and x.dim() == 4
-        and x.dtype != torch.float64
-        and len(lead) <= 1
-        and not torch.compiler.is_compiling()
-        and _triton_available()
-    ):
-        from rotvid.kernels.rope_triton import apply_generalized_rope_triton
-
-        return apply_generalized_rope_triton(x, table.coef, table.index)
+def table_op(x: torch.Tensor, table: GeneralizedRopeTable) -> torch.Tensor:
+    """The table alone, as PyTorch ops: ``out[..., n, c] = sum_t coef[n, c, t] * x[..., n, index[c, t]]`` computed in
+    float64 for float64 x, else float32, returned in x.dtype (no Walsh–Hadamard transform)."""
     cd = torch.float64 if x.dtype == torch.float64 else torch.float32
     xc = x.to(cd)
     gathered = xc[..., table.index.to(x.device)]  # [..., N, D, 4]
     return (gathered * table.coef.to(device=x.device, dtype=cd)).sum(-1).to(x.dtype)
+
+
+def apply_generalized_rope(x: torch.Tensor, table: GeneralizedRopeTable) -> torch.Tensor:
+    """out[..., n, c] = sum_t coef[n, c, t] * x[..., n, index[c, t]] for x [..., N, D], as PyTorch ops.
+
+    Token axis second to last (BHND-style); coef broadcasts over x's leading dims (a per-head
+    table [H, N, D, 4] needs x [..., H, N, D]). Computes in float64 for float64 x, else float32;
+    returns x.dtype. A ``hadamard`` table (the ``full`` rotation) adds :func:`rotvid.rope.hadamard.fwht` over D
+    after the table's output is rounded to x.dtype.
+
+    This is the maths, on any device. The GPU paths with the same bits (rotvid's CUDA kernel, the Triton kernel)
+    and the choice between them are :func:`rotvid.kernels.rope_op.apply_rope_table`, what the pipelines call.
+    """
+    check_table_input(x, table)
+    out = table_op(x, table)
+    return fwht(out) if table.hadamard else out

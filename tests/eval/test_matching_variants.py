@@ -91,7 +91,7 @@ def test_auto_variants_resolve_to_the_devices_recipe(monkeypatch):
     import torch
 
     from rotvid.eval.variants import resolve_auto_variants
-    from rotvid.kernels import recipe_table
+    from rotvid.kernels.recipes import auto as recipe_table
 
     specs = parse_variants("auto:half,int4:none")
     assert specs[0] == VariantSpec("auto", "half")

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from rotvid.kernels import attention, metrics
-from rotvid.kernels.reference import attention_from_quantized, attention_reference, preprocess_int4
+from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.reference import attention_from_quantized, preprocess_int4
 from tests.kernels.helpers import attention_fp64, cuda_qkv
 
 pytestmark = pytest.mark.gpu

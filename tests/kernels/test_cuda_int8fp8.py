@@ -12,7 +12,8 @@ import torch
 
 from rotvid.kernels import attention, metrics
 from rotvid.kernels.quantize import k_group_of_key
-from rotvid.kernels.reference import attention_int8fp8_from_quantized, attention_reference
+from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.reference import attention_int8fp8_from_quantized
 from tests.kernels.helpers import attention_fp64, cuda_qkv
 
 pytestmark = pytest.mark.gpu

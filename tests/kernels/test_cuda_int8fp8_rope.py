@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rotvid.kernels import attention
-from rotvid.rope.fused_table import apply_generalized_rope
+from rotvid.kernels.rope_op import apply_generalized_rope
 from tests.kernels.helpers import cuda_qkv
 from tests.kernels.test_cuda_int8fp8 import needs_sm90
 from tests.kernels.test_rope_table_cuda import make_table

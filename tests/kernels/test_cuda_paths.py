@@ -5,14 +5,15 @@ capability lookup; the kernels are tested on the GPU in test_cuda_int4.py."""
 import pytest
 import torch
 
-from rotvid.kernels import cuda_backend as cb
+from rotvid.kernels import cuda_build, cuda_layout
+from rotvid.kernels.recipes import int4_ops, int8_fp8_ops
 
 
 @pytest.fixture
 def gpu_of(monkeypatch):
     def fake(cap):
-        monkeypatch.setattr(cb, "_capability", lambda device=None: cap)
-        monkeypatch.setattr(cb, "arch_entry", lambda device=None: cb.ARCH_TABLE[cap])
+        monkeypatch.setattr(cuda_build, "capability", lambda device=None: cap)
+        monkeypatch.setattr(cuda_build, "arch_entry", lambda device=None: cuda_build.ARCH_TABLE[cap])
         return torch.device("cuda", 0)
 
     return fake
@@ -20,24 +21,24 @@ def gpu_of(monkeypatch):
 
 def test_hopper_defaults_to_the_wgmma_kernel_at_block_n_128(gpu_of):
     dev = gpu_of((9, 0))
-    assert cb._resolve_path("auto", dev) == "wgmma"
-    assert cb.default_block_n(dev) == 128
-    assert cb._check_path("wgmma", dev) == "wgmma" and cb._check_path(None, dev) == "auto"
-    assert cb._resolve_path("s8", dev) == "s8"  # the mma.sync kernel stays reachable
+    assert int4_ops._resolve_path("auto", dev) == "wgmma"
+    assert int4_ops.default_block_n(dev) == 128
+    assert int4_ops._check_path("wgmma", dev) == "wgmma" and int4_ops._check_path(None, dev) == "auto"
+    assert int4_ops._resolve_path("s8", dev) == "s8"  # the mma.sync kernel stays reachable
 
 
 @pytest.mark.parametrize("cap", [(8, 0), (8, 6), (8, 9)])
 def test_ampere_and_ada_default_to_native_int4_at_block_n_64(gpu_of, cap):
     dev = gpu_of(cap)
-    assert cb._resolve_path("auto", dev) == "s4"
-    assert cb.default_block_n(dev) == 64
+    assert int4_ops._resolve_path("auto", dev) == "s4"
+    assert int4_ops.default_block_n(dev) == 64
     with pytest.raises(ValueError, match=rf"path: 'wgmma' needs an sm90 GPU \(Hopper\), this is sm{cap[0]}{cap[1]}"):
-        cb._check_path("wgmma", dev)
+        int4_ops._check_path("wgmma", dev)
 
 
 def test_unknown_path_is_named(gpu_of):
     with pytest.raises(ValueError, match="path: expected one of"):
-        cb._check_path("s16", gpu_of((9, 0)))
+        int4_ops._check_path("s16", gpu_of((9, 0)))
 
 
 def test_default_block_n_without_a_gpu_is_the_reference_default():
@@ -45,7 +46,7 @@ def test_default_block_n_without_a_gpu_is_the_reference_default():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU; the no-GPU default is what is tested here")
-    assert cb.default_block_n() == DEFAULT_BLOCK_N == 64
+    assert int4_ops.default_block_n() == DEFAULT_BLOCK_N == 64
 
 
 # ---- the int8-fp8 kernels: wgmma (sm90) and mma.sync e4m3 (sm89, and sm90 on request) ----
@@ -53,38 +54,38 @@ def test_default_block_n_without_a_gpu_is_the_reference_default():
 
 @pytest.mark.parametrize("cap,default,kernels", [((9, 0), "wgmma", ("wgmma", "mma")), ((8, 9), "mma", ("mma",))])
 def test_int8fp8_kernel_per_compute_capability(cap, default, kernels):
-    assert cb.int8fp8_path_for(cap) == default
+    assert int8_fp8_ops.int8fp8_path_for(cap) == default
     for path in kernels:
-        assert cb.int8fp8_path_for(cap, path) == path
+        assert int8_fp8_ops.int8fp8_path_for(cap, path) == path
     if cap == (8, 9):
         with pytest.raises(ValueError, match=r"'wgmma' does not run on sm89"):
-            cb.int8fp8_path_for(cap, "wgmma")
+            int8_fp8_ops.int8fp8_path_for(cap, "wgmma")
 
 
 @pytest.mark.parametrize("cap", [(8, 0), (8, 6), (8, 7), (7, 5)])
 def test_int8fp8_refused_without_fp8_tensor_cores(cap):
     with pytest.raises(ValueError, match=rf"need an sm89 \(mma.sync e4m3\) or sm90 \(Hopper\) GPU, this is sm{cap[0]}{cap[1]}"):
-        cb.int8fp8_path_for(cap)
+        int8_fp8_ops.int8fp8_path_for(cap)
 
 
 def test_int8fp8_unknown_path_is_named():
     with pytest.raises(ValueError, match=r"path: expected one of \('wgmma', 'mma'\)"):
-        cb.int8fp8_path_for((9, 0), "s8")
+        int8_fp8_ops.int8fp8_path_for((9, 0), "s8")
 
 
 @pytest.mark.parametrize("cap,ok", [((9, 0), True), ((8, 9), True), ((8, 6), False)])
 def test_int8fp8_device_problem_and_preprocessing_check(gpu_of, monkeypatch, cap, ok):
     dev = gpu_of(cap)
-    monkeypatch.setattr(cb, "_nvcc", lambda: "nvcc")
-    problem = cb._device_problem(0, True)
-    assert cb._device_problem(0, False) == ""
+    monkeypatch.setattr(cuda_build, "_nvcc", lambda: "nvcc")
+    problem = int8_fp8_ops.int8fp8_device_problem(0)
+    assert cuda_build.device_problem(0) == ""
     if ok:
         assert problem == ""
-        assert cb._check_int8fp8_device(dev) == cb.ARCH_TABLE[cap].int8fp8[0]
+        assert int8_fp8_ops._check_int8fp8_device(dev) == cuda_build.ARCH_TABLE[cap].int8fp8[0]
     else:
         assert "sm89 (mma.sync e4m3) and sm90 (wgmma) only, this is sm86" in problem
         with pytest.raises(ValueError, match="this is sm86"):
-            cb._check_int8fp8_device(dev)
+            int8_fp8_ops._check_int8fp8_device(dev)
 
 
 def test_int8fp8_p_fragment_positions_are_the_score_accumulator_columns():
@@ -94,7 +95,7 @@ def test_int8fp8_p_fragment_positions_are_the_score_accumulator_columns():
     thread t are K group t ((key mod 8) / 2): one K scale per thread and block."""
     from rotvid.kernels.quantize import k_group_of_key
 
-    perm = cb.vt_key_permutation(256, "s8")
+    perm = cuda_layout.vt_key_permutation(256, "s8")
     for s in range(8):
         for t in range(4):
             for half in range(2):  # a0/a1 (n-tiles 4s, 4s+1) or a2/a3 (4s+2, 4s+3)
@@ -109,7 +110,7 @@ def test_int8fp8_p_fragment_positions_are_the_score_accumulator_columns():
 def test_extension_hash_covers_every_source_and_header():
     """A change to any file under csrc rebuilds the extension: every .cu / .cpp is compiled and every .cuh is hashed
     (rope_rows.cuh was once missing from the hash, so an edit to it alone reused a stale build)."""
-    on_disk = {p.name for p in cb.CSRC.iterdir() if p.suffix in (".cu", ".cpp", ".cuh")}
-    assert set(cb.SOURCES) | set(cb.HEADERS) == on_disk
-    assert all(name.endswith((".cu", ".cpp")) for name in cb.SOURCES)
-    assert all(name.endswith(".cuh") for name in cb.HEADERS)
+    on_disk = {p.name for p in cuda_build.CSRC.iterdir() if p.suffix in (".cu", ".cpp", ".cuh")}
+    assert set(cuda_build.SOURCES) | set(cuda_build.HEADERS) == on_disk
+    assert all(name.endswith((".cu", ".cpp")) for name in cuda_build.SOURCES)
+    assert all(name.endswith(".cuh") for name in cuda_build.HEADERS)

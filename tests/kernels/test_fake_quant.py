@@ -4,7 +4,7 @@ import torch
 
 from rotvid.kernels import metrics
 from rotvid.kernels.fake_quant import _quantized_probs, fake_quant_attention, fake_quant_v_per_group_int4
-from rotvid.kernels.reference import attention_reference
+from rotvid.kernels.recipes import attention_reference
 from tests.kernels.helpers import attention_fp64, random_qkv
 
 

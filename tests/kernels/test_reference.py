@@ -12,7 +12,8 @@ from rotvid.kernels.quantize import (
     quantize_per_token_int4,
     quantize_v_per_group_int4,
 )
-from rotvid.kernels.reference import attention_reference, preprocess_int4
+from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.reference import preprocess_int4
 from tests.kernels.helpers import attention_fp64, random_qkv
 
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from rotvid.kernels import reference
-from rotvid.kernels.reference import LOG2E, attention_reference
+from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.reference import LOG2E
 
 B, H, NQ, NKV, D = 2, 2, 97, 75, 64
 BLOCK_M, BLOCK_N = 32, 32

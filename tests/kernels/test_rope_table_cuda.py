@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rotvid.kernels import cuda_backend
-from rotvid.rope.fused_table import apply_generalized_rope, fuse_rope_and_rotation
+from rotvid.kernels.rope_op import apply_generalized_rope
+from rotvid.rope.fused_table import fuse_rope_and_rotation
 from rotvid.rope.hadamard import fwht
 from rotvid.rope.rotations import PairRotation, make_rotation
 from rotvid.rope.tables import rope_table_3d

@@ -73,7 +73,8 @@ def test_bad_shapes_name_the_argument():
 
 @pytest.mark.gpu
 def test_cuda_kernel_matches_eager_and_pipeline_path():
-    from rotvid.rope.fused_table import apply_generalized_rope, fuse_rope_and_rotation
+    from rotvid.kernels.rope_op import apply_generalized_rope
+    from rotvid.rope.fused_table import fuse_rope_and_rotation
     from rotvid.rope.rotations import make_rotation
     from rotvid.rope.tables import rope_table_3d
 

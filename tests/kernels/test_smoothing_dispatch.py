@@ -11,7 +11,7 @@ arch table, nvcc) stubbed and the CPU tensors presented as CUDA tensors.
 import pytest
 import torch
 
-from rotvid.kernels import cuda_backend, dispatch
+from rotvid.kernels import cuda_backend, cuda_build, dispatch
 from rotvid.kernels.dispatch import select_backend
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.report import RunReport
@@ -54,8 +54,8 @@ class _CudaChecksOnCpu:
 @pytest.fixture
 def cuda_checks(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cuda_backend, "arch_entry", lambda device=None: cuda_backend.ARCH_TABLE[(9, 0)])
-    monkeypatch.setattr(cuda_backend, "_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(cuda_build, "arch_entry", lambda device=None: cuda_build.ARCH_TABLE[(9, 0)])
+    monkeypatch.setattr(cuda_build, "_nvcc", lambda: "nvcc")
     monkeypatch.setitem(dispatch._BACKENDS, "cuda", _CudaChecksOnCpu())
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import rotvid.kernels as kernels
+import rotvid.pipelines.runtime as runtime
 from rotvid.pipelines import RotvidConfig, Schedule, StepUnknownError, apply, remove
 from rotvid.pipelines.attach import HANDLE_ATTR
 from rotvid.pipelines.tiny import tiny_call_kwargs
@@ -138,7 +138,7 @@ def test_schedule_applies_to_every_recipe(tiny, recipe):
 def test_auto_recipe_is_resolved_once_at_apply_from_the_device(tiny, monkeypatch):
     """apply asks the table for the pipeline's device: a (mocked) Hopper GPU runs int8-fp8, and the
     report keeps the requested recipe and the reason."""
-    from rotvid.kernels import recipe_table
+    from rotvid.kernels.recipes import auto as recipe_table
 
     asked = []
 
@@ -200,13 +200,13 @@ def test_int4_runs_differs_and_fraction_matches_hand_count(tiny, family, stacks,
 def test_hunyuan_text_padding_becomes_kv_lens(tiny, monkeypatch):
     pipe = tiny("hunyuan_video")
     seen = []
-    real = kernels.attention
+    real = runtime.prepare_attention  # each quantized call is prepared (validated, backend chosen) once
 
     def spy(q, k, v, **kw):
         seen.append(None if kw.get("kv_lens") is None else kw["kv_lens"].tolist())
         return real(q, k, v, **kw)
 
-    monkeypatch.setattr(kernels, "attention", spy)
+    monkeypatch.setattr(runtime, "prepare_attention", spy)
     apply(pipe, RotvidConfig(recipe="int4", backend="reference"))
     try:
         run(pipe, "hunyuan_video", num_inference_steps=1)

@@ -10,7 +10,7 @@ from rotvid.pipelines.config import smooth_q_for, smooth_v_for
 
 def test_config_json_round_trip(tmp_path):
     cfg = RotvidConfig(
-        recipe="int4-sym-p", rotation="learned:/tmp/r.safetensors", vo_hadamard=False, smooth_q=True,
+        recipe="int4-sym-p", rotation="learned:rotations/r.safetensors", vo_hadamard=False, smooth_q=True,
         backend="reference", schedule=Schedule(1, 2, 3, 4, fp16_cells=((5, -1), (-2, 7)), name="mine"),
         block_m=64, block_n=32,
     )

@@ -1,4 +1,4 @@
-// INT4 flash attention on mma.sync (numerics: /work/notes/numerics_int4.md, DESIGN.md §The numerics).
+// INT4 flash attention on mma.sync (numerics: rotvid/kernels/reference.py, its bit-level twin).
 //
 // One CTA = 16*NW query rows of one (batch, head); NW warps x 16 rows (NW = 4 by default). Key blocks of BN keys are
 // double- or triple-buffered in shared memory with cp.async (launch_one picks the configuration). Per key block:

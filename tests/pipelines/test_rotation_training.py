@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rotvid.rope.rotation_training import blocks_to_matrix, learn_rotation, rotation_objective
+from rotvid.pipelines.rotation_training import blocks_to_matrix, learn_rotation, rotation_objective
 from rotvid.rope.rotations import make_rotation, pair_blocks, save_learned_rotation
 
 

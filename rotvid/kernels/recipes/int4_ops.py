@@ -1,0 +1,269 @@
+"""The INT4 recipes' CUDA kernels (``int4``, ``int4-sym-p``): custom ops ``rotvid::int4_preprocess`` and
+``rotvid::int4_attention`` with their fake (shape-only) implementations, and the public functions on them.
+
+Paths and operand layout: :mod:`rotvid.kernels.cuda_layout`. On sm90 the default kernel is ``"wgmma"`` (block size
+:func:`default_block_n`); elsewhere the arch table's path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rotvid.kernels import cuda_build
+from rotvid.kernels.cuda_layout import (
+    DEFAULT_BLOCK_N,
+    P_MODES,
+    PATHS,
+    SUPPORTED_BLOCK_N,
+    KernelQKV,
+    check_inputs,
+    check_output_args,
+    kv_lens_int32,
+    pads,
+    vt_dtype,
+)
+from rotvid.kernels.reference import LOG2E, check_sm_scale
+
+
+@torch.library.custom_op("rotvid::int4_preprocess", mutates_args=())
+def _int4_preprocess_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_lens: torch.Tensor | None,
+    bnhd: bool,
+    block_n: int,
+    smooth_k: bool,
+    smooth_v: bool,
+    path: str,
+    p_mode: int,
+    smooth_q: bool,
+    qk_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor]:
+    ext = cuda_build.load_extension(q.device)
+    kernel = _resolve_path(path, q.device)
+    return tuple(ext.preprocess_int4(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, kernel == "s4", p_mode,
+                                     smooth_q, qk_scale, kernel == "wgmma"))
+
+
+@_int4_preprocess_op.register_fake
+def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode, smooth_q, qk_scale):
+    kernel = _resolve_path(path, q.device)
+    s4 = kernel == "s4"
+    if bnhd:
+        b, n_q, h, d = q.shape
+        n_kv = k.shape[1]
+    else:
+        b, h, n_q, d = q.shape
+        n_kv = k.shape[2]
+    nq_pad, nkv_pad = pads(n_q, n_kv, block_n)
+    db = d // 2 if s4 else d
+    i8, f32 = dict(dtype=torch.int8, device=q.device), dict(dtype=torch.float32, device=q.device)
+    return (
+        q.new_empty((b, h, nq_pad, db), **i8),
+        q.new_empty((b, h, nq_pad), **f32),
+        q.new_empty((b, h, nkv_pad, db), **i8),
+        q.new_empty((b, h, nkv_pad), **f32),
+        q.new_empty((b, h, d, nkv_pad // 2 if s4 else nkv_pad), dtype=vt_dtype(kernel), device=q.device),
+        q.new_empty((b, h, nkv_pad // block_n, d, 2), **f32),
+        q.new_empty((b, h, d) if smooth_v else (0,), **f32),
+        q.new_empty((b, h, nkv_pad) if smooth_q else (0,), **f32),
+    )
+
+
+@torch.library.custom_op("rotvid::int4_attention", mutates_args=())
+def _int4_attention_op(
+    q_hat: torch.Tensor,
+    q_scale: torch.Tensor,
+    k_hat: torch.Tensor,
+    k_scale: torch.Tensor,
+    vt: torch.Tensor,
+    vparams: torch.Tensor,
+    v_mean: torch.Tensor,
+    kv_lens: torch.Tensor | None,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    block_n: int,
+    path: str,
+    p_mode: int,
+    qk_scale: float,
+    out_bf16: bool,
+    bnhd: bool,
+    split_tail: bool,
+    k_bias: torch.Tensor,
+) -> torch.Tensor:
+    ext = cuda_build.load_extension(q_hat.device)
+    kernel = _resolve_path(path, q_hat.device)
+    return ext.attention_int4(
+        q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, kernel == "s4",
+        kernel == "wgmma", p_mode, qk_scale, out_bf16, bnhd, None, split_tail, k_bias,
+    )
+
+
+@_int4_attention_op.register_fake
+def _(q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, path, p_mode,
+      qk_scale, out_bf16, bnhd, split_tail, k_bias):
+    b, h = q_hat.shape[0], q_hat.shape[1]
+    shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
+    return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
+
+
+
+def default_block_n(device: torch.device | None = None) -> int:
+    """The key-block size the CUDA backend uses when none is given: 128 where the Hopper kernel
+    runs (its tile), else 64. The block size is part of the numerics (block-local softmax max and
+    V̂ column sums), so the reference must be run with the same value to reproduce a kernel."""
+    try:
+        return 128 if cuda_build.arch_entry(device).wgmma else DEFAULT_BLOCK_N
+    except RuntimeError:
+        return DEFAULT_BLOCK_N
+
+
+def _resolve_path(path: str, device: torch.device) -> str:
+    """'auto' -> the arch table's kernel for ``device``; 's4' / 's8' / 'wgmma' as given."""
+    if path != "auto":
+        return path
+    entry = cuda_build.arch_entry(device)
+    return "wgmma" if entry.wgmma else entry.path
+
+
+def _check_path(path: str | None, device: torch.device) -> str:
+    if path is None:
+        return "auto"
+    if path not in PATHS:
+        raise ValueError(f"path: expected one of {PATHS} or None (arch default), got {path!r}")
+    if path == "wgmma":
+        if device.type == "cuda" and not cuda_build.arch_entry(device).wgmma:
+            cap = cuda_build.capability(device)
+            raise ValueError(f"path: 'wgmma' needs an sm90 GPU (Hopper), this is sm{cap[0]}{cap[1]}")
+    return path
+
+
+
+def preprocess_int4_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    block_n: int | None = None,
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+    p_mode: str = "range",
+    path: str | None = None,
+    smooth_q: bool = False,
+    sm_scale: float | None = None,
+) -> KernelQKV:
+    """Steps 1-2 of the INT4 recipe on the GPU (Q/K/V smoothing, per-token INT4 Q/K, per-group INT4 V).
+
+    Args: q [B, H, Nq, D] (``"BHND"``) or [B, Nq, H, D] (``"BNHD"``), k, v likewise with Nkv
+    keys; fp16 or bf16, last dim contiguous; D in (64, 128). ``kv_lens`` int [B] (keys
+    ``j >= kv_lens[b]`` masked). ``p_mode`` decides the ``vparams`` encoding; ``path`` the
+    packing (``None``: the arch default); ``block_n`` None: :func:`default_block_n`. ``smooth_q``: Q
+    smoothed by its per-head mean, the ΔS per key in ``k_bias`` for the score scale ``sm_scale`` (default
+    D ** -0.5; attend with the same). Returns a :class:`KernelQKV` (module docstring).
+    Bit-identical to :func:`rotvid.kernels.reference.preprocess_int4` packed by
+    :func:`pack_reference_quantized`.
+    """
+    block_n = default_block_n(q.device) if block_n is None else block_n
+    check_inputs(q, k, v, layout, kv_lens, block_n)
+    if p_mode not in P_MODES:
+        raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
+    path = _check_path(path, q.device)
+    check_sm_scale(sm_scale)
+    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    out = _int4_preprocess_op(
+        q, k, v, kv_lens_int32(kv_lens, q.device), layout == "BNHD", block_n, smooth_k, smooth_v, path,
+        P_MODES[p_mode], bool(smooth_q), float(sm_scale * LOG2E),
+    )
+    return KernelQKV(*out)
+
+
+def attention_int4_quantized(
+    qkv: KernelQKV,
+    *,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    block_n: int | None = None,
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    p_mode: str = "range",
+    path: str | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    layout: str = "BHND",
+    out: torch.Tensor | None = None,
+    split_tail: bool = True,
+) -> torch.Tensor:
+    """Steps 3-6 of the INT4 recipe (the attention kernel) on operands in the kernel layout.
+
+    Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in
+    ``out_dtype`` (fp16 or bf16); fp32 accumulation of O across key blocks. ``out``: an
+    optional preallocated output of that shape and dtype, written in place (not traceable by
+    torch.compile; for tests). ``split_tail`` (wgmma kernel): when the query tiles do not fill the
+    last wave of SMs, the tiles of that wave run split over the keys (2-4 CTAs each, merged by a
+    second kernel) -- same maths, fp32 summation order of O and l changed for those rows only;
+    False keeps every row's order (the mma.sync path's summation order; the wgmma kernel's P̂ may still differ
+    from that path's at rare scores, see the module docstring).
+    """
+    if p_mode not in P_MODES:
+        raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
+    check_output_args(out_dtype, head_dim, layout)
+    block_n = default_block_n(qkv.q_hat.device) if block_n is None else block_n
+    if block_n not in SUPPORTED_BLOCK_N:
+        raise ValueError(f"block_n: expected one of {SUPPORTED_BLOCK_N}, got {block_n!r}")
+    path = _check_path(path, qkv.q_hat.device)
+    kernel = _resolve_path(path, qkv.q_hat.device)
+    want = vt_dtype(kernel)
+    if qkv.vt.dtype != want:
+        raise ValueError(f"qkv.vt: the {kernel!r} kernel takes {want} V^T bytes, got "
+                         f"{qkv.vt.dtype}: pre-process for the same path (preprocess_int4_cuda / "
+                         f"pack_reference_quantized with path={path!r})")
+    check_sm_scale(sm_scale)
+    sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    k_bias = qkv.k_bias if qkv.k_bias is not None else qkv.q_scale.new_empty((0,))
+    args = (
+        qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
+        kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, block_n, path, P_MODES[p_mode],
+        float(sm_scale * LOG2E), out_dtype == torch.bfloat16, layout == "BNHD",
+    )
+    if out is None:
+        return _int4_attention_op(*args, bool(split_tail), k_bias)
+    # Writing into a caller's tensor (tests poison it first): the raw extension, outside the custom op.
+    if out.dtype != out_dtype:
+        raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
+    cuda_build.load_extension(qkv.q_hat.device).attention_int4(
+        *args[:12], kernel == "s4", kernel == "wgmma", *args[13:], out, bool(split_tail), k_bias
+    )
+    return out
+
+
+def int4_attention_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    p_mode: str = "range",
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+    block_n: int | None = None,
+    path: str | None = None,
+    smooth_q: bool = False,
+) -> torch.Tensor:
+    """Pre-processing + INT4 attention on the GPU; output has q's shape, layout and dtype."""
+    block_n = default_block_n(q.device) if block_n is None else block_n
+    qb, qh, qn, qd, kn = check_inputs(q, k, v, layout, kv_lens, block_n)
+    qkv = preprocess_int4_cuda(
+        q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k, smooth_v=smooth_v,
+        p_mode=p_mode, path=path, smooth_q=smooth_q, sm_scale=sm_scale,
+    )
+    return attention_int4_quantized(
+        qkv, n_q=qn, n_kv=kn, head_dim=qd, block_n=block_n, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
+        path=path, out_dtype=q.dtype, layout=layout,
+    )

@@ -1,0 +1,282 @@
+"""The int8-fp8 recipe's CUDA kernels: custom ops ``rotvid::int8fp8_preprocess`` and ``rotvid::int8fp8_attention``
+with their fake (shape-only) implementations, and the public functions on them.
+
+The ``int8-fp8`` recipe: INT8 Q per token and K per group of 32 keys per 128-key block (the keys one thread
+holds: one scale per thread and row), P and V in FP8 e4m3 (V one scale per channel, applied with 1/l in the
+epilogue), key blocks of 128; operands from :func:`preprocess_int8fp8_cuda` (``vt`` holds e4m3 bytes in the
+s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]). Two kernels of the same numerics (ArchEntry.int8fp8):
+
+* ``"wgmma"`` (sm90, the default there; ``csrc/int8fp8_attention_wgmma.cuh``): s8 and e4m3 wgmma, TMA.
+* ``"mma"`` (sm89 and sm90; ``csrc/int8fp8_attention_mma.cuh``): ``mma.sync.m16n8k32`` s8 for QKᵀ and e4m3 for
+  P·V (e4m3 mma.sync needs sm89) -- the Ada kernel, testable on an H100 with ``path="mma"``. Its speed on Ada is
+  unmeasured (no Ada GPU was available).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from rotvid.kernels import cuda_build
+from rotvid.kernels.cuda_layout import KernelQKV, check_inputs, check_output_args, kv_lens_int32, pads
+from rotvid.kernels.reference import INT8FP8_BLOCK_N, LOG2E, check_sm_scale
+from rotvid.kernels.rope_op import ROPE_HEAD_DIMS
+
+if TYPE_CHECKING:
+    from rotvid.rope.fused_table import GeneralizedRopeTable
+
+INT8FP8_PATHS = ("wgmma", "mma")
+
+
+@torch.library.custom_op("rotvid::int8fp8_preprocess", mutates_args=())
+def _int8fp8_preprocess_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_lens: torch.Tensor | None,
+    bnhd: bool,
+    smooth_k: bool,
+    smooth_v: bool,
+    rope_coef: torch.Tensor | None = None,
+    rope_index: torch.Tensor | None = None,
+    rope_hadamard: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ext = cuda_build.load_extension(q.device)
+    return tuple(
+        ext.preprocess_int8fp8(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef, rope_index, rope_hadamard)
+    )
+
+
+@_int8fp8_preprocess_op.register_fake
+def _(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef=None, rope_index=None, rope_hadamard=False):
+    if bnhd:
+        b, n_q, h, d = q.shape
+        n_kv = k.shape[1]
+    else:
+        b, h, n_q, d = q.shape
+        n_kv = k.shape[2]
+    nq_pad, nkv_pad = pads(n_q, n_kv, INT8FP8_BLOCK_N)
+    i8, f32 = dict(dtype=torch.int8, device=q.device), dict(dtype=torch.float32, device=q.device)
+    return (
+        q.new_empty((b, h, nq_pad, d), **i8),
+        q.new_empty((b, h, nq_pad), **f32),
+        q.new_empty((b, h, nkv_pad, d), **i8),
+        q.new_empty((b, h, nkv_pad // INT8FP8_BLOCK_N, 4), **f32),
+        q.new_empty((b, h, d, nkv_pad), **i8),
+        q.new_empty((b, h, d), **f32),
+        q.new_empty((b, h, d) if smooth_v else (0,), **f32),
+    )
+
+
+@torch.library.custom_op("rotvid::int8fp8_attention", mutates_args=())
+def _int8fp8_attention_op(
+    q_hat: torch.Tensor,
+    q_scale: torch.Tensor,
+    k_hat: torch.Tensor,
+    k_scale: torch.Tensor,
+    vt: torch.Tensor,
+    v_scale: torch.Tensor,
+    v_mean: torch.Tensor,
+    kv_lens: torch.Tensor | None,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    qk_scale: float,
+    out_bf16: bool,
+    bnhd: bool,
+    path: str,
+    split_tail: bool,
+) -> torch.Tensor:
+    ext = cuda_build.load_extension(q_hat.device)
+    return ext.attention_int8fp8(
+        q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd, None,
+        path == "mma", split_tail,
+    )
+
+
+@_int8fp8_attention_op.register_fake
+def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
+      path, split_tail):
+    b, h = q_hat.shape[0], q_hat.shape[1]
+    shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
+    return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
+
+
+
+def int8fp8_path_for(cap: tuple[int, int], path: str | None = None) -> str:
+    """The int8-fp8 kernel that runs on compute capability ``cap``: ``path`` (``"wgmma"`` or ``"mma"``) if it runs
+    there, ``None`` -> the arch table's default (``"wgmma"`` on sm90, ``"mma"`` on sm89); ValueError naming why not."""
+    if path is not None and path not in INT8FP8_PATHS:
+        raise ValueError(f"path: expected one of {INT8FP8_PATHS} or None (arch default) for int8-fp8, got {path!r}")
+    entry = cuda_build.ARCH_TABLE.get(cap)
+    kernels = entry.int8fp8 if entry is not None else ()
+    where = f"sm{cap[0]}{cap[1]}"
+    if not kernels:
+        raise ValueError(
+            f"recipe: the int8-fp8 CUDA kernels need an sm89 (mma.sync e4m3) or sm90 (Hopper) GPU, this is {where}"
+        )
+    if path is None:
+        return kernels[0]
+    if path not in kernels:
+        raise ValueError(f"path: the int8-fp8 kernel {path!r} does not run on {where} (there: {kernels})")
+    return path
+
+
+def _check_int8fp8_device(device: torch.device, path: str | None = None) -> str:
+    """The int8-fp8 kernel for ``device`` (:func:`int8fp8_path_for`); ValueError off a suitable CUDA GPU."""
+    if device.type != "cuda":
+        raise ValueError(f"recipe: the int8-fp8 CUDA kernels need an sm89 or sm90 GPU, this is {device}")
+    cuda_build.arch_entry(device)
+    return int8fp8_path_for(cuda_build.capability(device), path)
+
+
+def preprocess_int8fp8_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+    rope: GeneralizedRopeTable | None = None,
+) -> KernelQKV:
+    """Pre-processing of the int8-fp8 recipe on an sm89 / sm90 GPU (the same operands for both kernels): K/V
+    smoothing, INT8 Q per token and K per group of 32 keys per 128-key block, per-channel FP8 V.
+
+    ``rope``: a generalized RoPE table (:func:`rotvid.rope.fused_table.fuse_rope_and_rotation`) shared by the heads
+    ([N, D, 4]); Q and K are then RoPE·R-rotated inside the pre-processing (Q rotated and quantized in one pass, K
+    rotated into a scratch tensor that the statistics and quantize launches read), with the bits of
+    ``preprocess_int8fp8_cuda(apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), v)`` and without
+    Q's separate RoPE·R pass and its re-read (:func:`rope_fusion_unsupported` says when it applies). A ``hadamard``
+    table (the ``full`` rotation) is applied with its Walsh–Hadamard transform, in registers after the table.
+
+    Inputs as :func:`preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose ``k_scale`` holds the K group
+    scales fp32 [B, H, Nkv_pad / 128, 4] (:func:`rotvid.kernels.quantize.quantize_k_groups_int8`), ``vt`` the e4m3 bytes of V̂
+    (s8 V^T layout, ``Nkv_pad`` a multiple of 128) and whose ``vparams`` is ``v_scale`` fp32 [B, H, D]
+    (= amax / 448 over the valid tokens, 1 for an all-zero channel). Equal to the reference's quantizers
+    (:func:`~rotvid.kernels.quantize.quantize_per_token_int8`, :func:`~rotvid.kernels.quantize.quantize_k_groups_int8`,
+    :func:`~rotvid.kernels.quantize.quantize_per_channel_fp8`).
+
+    Runs as one memset, one statistics launch over K and V (a second one when ``smooth_v``) and one quantize launch
+    over the Q, K and V tiles (``csrc/preprocess_int8fp8.cu``).
+    """
+    check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
+    _check_int8fp8_device(q.device)
+    coef = index = None
+    if rope is not None:
+        reason = rope_fusion_unsupported(q, k, rope, layout=layout)
+        if reason:
+            raise ValueError(f"rope: {reason}")
+        coef = rope.coef.to(device=q.device, dtype=torch.float32).contiguous()
+        index = rope.index.to(device=q.device, dtype=torch.int32).contiguous()
+    out = _int8fp8_preprocess_op(
+        q, k, v, kv_lens_int32(kv_lens, q.device), layout == "BNHD", smooth_k, smooth_v, coef, index,
+        rope is not None and bool(rope.hadamard),
+    )
+    return KernelQKV(*out)
+
+
+def rope_fusion_unsupported(q: torch.Tensor, k: torch.Tensor, rope, *, layout: str = "BHND") -> str:
+    """Why the int8-fp8 pre-processing cannot apply ``rope`` itself ("" when it can): a table shared by the heads
+    ([N, D, 4], N = the queries = the keys), head_dim 64 or 128, rows on 16-byte boundaries. Shapes and strides
+    only (a constant of a compiled graph)."""
+    nq, d = (q.shape[2] if layout == "BHND" else q.shape[1]), q.shape[3]
+    nk = k.shape[2] if layout == "BHND" else k.shape[1]
+    coef = getattr(rope, "coef", None)
+    if coef is None or getattr(rope, "index", None) is None:
+        return f"expected a GeneralizedRopeTable, got {type(rope).__name__}"
+    if coef.dim() != 3:
+        return f"a per-head table {tuple(coef.shape)} (the pre-processing takes one table [N, D, 4] for all heads)"
+    if tuple(coef.shape) != (nq, d, 4) or nq != nk:
+        return f"a table of shape {tuple(coef.shape)} for {nq} queries and {nk} keys of head_dim {d} (expected ({nq}, {d}, 4) and N_q == N_kv)"
+    if d not in ROPE_HEAD_DIMS:
+        return f"head_dim {d} (RoPE·R in the pre-processing takes {ROPE_HEAD_DIMS})"
+    if any(st % 8 for t in (q, k) for st in t.stride()[:3]):
+        return "strides that are not multiples of 8 elements (rows not 16-byte aligned)"
+    return ""
+
+
+def attention_int8fp8_quantized(
+    qkv: KernelQKV,
+    *,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    layout: str = "BHND",
+    out: torch.Tensor | None = None,
+    path: str | None = None,
+    split_tail: bool = True,
+) -> torch.Tensor:
+    """The int8-fp8 attention kernel (sm89 / sm90) on operands from :func:`preprocess_int8fp8_cuda`.
+
+    Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in ``out_dtype``;
+    ``out``: an optional preallocated output written in place (tests poison it first). ``path``: ``"wgmma"``
+    (sm90) or ``"mma"`` (mma.sync, sm89 and sm90); None: the arch default (:func:`int8fp8_path_for`).
+    ``split_tail`` (wgmma path): the query tiles of a last, partial wave of SMs run split over the keys (2-4 CTAs
+    each, merged by a second kernel), as the INT4 kernel's -- same maths, fp32 summation order of O and l changed
+    for those rows only; False keeps every row's order.
+    """
+    check_output_args(out_dtype, head_dim, layout)
+    path = _check_int8fp8_device(qkv.q_hat.device, path)
+    check_sm_scale(sm_scale)
+    sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    args = (
+        qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
+        kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, float(sm_scale * LOG2E),
+        out_dtype == torch.bfloat16, layout == "BNHD",
+    )
+    if out is None:
+        return _int8fp8_attention_op(*args, path, bool(split_tail))
+    if out.dtype != out_dtype:
+        raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
+    cuda_build.load_extension(qkv.q_hat.device).attention_int8fp8(*args, out, path == "mma", bool(split_tail))
+    return out
+
+
+def int8fp8_attention_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+    path: str | None = None,
+    rope: GeneralizedRopeTable | None = None,
+) -> torch.Tensor:
+    """Pre-processing + int8-fp8 attention on an sm89 / sm90 GPU (``path`` as :func:`attention_int8fp8_quantized`,
+    ``rope``: RoPE·R applied to q and k inside the pre-processing, as :func:`preprocess_int8fp8_cuda`); output has
+    q's shape, layout and dtype."""
+    qb, qh, qn, qd, kn = check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
+    path = _check_int8fp8_device(q.device, path)
+    qkv = preprocess_int8fp8_cuda(
+        q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v, rope=rope
+    )
+    return attention_int8fp8_quantized(
+        qkv, n_q=qn, n_kv=kn, head_dim=qd, kv_lens=kv_lens, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout,
+        path=path,
+    )
+
+
+@torch.compiler.assume_constant_result
+def int8fp8_device_problem(device_index: int) -> str:
+    """Why the int8-fp8 CUDA kernels cannot run on GPU ``device_index`` ("" when they can): the CUDA kernels' own
+    conditions (:func:`rotvid.kernels.cuda_build.device_problem`), and an int8-fp8 kernel for its compute capability
+    (sm89, sm90). A constant of a compiled graph, as that one."""
+    problem = cuda_build.device_problem(device_index)
+    if problem:
+        return problem
+    device = torch.device("cuda", device_index)
+    if not cuda_build.arch_entry(device).int8fp8:
+        cap = cuda_build.capability(device)
+        return (
+            f"recipe 'int8-fp8' has CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma) only, this is sm{cap[0]}{cap[1]}"
+        )
+    return ""
