@@ -20,6 +20,9 @@ traced. Once per forward it
 
 A ``module.compile()`` by the caller after ``apply`` replaces the guard; it is put back in front of the new
 compiled forward at the next step change (the pipeline's ``set_timesteps`` comes before its first forward).
+Wrapping the transformer as ``torch.compile(transformer)`` instead traces ``Module.__call__`` and with it the
+guard, which then only forwards (no finiteness check, no forward count): compile with
+``apply(..., compile=True)`` or ``transformer.compile()`` to keep them.
 """
 
 from __future__ import annotations
@@ -92,6 +95,9 @@ class ForwardGuard:
         return self.module._call_impl(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            # traced: the transformer wrapped by torch.compile(transformer) itself (module docstring)
+            return self._forward(args, kwargs)
         handle = self.handle
         handle.before_forward(self.name, self.module)
         output = self._forward(args, kwargs)
