@@ -352,7 +352,10 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
             stacks.append((stack, blocks))
         num_blocks = sum(len(b) for _, b in stacks)
         hadamard_block = _vo_hadamard_block(config, handle, tname, head_dim)
-        base_rotation = make_rotation(config.rotation, head_dim, _segments_for(family, transformer, head_dim))
+        try:
+            base_rotation = make_rotation(config.rotation, head_dim, _segments_for(family, transformer, head_dim))
+        except ValueError as err:
+            raise ValueError(f"rotation: {config.rotation!r} does not fit {tname} (head_dim {head_dim}): {err}") from None
         shared_rotator = QKRotator(base_rotation)
         block = 0
         for si, (stack, blocks) in enumerate(stacks):
