@@ -59,6 +59,23 @@ def all_finite(args: tuple, kwargs: dict) -> bool:
     return True
 
 
+def reset_cache_keeping_context(module: nn.Module) -> None:
+    """Reset the state of the diffusers cache hooks on ``module`` (``_reset_stateful_cache``), keeping the cache
+    context the pipeline set for this forward (``cache_context("cond")``), which the reset clears (diffusers 0.42.1:
+    ``StateManager.reset`` sets it to None)."""
+    from diffusers.hooks.hooks import StateManager
+
+    contexts = []
+    for sub in module.modules():
+        registry = getattr(sub, "_diffusers_hook", None)
+        for hook in getattr(registry, "hooks", {}).values():
+            if getattr(hook, "_is_stateful", False):
+                contexts += [(m, m._context) for m in vars(hook).values() if isinstance(m, StateManager)]
+    module._reset_stateful_cache()
+    for manager, context in contexts:
+        manager.set_context(context)
+
+
 class ForwardGuard:
     """Stands in ``transformer._compiled_call_impl`` (see the module docstring).
 
@@ -117,7 +134,7 @@ class ForwardGuard:
                            "redone)", self.name, where)
             return output
         if getattr(self.module, "_cache_config", None) is not None:
-            self.module._reset_stateful_cache()
+            reset_cache_keeping_context(self.module)
         runtime.redo = True
         try:
             redone = self._forward(args, kwargs)
