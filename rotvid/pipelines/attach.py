@@ -92,7 +92,7 @@ class RotvidHandle:
         family: the :class:`ModelFamily` of the pipeline.
         transformers: ``{pipeline attribute: transformer}`` rotvid is attached to.
         tracker: the :class:`StepTracker` (call ``tracker.begin(n)`` / ``set_step(i)`` when
-            driving a bare transformer).
+            driving a bare transformer; without a tracked run, calls follow the schedule's block rules only).
         report: the :class:`RunReport` (counts since apply or :meth:`reset_report`; reading it
             brings it up to date with the device-side counters).
     """
