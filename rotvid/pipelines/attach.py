@@ -14,10 +14,27 @@
 5. wraps the scheduler for the step tracker and hooks the transformers' forwards (and the context-parallel
    checks when ``enable_parallelism`` came after ``apply``);
 6. with ``compile=...``, compiles the transformers in place (:mod:`rotvid.pipelines.compiling`);
-7. returns a :class:`RotvidHandle` with the run report.
+7. puts the forward guard in front of each transformer (:mod:`rotvid.pipelines.forward_guard`: the
+   finiteness check and redo, the forward counts, a swapped scheduler followed);
+8. returns a :class:`RotvidHandle` with the run report.
 
 ``remove`` undoes all of it: original processors, original weights (bit-identical), no hooks,
 no call counters, and no compile when ``apply`` compiled.
+
+diffusers' contract while applied
+---------------------------------
+* ``state_dict()`` / ``save_pretrained()`` give the model's own weights: a state-dict hook on each
+  transformer replaces the V/O-Hadamard-fused ``to_v`` / ``to_out`` / ``add_v_proj`` / ``to_add_out``
+  / ``proj_out`` entries by what ``remove`` would restore (the CPU copies taken at ``apply``, bit for
+  bit; with ``exact_remove=False`` the arithmetic un-fusion). A checkpoint saved while applied is
+  the model's own, so ``apply`` on it fuses once. (A hook, not a refusal: diffusers' own
+  save/load round trips and ``test_save_load``-style checks keep working.)
+* ``fuse_qkv_projections()`` on the pipeline or transformer while applied raises (it would replace
+  or bypass rotvid's processors); so does the next forward after any other replacement of a rotvid
+  processor (``set_attn_processor``).
+* A head_dim that is not a power of two gets a block-diagonal V/O Hadamard (the largest power of
+  two dividing it, :func:`rotvid.rope.hadamard.vo_hadamard_block`); an odd one gets none. The run
+  report's ``notes`` say so.
 """
 
 from __future__ import annotations
@@ -32,13 +49,14 @@ from rotvid.kernels.recipes.auto import resolve_recipe
 from rotvid.pipelines.compiling import compile_options, compile_transformers, uncompile_transformers
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.context_parallel import check_context_parallel
+from rotvid.pipelines.forward_guard import ForwardGuard
 from rotvid.pipelines.model_table import FAMILIES, BlockStack, ModelFamily, family_of_transformer
 from rotvid.pipelines.processors import PROCESSORS
 from rotvid.pipelines.qk_rotation import QKRotator
 from rotvid.pipelines.report import RunReport
 from rotvid.pipelines.runtime import AttentionSite, Runtime
 from rotvid.pipelines.step_tracker import StepTracker
-from rotvid.rope.hadamard import fuse_v_hadamard, unfuse_v_hadamard
+from rotvid.rope.hadamard import fuse_v_hadamard, unfuse_v_hadamard, unfused_v_hadamard_values, vo_hadamard_block
 from rotvid.rope.model_facts import get_rope_facts
 from rotvid.rope.rotations import Rotation, make_rotation
 
@@ -47,6 +65,8 @@ __all__ = ["apply", "remove", "RotvidHandle", "find_transformers"]
 logger = logging.getLogger(__name__)
 
 HANDLE_ATTR = "_rotvid_handle"
+# Methods shadowed on the pipeline and its transformers while rotvid is applied (they raise).
+_REFUSED_METHODS = ("fuse_qkv_projections",)
 
 
 @dataclass
@@ -59,6 +79,8 @@ class _Installed:
     output_projection: nn.Linear | None
     vo_fused: bool
     snapshots: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (live param, CPU copy)
+    processor: object = None  # the rotvid processor installed
+    transformer: str = ""
 
 
 class RotvidHandle:
@@ -70,7 +92,7 @@ class RotvidHandle:
         family: the :class:`ModelFamily` of the pipeline.
         transformers: ``{pipeline attribute: transformer}`` rotvid is attached to.
         tracker: the :class:`StepTracker` (call ``tracker.begin(n)`` / ``set_step(i)`` when
-            driving a bare transformer).
+            driving a bare transformer; without a tracked run, calls follow the schedule's block rules only).
         report: the :class:`RunReport` (counts since apply or :meth:`reset_report`; reading it
             brings it up to date with the device-side counters).
     """
@@ -88,6 +110,8 @@ class RotvidHandle:
         self._installed: list[_Installed] = []
         self._hooks: list = []
         self._scheduler = None
+        self._guards: dict[str, ForwardGuard] = {}
+        self._refused: list[tuple[object, str]] = []  # (object, method name) shadowed by a refusal
         self.compiled: list[str] = []  # transformers apply compiled (remove un-compiles them)
         self.active = True
 
@@ -108,6 +132,51 @@ class RotvidHandle:
     def remove(self) -> None:
         """Same as :func:`remove` on the pipeline."""
         remove(self.target)
+
+    # ---- per forward (the forward guard, outside any compiled graph) ----------------------------
+    def before_forward(self, name: str, module: nn.Module) -> None:
+        """Follow a swapped scheduler, check rotvid's processors are in place, count the forward."""
+        if not isinstance(self.target, nn.Module):
+            current = getattr(self.target, "scheduler", None)
+            if current is not None and current is not self._scheduler:
+                self.tracker.follow(current)
+                self._scheduler = current
+        for inst in self._installed:
+            if inst.transformer == name and inst.attn.processor is not inst.processor:
+                raise RuntimeError(
+                    f"rotvid: the self-attention processor of {inst.processor.site.key} was replaced after apply "
+                    f"(by {type(inst.attn.processor).__name__}; fuse_qkv_projections() or set_attn_processor()), "
+                    "which would bypass rotvid. Restore it, or call rotvid.pipelines.remove(pipe) first."
+                )
+        tracked = self.tracker.in_run()
+        if tracked:
+            self.tracker.count_forward(name)
+        cache = getattr(module, "_cache_config", None)
+        self._report.record_forward(name, tracked=tracked, cache=None if cache is None else type(cache).__name__)
+
+    def _ensure_guards(self, phase: str = "enter") -> None:
+        """Put a guard back in front of a transformer the caller compiled after apply (at each step change)."""
+        if phase == "enter":
+            for guard in self._guards.values():
+                guard.install()
+
+    def original_state(self, name: str) -> dict[str, torch.Tensor]:
+        """``{parameter name in transformer ``name``: the model's own value}`` for every weight the V/O Hadamard
+        rewrote: what :func:`remove` restores (the CPU copies of apply, or the arithmetic un-fusion)."""
+        transformer = self.transformers[name]
+        names = {id(p): n for n, p in transformer.named_parameters(remove_duplicate=False)}
+        out: dict[str, torch.Tensor] = {}
+        for inst in self._installed:
+            if inst.transformer != name or not inst.vo_fused:
+                continue
+            if inst.snapshots:
+                pairs = [(live, saved.to(live.device)) for live, saved in inst.snapshots]
+            else:
+                pairs = unfused_v_hadamard_values(inst.attn, output_projection=inst.output_projection)
+            for live, value in pairs:
+                if id(live) in names:
+                    out[names[id(live)]] = value
+        return out
 
     def __repr__(self) -> str:
         n = len(self._installed)
@@ -247,6 +316,7 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
         _install(handle, exact_remove=exact_remove)
         if options is not None:
             handle.compiled = compile_transformers(handle.transformers, options)
+        _install_guards(handle)
     except BaseException:
         _uninstall(handle)
         raise
@@ -280,7 +350,11 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
                 raise ValueError(f"pipe: {tname} has no block list {stack.attr!r}")
             stacks.append((stack, blocks))
         num_blocks = sum(len(b) for _, b in stacks)
-        base_rotation = make_rotation(config.rotation, head_dim, _segments_for(family, transformer, head_dim))
+        hadamard_block = _vo_hadamard_block(config, handle, tname, head_dim)
+        try:
+            base_rotation = make_rotation(config.rotation, head_dim, _segments_for(family, transformer, head_dim))
+        except ValueError as err:
+            raise ValueError(f"rotation: {config.rotation!r} does not fit {tname} (head_dim {head_dim}): {err}") from None
         shared_rotator = QKRotator(base_rotation)
         block = 0
         for si, (stack, blocks) in enumerate(stacks):
@@ -299,23 +373,73 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
                 if _lacks_to_out(attn):
                     paths = [p for p, cols in stack.out_projections if cols == "inner"]
                     out_proj = _get(blk, paths[0]) if paths else None
-                inst = _Installed(attn, attn.processor, head_dim, out_proj, vo_fused=False)
+                inst = _Installed(attn, attn.processor, head_dim, out_proj, vo_fused=False, transformer=tname)
                 handle._installed.append(inst)
-                if config.vo_hadamard:
+                if config.vo_hadamard and hadamard_block > 1:
                     if exact_remove:
                         inst.snapshots = _snapshot(blk, stack)
                     with torch.no_grad():
-                        fuse_v_hadamard(attn, head_dim, output_projection=out_proj)
+                        fuse_v_hadamard(attn, head_dim, output_projection=out_proj, block=hadamard_block)
                     inst.vo_fused = True
                 handle.runtime.add_site(site, attn, rotator)
-                attn.set_processor(PROCESSORS[stack.processor_kind](handle.runtime, site, rotator, inst.original_processor))
+                inst.processor = PROCESSORS[stack.processor_kind](handle.runtime, site, rotator,
+                                                                  inst.original_processor)
+                attn.set_processor(inst.processor)
                 block += 1
+        handle._report.sites[tname] = num_blocks
         handle._hooks.append(transformer.register_forward_pre_hook(_forward_pre_hook(handle, tname, family)))
         handle._hooks.append(transformer.register_forward_hook(_forward_post_hook(handle)))
+        handle._hooks.append(transformer.register_state_dict_post_hook(_state_dict_hook(handle, tname)))
     scheduler = None if isinstance(handle.target, nn.Module) else getattr(handle.target, "scheduler", None)
     if scheduler is not None:
         handle.tracker.attach(scheduler)
         handle._scheduler = scheduler
+    for owner in (handle.target, *handle.transformers.values()):
+        for method in _REFUSED_METHODS:
+            if callable(getattr(owner, method, None)) and method not in vars(owner):
+                setattr(owner, method, _refusal(method))
+                handle._refused.append((owner, method))
+
+
+def _vo_hadamard_block(config: RotvidConfig, handle: RotvidHandle, tname: str, head_dim: int) -> int:
+    """The V/O Hadamard block for ``head_dim`` (1: no fusion), with a report note when it is not H_{head_dim}."""
+    if not config.vo_hadamard:
+        return 1
+    block = vo_hadamard_block(head_dim)
+    if block == 1:
+        note = (f"{tname}: no V/O Hadamard (head_dim {head_dim} is odd: no Hadamard block divides it); "
+                "vo_hadamard=False says the same")
+    elif block < head_dim:
+        note = (f"{tname}: V/O Hadamard block-diagonal, {head_dim // block} blocks of {block} (head_dim {head_dim} "
+                "is not a power of two)")
+    else:
+        return block
+    logger.info("rotvid: %s", note)
+    handle._report.notes.append(note)
+    return block
+
+
+def _refusal(method: str):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(
+            f"{method}(): rotvid is applied and its self-attention processors would be replaced or bypassed; call "
+            f"rotvid.pipelines.remove(pipe) first (apply refuses fused projections: unfuse before applying again)"
+        )
+
+    return refuse
+
+
+def _state_dict_hook(handle: RotvidHandle, name: str):
+    """State-dict post hook: the V/O-Hadamard-fused entries become the model's own weights (module docstring)."""
+
+    def hook(module, state_dict, prefix, local_metadata):
+        if not handle.active:
+            return
+        for key, value in handle.original_state(name).items():
+            if prefix + key in state_dict:
+                state_dict[prefix + key] = value
+
+    return hook
 
 
 def _lacks_to_out(attn: nn.Module) -> bool:
@@ -329,12 +453,6 @@ def _forward_pre_hook(handle: RotvidHandle, name: str, family: ModelFamily):
     def hook(module, args):
         # context parallelism enabled after apply: the same checks as apply's
         check_context_parallel(family, module, name)
-        sched = handle._scheduler
-        if sched is not None and getattr(handle.target, "scheduler", None) is not sched:
-            raise RuntimeError(
-                "rotvid: pipe.scheduler was replaced after apply; the step tracker follows the old one. "
-                "Call rotvid.pipelines.remove(pipe) and apply again."
-            )
         handle.runtime.clear_forward_state()
         return None
 
@@ -351,7 +469,23 @@ def _forward_post_hook(handle: RotvidHandle):
     return hook
 
 
+def _install_guards(handle: RotvidHandle) -> None:
+    """The forward guards, last (in front of a compile of apply's); followed at each step change."""
+    for name, transformer in handle.transformers.items():
+        guard = ForwardGuard(handle, name, transformer)
+        handle._guards[name] = guard
+        guard.install()
+    handle.tracker.add_listener(handle._ensure_guards)
+
+
 def _uninstall(handle: RotvidHandle) -> None:
+    handle.tracker.remove_listener(handle._ensure_guards)
+    for guard in handle._guards.values():
+        guard.uninstall()
+    handle._guards = {}
+    for owner, method in handle._refused:
+        vars(owner).pop(method, None)
+    handle._refused = []
     handle.runtime.remove_sites()
     uncompile_transformers(handle.transformers, handle.compiled)
     handle.compiled = []

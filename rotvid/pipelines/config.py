@@ -75,7 +75,8 @@ class RotvidConfig:
             int8-fp8 and the others, :attr:`Recipe.smooth_q <rotvid.kernels.recipes.base.Recipe.smooth_q>`): Q minus
             its per-head mean, the ΔS correction added to the scores by the kernels (the int8-fp8
             kernels do not smooth Q: a call that asks for it there falls back, counted with its reason).
-        backend: ``auto`` (the CUDA kernel where it runs the call, else the reference; the run
+        backend: ``auto`` (the CUDA kernel where it runs the call; a call it refuses runs the model's own
+            attention on a GPU — a counted fallback, warned once per run — and the reference on the CPU; the run
             report says which), ``reference`` or ``cuda``.
         schedule: the FP16-fallback :class:`Schedule`.
         block_m / block_n: kernel tile sizes (backend default when ``None``).

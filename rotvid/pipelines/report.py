@@ -8,7 +8,14 @@ Three outcomes of a self-attention call:
 * ``fallback`` — the schedule asked for the quantized recipe but the call could not take it
   (a mask that is not a key-padding mask, a backend that cannot run the input, ...). It ran in
   FP16 and the reason is counted in ``fallbacks``. Never silent: each distinct reason is also
-  logged once at WARNING level.
+  logged once at WARNING level — except a call the CUDA kernel refused on a GPU
+  (:data:`~rotvid.pipelines.runtime.GPU_FALLBACK`): those get one WARNING per run, saying how to fix it.
+
+Besides the calls, the report counts the transformer forwards (per transformer; those outside a
+tracked denoising run separately, with the rule they ran under), the diffusers cache each
+transformer had enabled (its skipped calls are ``skipped_calls``), every forward whose output was
+not finite (``redos``: the step, and whether the FP16 redo was finite; a redo that is not finite
+either is the model's own), and ``notes`` from ``apply`` (e.g. a block-diagonal V/O Hadamard).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import json
 import logging
 from dataclasses import dataclass, field
 
+import torch
+
 __all__ = ["RunReport", "BlockCounts"]
 
 logger = logging.getLogger(__name__)
@@ -24,6 +33,27 @@ logger = logging.getLogger(__name__)
 
 # the CUDA backend's reasons that mean "no GPU here" (the reference is then the only choice, not a fallback)
 _NO_GPU_REASONS = ("cuda: not installed", "cuda: no CUDA GPU", "cuda: inputs are on cpu")
+
+
+# The way out, by the CUDA kernel's reason (first match wins), for the one warning per run.
+_GPU_FIXES = (
+    ("nvcc", "install a CUDA toolkit matching torch's CUDA {cuda} (nvcc on PATH, or CUDA_HOME set) for the first "
+             "build of the kernels"),
+    ("not installed", "install rotvid with its CUDA kernels (rotvid.kernels.cuda_backend)"),
+    ("head_dim", "the kernels take head_dim 64 and 128 only: this model's other head_dims run its own attention"),
+    ("dtype", "load the model in bf16 or fp16 (the kernels take those)"),
+    ("has no CUDA kernel", "use recipe='auto' (the recipe with a kernel on this GPU)"),
+    ("compute capability", "use a GPU the kernels support (`rotvid backends` lists them)"),
+    ("sm", "use recipe='auto' (the recipe with a kernel on this GPU)"),
+)
+
+
+def gpu_fallback_fix(reason: str) -> str:
+    """How to make the CUDA kernel take calls it refused for ``reason``."""
+    for key, fix in _GPU_FIXES:
+        if key in reason:
+            return fix.format(cuda=torch.version.cuda)
+    return "see the reason above"
 
 
 def reference_fallback(backend: str) -> bool:
@@ -58,6 +88,16 @@ class RunReport:
         fp16_reasons: ``{reason: count}`` for the planned FP16 calls (schedule rules).
         fallbacks: ``{reason: count}`` for the unplanned FP16 calls.
         backends: ``{backend selection as the dispatcher described it: count}``.
+        forwards: ``{transformer: forwards}`` the pipeline (or caller) made, redos not included.
+        untracked_forwards: ``{transformer: forwards}`` of them outside a tracked denoising run (they ran
+            under :attr:`untracked_rule`).
+        sites: ``{transformer: self-attentions}`` rotvid is installed on.
+        caches: ``{transformer: diffusers cache config class}`` for the transformers with a cache enabled.
+        redos: one ``{"transformer", "step", "num_steps", "finite_after_redo"}`` per forward whose output was not
+            finite and that ran again with FP16 attention (``step`` None outside a tracked run).
+        nonfinite_inputs: one ``{"transformer", "step"}`` per forward with a non-finite output *and* input (not
+            redone: not rotvid's).
+        notes: what ``apply`` adapted (e.g. a block-diagonal V/O Hadamard for a head_dim that is not a power of two).
     """
 
     recipe: str
@@ -68,6 +108,14 @@ class RunReport:
     fp16_reasons: dict[str, int] = field(default_factory=dict)
     fallbacks: dict[str, int] = field(default_factory=dict)
     backends: dict[str, int] = field(default_factory=dict)
+    forwards: dict[str, int] = field(default_factory=dict)
+    untracked_forwards: dict[str, int] = field(default_factory=dict)
+    sites: dict[str, int] = field(default_factory=dict)
+    caches: dict[str, str] = field(default_factory=dict)
+    redos: list[dict] = field(default_factory=list)
+    nonfinite_inputs: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    _gpu_fallback_warned: bool = field(default=False, repr=False, compare=False)
 
     # ---- recording -----------------------------------------------------------------------
     def _block(self, site: str) -> BlockCounts:
@@ -86,10 +134,33 @@ class RunReport:
         self.fp16_reasons[reason] = self.fp16_reasons.get(reason, 0) + n
 
     def record_fallback(self, site: str, reason: str, n: int = 1) -> None:
+        from rotvid.pipelines.runtime import GPU_FALLBACK
+
         self._block(site).fallback += n
-        if reason not in self.fallbacks:
+        if reason.startswith(GPU_FALLBACK):
+            if not self._gpu_fallback_warned:
+                self._gpu_fallback_warned = True
+                logger.warning("rotvid: %s (first at %s: %s). To fix: %s. (backend='reference' runs the recipe on the "
+                               "slow PyTorch reference instead.)", GPU_FALLBACK.rstrip(": "), site,
+                               reason[len(GPU_FALLBACK):], gpu_fallback_fix(reason))
+        elif reason not in self.fallbacks:
             logger.warning("rotvid: self-attention falls back to FP16 at %s: %s", site, reason)
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + n
+
+    def record_forward(self, transformer: str, *, tracked: bool, cache: str | None = None) -> None:
+        """One forward of ``transformer`` (by the forward guard, outside any compiled graph)."""
+        self.forwards[transformer] = self.forwards.get(transformer, 0) + 1
+        if not tracked:
+            self.untracked_forwards[transformer] = self.untracked_forwards.get(transformer, 0) + 1
+        if cache is not None:
+            self.caches[transformer] = cache
+
+    def record_redo(self, transformer: str, step: int | None, num_steps: int | None, *, finite: bool) -> None:
+        self.redos.append({"transformer": transformer, "step": step, "num_steps": num_steps,
+                           "finite_after_redo": finite})
+
+    def record_nonfinite_input(self, transformer: str, step: int | None) -> None:
+        self.nonfinite_inputs.append({"transformer": transformer, "step": step})
 
     def record(self, site: str, outcome: str, detail: str, n: int = 1) -> None:
         """Count ``n`` calls of ``outcome`` (``quantized`` / ``fp16`` / ``fallback``) with its backend or reason."""
@@ -99,10 +170,17 @@ class RunReport:
         recorders[outcome](site, detail, n)
 
     def reset(self) -> None:
+        """Forget the counts (the ``sites`` and ``notes`` of ``apply`` stay)."""
         self.per_block.clear()
         self.fp16_reasons.clear()
         self.fallbacks.clear()
         self.backends.clear()
+        self.forwards.clear()
+        self.untracked_forwards.clear()
+        self.caches.clear()
+        self.redos.clear()
+        self.nonfinite_inputs.clear()
+        self._gpu_fallback_warned = False
 
     # ---- summaries -------------------------------------------------------------------------
     @property
@@ -132,6 +210,20 @@ class RunReport:
         """:attr:`quantized_fraction` (the paper's "INT4 fraction" for the int4 recipes)."""
         return self.quantized_fraction
 
+    @property
+    def skipped_calls(self) -> int:
+        """Self-attention calls the forwards (and redos) would have made but did not: skipped by a diffusers cache
+        (first-block cache, pyramid attention broadcast, ...). 0 without a cache."""
+        expected = sum(self.sites.get(t, 0) * n for t, n in self.forwards.items())
+        expected += sum(self.sites.get(r["transformer"], 0) for r in self.redos)
+        return max(0, expected - self.total_calls)
+
+    @property
+    def untracked_rule(self) -> str:
+        from rotvid.pipelines.runtime import UNTRACKED_RULE
+
+        return UNTRACKED_RULE
+
     def to_dict(self) -> dict:
         return {
             "recipe": self.recipe,
@@ -147,6 +239,14 @@ class RunReport:
             "fp16_reasons": dict(self.fp16_reasons),
             "fallbacks": dict(self.fallbacks),
             "per_block": {k: vars(v).copy() for k, v in self.per_block.items()},
+            "forwards": dict(self.forwards),
+            "untracked_forwards": dict(self.untracked_forwards),
+            "untracked_rule": self.untracked_rule if self.untracked_forwards else None,
+            "caches": dict(self.caches),
+            "skipped_calls": self.skipped_calls,
+            "redos": [dict(r) for r in self.redos],
+            "nonfinite_inputs": [dict(r) for r in self.nonfinite_inputs],
+            "notes": list(self.notes),
         }
 
     def to_json(self) -> str:
@@ -166,4 +266,20 @@ class RunReport:
             lines.append(f"  backend {name}: {n} calls{flag}")
         for reason, n in sorted(self.fallbacks.items()):
             lines.append(f"  FALLBACK {n} calls: {reason}")
+        untracked = sum(self.untracked_forwards.values())
+        if untracked:
+            lines.append(f"  {untracked} forwards {self.untracked_rule}")
+        if self.caches:
+            caches = ", ".join(f"{name}: {cache}" for name, cache in sorted(self.caches.items()))
+            lines.append(f"  diffusers cache ({caches}): {self.skipped_calls} self-attention calls skipped")
+        for r in self.redos:
+            where = f"step {r['step']}" if r["step"] is not None else "outside a tracked run"
+            verdict = "finite after the FP16 redo" if r["finite_after_redo"] else \
+                "NOT finite in FP16 either: the model's own, not rotvid's"
+            lines.append(f"  REDO {r['transformer']} at {where}: output not finite, ran again in FP16: {verdict}")
+        for r in self.nonfinite_inputs:
+            where = f"step {r['step']}" if r["step"] is not None else "outside a tracked run"
+            lines.append(f"  {r['transformer']} at {where}: output and inputs not finite (not rotvid's; not redone)")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
         return "\n".join(lines)

@@ -41,6 +41,28 @@ decided on the host; under ``torch.compile`` it becomes a device-side flag, the 
 joined by ``torch.cond`` and both outcomes are counted with the flag, so a fallback is still
 counted and never silent. (``torch.cond`` reads the flag on the host when it runs: one sync per
 masked quantized call — HunyuanVideo's text padding — and no CUDA graph around it.)
+
+Calls outside a tracked run
+---------------------------
+A call while no denoising run is tracked (no ``set_timesteps`` seen, or past the run's last step:
+the transformer called directly, by a second pipeline sharing it, by a custom loop) follows the
+schedule's **block rules only** (``fp16_first_blocks`` / ``fp16_last_blocks``,
+:meth:`~rotvid.pipelines.schedule.Schedule.block_fp16_reason`): the step rules and the
+``fp16_cells`` table need a step. :data:`UNTRACKED_RULE` names that rule in the report.
+
+No slow path on a GPU
+---------------------
+With ``backend="auto"``, a call on a CUDA device that the CUDA kernel cannot take (no nvcc for the
+first build, a GPU without a kernel for the recipe, a head_dim or dtype it does not take) runs the
+model's own attention, counted as a fallback whose reason starts with :data:`GPU_FALLBACK`; the
+report warns once per run with the way to fix it. The PyTorch reference runs only when asked
+(``backend="reference"``) or off the GPU (the CPU).
+
+Non-finite redo
+---------------
+While :attr:`Runtime.redo` is set (the forward guard re-running a forward whose output was not
+finite, :mod:`rotvid.pipelines.forward_guard`), every call runs the model's own attention, counted
+as FP16 with the reason :data:`REDO`.
 """
 
 from __future__ import annotations
@@ -60,13 +82,19 @@ from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.report import RunReport
 from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
 
-__all__ = ["AttentionSite", "Runtime", "key_padding_lengths", "key_padding_lengths_on_device"]
+__all__ = [
+    "AttentionSite", "Runtime", "key_padding_lengths", "key_padding_lengths_on_device", "on_cuda_device", "REDO",
+    "UNTRACKED_RULE", "GPU_FALLBACK",
+]
 
 logger = logging.getLogger(__name__)
 
 # Above this many distinct plans in a run, compiled graphs read the plan as data (module docstring).
 MAX_PLANS_PER_RUN = 4
 PLANNED = "planned"  # an FP16 call of the schedule, counted without its reason (see the module docstring)
+REDO = "redo: the forward's output was not finite, run again with FP16 attention"
+UNTRACKED_RULE = "outside a tracked run: the schedule's block rules only (fp16_first_blocks / fp16_last_blocks)"
+GPU_FALLBACK = "the CUDA kernel cannot take this call on the GPU, the model's own attention ran: "
 MASK_NOT_PADDING = (
     "attention mask is not a key-padding mask with at least one valid key per batch row "
     "(checked on the device under torch.compile)"
@@ -94,6 +122,11 @@ class AttentionSite:
     @property
     def key(self) -> str:
         return f"{self.transformer}/{self.block}"
+
+
+def on_cuda_device(t: torch.Tensor) -> bool:
+    """True for a tensor on a CUDA device (where ``backend="auto"`` never runs the slow PyTorch reference)."""
+    return t.device.type == "cuda"
 
 
 def run_into_bnhd(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rope=None) -> torch.Tensor:
@@ -211,6 +244,8 @@ class Runtime:
         self.step_known = False
         # True: compiled graphs read each site's planned-FP16 flag buffer instead of self.plan.
         self.plan_as_data = False
+        # True while the forward guard re-runs a non-finite forward: every call runs FP16 (REDO).
+        self.redo = False
         self._interned: dict[tuple, tuple] = {}
         self._run_plans: tuple | None = None  # (num_steps, number of sites, [(plan, reasons) per step])
         tracker.add_listener(self._on_step_change)
@@ -245,7 +280,12 @@ class Runtime:
         try:
             step, num_steps = self.tracker.current()
         except StepUnknownError as err:
-            self.plan, self.plan_reasons, self.plan_problem = None, {}, str(err)
+            # outside a tracked run: the block rules only (module docstring)
+            self.plan_problem = str(err)
+            self.plan, self.plan_reasons = self._untracked_plan()
+            if self.plan_as_data:
+                for site in self.sites:
+                    self.counters[site.key].set_planned(self.plan[site.transformer][site.block])
             return
         if self._run_plans is None or self._run_plans[:2] != (num_steps, len(self.sites)):
             plans = [self._plan_at(s, num_steps) for s in range(num_steps)]
@@ -261,16 +301,26 @@ class Runtime:
             for site in self.sites:
                 self.counters[site.key].set_planned(self.plan[site.transformer][site.block])
 
-    def _plan_at(self, step: int, num_steps: int) -> tuple[dict, dict]:
-        """(interned plan, reasons) of ``step``."""
+    def _plan_at(self, step: int | None, num_steps: int | None) -> tuple[dict, dict]:
+        """(interned plan, reasons) of ``step`` (``None``: outside a tracked run, the block rules only)."""
         sched = self.config.schedule
         per: dict[str, list[str | None]] = {}
         for site in self.sites:
             reasons = per.setdefault(site.transformer, [None] * site.num_blocks)
-            reasons[site.block] = sched.fp16_reason(
-                step=step, num_steps=num_steps, block=site.block, num_blocks=site.num_blocks,
-                block_in_stack=site.block_in_stack, stack_size=site.stack_size,
-            )
+            if step is None:
+                reason = sched.block_fp16_reason(block_in_stack=site.block_in_stack, stack_size=site.stack_size)
+                reasons[site.block] = None if reason is None else "outside a tracked run, " + reason
+            else:
+                reasons[site.block] = sched.fp16_reason(
+                    step=step, num_steps=num_steps, block=site.block, num_blocks=site.num_blocks,
+                    block_in_stack=site.block_in_stack, stack_size=site.stack_size,
+                )
+        return self._intern(per)
+
+    def _untracked_plan(self) -> tuple[dict, dict]:
+        return self._plan_at(None, None)
+
+    def _intern(self, per: dict[str, list[str | None]]) -> tuple[dict, dict]:
         plan = {}
         for name, reasons in per.items():
             key = tuple(r is not None for r in reasons)
@@ -285,7 +335,7 @@ class Runtime:
             self.refresh_plan()
 
     def drain_counts(self) -> None:
-        """Move the device counters into the report (and block 0's calls into the tracker's forwards)."""
+        """Move the device counters into the report (the forward guard counts the forwards themselves)."""
         block_of = {site.key: site for site in self.sites}
 
         def sink(key: str, outcome: str, detail: str, n: int) -> None:
@@ -293,8 +343,6 @@ class Runtime:
             if outcome == "fp16" and detail == PLANNED:
                 detail = self.plan_reasons[site.transformer][site.block]
             self.report.record(key, outcome, detail, n)
-            if site.block == 0:
-                self.tracker.count_forward(site.transformer, n)
 
         SiteCounters.drain(list(self.counters.values()), sink)
 
@@ -353,6 +401,9 @@ class Runtime:
             [B, H, N_q, D] in q's dtype.
         """
         compiling = torch.compiler.is_compiling()
+        if self.redo:  # the forward guard re-runs a non-finite forward: FP16 throughout
+            self.counters[site.key].add("fp16", REDO)
+            return fp16_attention()
         if self.observers and rope is not None:  # observers see rotated tensors
             q, k, rope = apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), None
         if self.observers:
@@ -366,8 +417,6 @@ class Runtime:
         # ``run``: None, or a 0-d bool the device decides with (the quantized path is taken where True).
         run = None
         if compiling and self.plan_as_data and self.quantized:
-            if not self.step_known:
-                raise StepUnknownError(self.plan_problem)
             planned = counters.planned
             counters.add("fp16", PLANNED, planned)
             run = ~planned
@@ -386,6 +435,10 @@ class Runtime:
                 call = prepare_attention(q, k, v, backend=self.config.backend, kv_lens=kv_lens, **self.call_options)
             except ValueError as e:
                 problem = "kernel cannot take this call: " + e.args[0]
+            else:
+                if self.config.backend == "auto" and call.backend.name == "reference" and on_cuda_device(q):
+                    # no slow path on a GPU: the model's own attention, counted (module docstring)
+                    problem = GPU_FALLBACK + call.reason.removeprefix("reference (auto; ").removesuffix(")")
         if problem is not None:
             counters.add("fallback", problem, 1 if run is None else run)
             return fp16_attention()

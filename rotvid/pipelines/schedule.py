@@ -102,6 +102,15 @@ class Schedule:
                 return "schedule: table"
         return None
 
+    def block_fp16_reason(self, *, block_in_stack: int, stack_size: int) -> str | None:
+        """The block rules alone (``fp16_first_blocks`` / ``fp16_last_blocks``): the rule for a call outside a
+        tracked denoising run, where no step is known (the step rules and the ``fp16_cells`` table need one)."""
+        if block_in_stack < self.fp16_first_blocks:
+            return f"schedule: first {self.fp16_first_blocks} blocks"
+        if block_in_stack >= stack_size - self.fp16_last_blocks:
+            return f"schedule: last {self.fp16_last_blocks} blocks"
+        return None
+
     def to_dict(self) -> dict:
         return {
             "fp16_first_steps": self.fp16_first_steps,

@@ -14,6 +14,12 @@ inspects for ``sigmas`` / ``eta`` / ``generator``):
 Both experts of Wan2.2 share the one scheduler, so steps count across them. ``remove`` deletes
 the wrappers again. Without a pipeline (a bare transformer, as in the benchmarks), call
 :meth:`StepTracker.begin` / :meth:`StepTracker.set_step` by hand.
+
+Calls outside a tracked run (no run begun, or past its last step: the transformer called directly,
+by a second pipeline that shares it, or in a custom loop that drives no tracked scheduler) are not
+an error: the runtime gives them the schedule's block rules only (:mod:`rotvid.pipelines.runtime`)
+and the report counts them as untracked forwards. A scheduler swapped after ``apply`` is followed
+(:meth:`StepTracker.follow`, called by the forward guard before the next forward).
 """
 
 from __future__ import annotations
@@ -112,9 +118,13 @@ class StepTracker:
             )
         return self.step, self.num_steps
 
+    def in_run(self) -> bool:
+        """True while a denoising run is tracked (a step of it is current)."""
+        return self.step is not None and self.num_steps is not None and self.step < self.num_steps
+
     def count_forward(self, name: str, n: int = 1) -> None:
         """Add ``n`` forwards of transformer ``name`` to the current step (nothing when no run is tracked)."""
-        if self.step is None:
+        if not self.in_run():
             return
         per = self.forwards_per_step.setdefault(self.step, {})
         per[name] = per.get(name, 0) + n
@@ -161,6 +171,23 @@ class StepTracker:
                 setattr(sched, name, prev)
         self._scheduler = None
         self._saved = {}
+
+    def follow(self, scheduler) -> None:
+        """Follow a scheduler that replaced the attached one (``pipe.scheduler = ...`` after ``apply``).
+
+        Detaches from the old scheduler and wraps the new one. When the new one already has its timesteps (the
+        pipeline called its ``set_timesteps`` before the first forward), a run of ``len(timesteps)`` steps begins
+        at the scheduler's own ``step_index`` (0 when it has none yet).
+        """
+        self.detach()
+        self.attach(scheduler)
+        timesteps = getattr(scheduler, "timesteps", None)
+        if timesteps is not None and len(timesteps) > 0:
+            self.begin(len(timesteps))
+            index = getattr(scheduler, "step_index", None)
+            if isinstance(index, int) and 0 < index < len(timesteps):
+                self.set_step(index)
+        logger.info("rotvid: pipe.scheduler was replaced after apply; the step tracker follows the new one")
 
     @property
     def scheduler(self):

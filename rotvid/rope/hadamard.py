@@ -20,6 +20,11 @@ single-stream blocks build their attention with ``pre_only=True`` (no ``to_out``
 output is concatenated with the MLP branch and read by the block's ``proj_out``, whose first
 ``inner_dim`` input columns are W_o; pass that layer as ``output_projection`` (or call
 :func:`fuse_v_hadamard_single_stream` on the block).
+
+A head_dim D that is not a power of two takes a block-diagonal Hadamard: ``I_{D/b} ⊗ H_b`` with b the
+largest power of two dividing D (:func:`vo_hadamard_block`; ``block=`` of the fusion functions). It is
+orthogonal and symmetric like H_D, so the algebra above holds unchanged; it mixes only b channels at a
+time (b = 4 for D = 12, 2 for D = 10; an odd D has b = 1, the identity: nothing to fuse).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ __all__ = [
     "fuse_v_hadamard",
     "unfuse_v_hadamard",
     "is_v_hadamard_fused",
+    "vo_hadamard_block",
+    "unfused_v_hadamard_values",
+    "block_hadamard_matrix",
     "fuse_v_hadamard_single_stream",
     "unfuse_v_hadamard_single_stream",
 ]
@@ -59,6 +67,26 @@ def hadamard_matrix(n: int, dtype: torch.dtype = torch.float64, device: torch.de
     while h.shape[0] < n:
         h = torch.kron(h2, h)
     return (h * (n ** -0.5)).to(dtype=dtype, device=device)
+
+
+def vo_hadamard_block(head_dim: int) -> int:
+    """The largest power of two dividing ``head_dim``: the block of the V/O Hadamard (``head_dim`` itself for a
+    power of two, 4 for 12, 2 for 10, 1 — nothing to fuse — for an odd head_dim)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim: expected a positive int, got {head_dim!r}")
+    return head_dim & -head_dim
+
+
+def block_hadamard_matrix(head_dim: int, block: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``I_{head_dim/block} ⊗ H_block`` ([head_dim, head_dim], symmetric and orthogonal); ``block`` a power of two
+    dividing ``head_dim`` (``block == head_dim``: :func:`hadamard_matrix`)."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or block & (block - 1) or head_dim % block:
+        raise ValueError(
+            f"head_dim {head_dim}: the V/O Hadamard needs a power-of-two block dividing it, got block={block!r} "
+            f"(vo_hadamard_block({head_dim}) = {vo_hadamard_block(head_dim)}); or set vo_hadamard=False"
+        )
+    h = hadamard_matrix(block)
+    return torch.block_diag(*([h] * (head_dim // block))).to(dtype)
 
 
 # D^-1/2 rounded to float32 for D = 1, 2, 4, ..., 2^16, as Python floats (a module constant, so a compiled graph reads
@@ -168,7 +196,9 @@ def _output_targets(attn: nn.Module, output_projection: nn.Linear | None, inner:
 
 
 @torch.no_grad()
-def _rotate(attn: nn.Module, head_dim: int, output_projection: nn.Linear | None, *, inverse: bool) -> None:
+def _rotated(attn: nn.Module, head_dim: int, output_projection: nn.Linear | None, *, inverse: bool,
+             block: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(parameter, its rotated value)`` for every parameter the fusion rewrites (nothing is written)."""
     values = _value_targets(attn)
     if not values:
         raise ValueError("attn has no value projection (to_v / to_qkv / to_kv): not an attention module?")
@@ -182,31 +212,65 @@ def _rotate(attn: nn.Module, head_dim: int, output_projection: nn.Linear | None,
     heads = inner // head_dim
     if getattr(attn, "heads", heads) != heads:
         raise ValueError(f"head_dim={head_dim} gives {heads} heads but attn.heads={attn.heads}")
-    h = hadamard_matrix(head_dim)
+    if block is None:
+        if head_dim & (head_dim - 1):
+            raise ValueError(
+                f"head_dim {head_dim} is not a power of two: the V/O Hadamard takes a block-diagonal one "
+                f"(block={vo_hadamard_block(head_dim)}, the largest power of two dividing it), or set vo_hadamard=False"
+            )
+        block = head_dim
+    h = block_hadamard_matrix(head_dim, block)
     # fuse: rows <- H^T W, columns <- W H;  unfuse: rows <- H W, columns <- W H^T.
     left_cpu = h if inverse else h.T
     right_cpu = h.T if inverse else h
+    out = []
     for _, lin, r0, r1 in values:
         left = left_cpu.to(lin.weight.device)
-        w = lin.weight[r0:r1].double().reshape(heads, head_dim, -1)
-        lin.weight[r0:r1] = (left @ w).reshape(r1 - r0, -1).to(lin.weight.dtype)
+        new = lin.weight.detach().clone()
+        w = new[r0:r1].double().reshape(heads, head_dim, -1)
+        new[r0:r1] = (left @ w).reshape(r1 - r0, -1).to(new.dtype)
+        out.append((lin.weight, new))
         if lin.bias is not None:
-            b = lin.bias[r0:r1].double().reshape(heads, head_dim, 1)
-            lin.bias[r0:r1] = (left @ b).reshape(-1).to(lin.bias.dtype)
+            new_b = lin.bias.detach().clone()
+            b = new_b[r0:r1].double().reshape(heads, head_dim, 1)
+            new_b[r0:r1] = (left @ b).reshape(-1).to(new_b.dtype)
+            out.append((lin.bias, new_b))
     for _, lin, c0, c1 in outputs:
         right = right_cpu.to(lin.weight.device)
-        w = lin.weight[:, c0:c1].double().reshape(lin.out_features, heads, head_dim)
-        lin.weight[:, c0:c1] = (w @ right).reshape(lin.out_features, -1).to(lin.weight.dtype)
+        new = lin.weight.detach().clone()
+        w = new[:, c0:c1].double().reshape(lin.out_features, heads, head_dim)
+        new[:, c0:c1] = (w @ right).reshape(lin.out_features, -1).to(new.dtype)
+        out.append((lin.weight, new))
     logger.debug(
-        "%s V/O Hadamard (head_dim=%d, heads=%d) on %s",
+        "%s V/O Hadamard (head_dim=%d, heads=%d, block=%d) on %s",
         "removed" if inverse else "fused",
         head_dim,
         heads,
+        block,
         ", ".join(n for n, *_ in values + outputs),
     )
+    return out
 
 
-def fuse_v_hadamard(attn: nn.Module, head_dim: int, *, output_projection: nn.Linear | None = None) -> None:
+@torch.no_grad()
+def _rotate(attn: nn.Module, head_dim: int, output_projection: nn.Linear | None, *, inverse: bool,
+            block: int | None = None) -> None:
+    for param, value in _rotated(attn, head_dim, output_projection, inverse=inverse, block=block):
+        param.copy_(value)
+
+
+def unfused_v_hadamard_values(attn: nn.Module, *, output_projection: nn.Linear | None = None
+                              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(parameter, value before the fusion)`` for every parameter :func:`fuse_v_hadamard` rewrote on ``attn``,
+    computed without touching the module (up to rounding of the weights' dtype, as :func:`unfuse_v_hadamard`)."""
+    state = getattr(attn, FUSED_ATTR, None)
+    if state is None:
+        raise ValueError("attn has no V/O Hadamard fused (nothing to undo)")
+    return _rotated(attn, state["head_dim"], output_projection, inverse=True, block=state.get("block"))
+
+
+def fuse_v_hadamard(attn: nn.Module, head_dim: int, *, output_projection: nn.Linear | None = None,
+                    block: int | None = None) -> None:
     """Fuse a per-head normalized Hadamard into a diffusers attention module's V and O, in place.
 
     Rewrites (see the module docstring for the algebra) every value projection present —
@@ -219,9 +283,11 @@ def fuse_v_hadamard(attn: nn.Module, head_dim: int, *, output_projection: nn.Lin
     Args:
         attn: diffusers attention module (``WanAttention``, ``Attention`` of HunyuanVideo /
             CogVideoX blocks).
-        head_dim: per-head dim D, a power of two.
+        head_dim: per-head dim D, a power of two (or any D with ``block``).
         output_projection: only for modules without ``to_out`` (HunyuanVideo single-stream:
             pass ``block.proj_out``).
+        block: the Hadamard block: ``None`` (default) for H_D itself (D a power of two), or a power of two
+            dividing D for the block-diagonal ``I ⊗ H_block`` (:func:`vo_hadamard_block`).
 
     Raises:
         ValueError: if already fused (the module records it), if the module lacks the layers
@@ -229,8 +295,9 @@ def fuse_v_hadamard(attn: nn.Module, head_dim: int, *, output_projection: nn.Lin
     """
     if is_v_hadamard_fused(attn):
         raise ValueError("attn already has the V/O Hadamard fused (fusing twice would not be the identity)")
-    _rotate(attn, head_dim, output_projection, inverse=False)
-    setattr(attn, FUSED_ATTR, {"head_dim": head_dim, "output_projection": output_projection is not None})
+    _rotate(attn, head_dim, output_projection, inverse=False, block=block)
+    setattr(attn, FUSED_ATTR, {"head_dim": head_dim, "output_projection": output_projection is not None,
+                               "block": head_dim if block is None else block})
 
 
 def unfuse_v_hadamard(attn: nn.Module, head_dim: int, *, output_projection: nn.Linear | None = None) -> None:
@@ -246,7 +313,7 @@ def unfuse_v_hadamard(attn: nn.Module, head_dim: int, *, output_projection: nn.L
             f"output_projection given={state['output_projection']}; got head_dim={head_dim}, "
             f"output_projection given={output_projection is not None}"
         )
-    _rotate(attn, head_dim, output_projection, inverse=True)
+    _rotate(attn, head_dim, output_projection, inverse=True, block=state.get("block", head_dim))
     attn.__dict__.pop(FUSED_ATTR, None)  # the module as before the fusion (no attribute left behind)
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rotvid.pipelines.runtime as runtime
-from rotvid.pipelines import RotvidConfig, Schedule, StepUnknownError, apply, remove
+from rotvid.pipelines import RotvidConfig, Schedule, apply, remove
 from rotvid.pipelines.attach import HANDLE_ATTR
 from rotvid.pipelines.tiny import tiny_call_kwargs
 from rotvid.rope.rotations import save_learned_rotation
@@ -239,7 +239,8 @@ def test_remove_gives_back_bit_identical_weights_processors_and_outputs(tiny):
     nonpersistent = [set(a._non_persistent_buffers_set) for a in self_attentions(pipe)]
     ref = run(pipe, "hunyuan_video")
     apply(pipe, RotvidConfig(recipe="int4", rotation="half", vo_hadamard=True, backend="reference"))
-    changed = [k for k, v in pipe.transformer.state_dict().items() if not torch.equal(v, before[k])]
+    # (the live parameters: state_dict() gives the model's own weights while applied, tests/pipelines/test_contract.py)
+    changed = [k for k, v in pipe.transformer.named_parameters() if not torch.equal(v, before[k])]
     assert any("to_v" in k for k in changed) and any("proj_out" in k for k in changed)
     run(pipe, "hunyuan_video")
     remove(pipe)
@@ -300,22 +301,30 @@ def test_hunyuan_true_cfg_counts_two_forwards_per_step(tiny):
     assert handle.tracker.forwards_per_step == {s: {"transformer": 2} for s in range(3)}
 
 
-def test_bare_transformer_needs_the_step_by_hand(tiny):
+def test_bare_transformer_outside_a_run_follows_the_block_rules_then_the_step_by_hand(tiny):
     pipe = tiny("cogvideox")
     tr = pipe.transformer
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 2, 4, 4, 4, generator=g)
     text = torch.randn(1, 16, 32, generator=g)
-    handle = apply(tr, RotvidConfig(recipe="int4", backend="reference", schedule=Schedule(fp16_first_steps=1)))
+    schedule = Schedule(fp16_first_steps=1, fp16_first_blocks=1)
+    handle = apply(tr, RotvidConfig(recipe="int4", backend="reference", schedule=schedule))
     try:
-        with pytest.raises(StepUnknownError):
-            tr(hidden_states=x, encoder_hidden_states=text, timestep=torch.tensor([500]))
+        # no run tracked: the block rules only (block 0 FP16, the step rule not applied), counted as untracked
+        tr(hidden_states=x, encoder_hidden_states=text, timestep=torch.tensor([500]))
+        rep = handle.report
+        assert rep.fp16_calls == 1 and rep.quantized_calls == 3
+        assert rep.untracked_forwards == {"transformer": 1} and rep.to_dict()["untracked_rule"] == rep.untracked_rule
+        assert rep.fp16_reasons == {"outside a tracked run, schedule: first 1 blocks": 1}
+        handle.reset_report()
         handle.tracker.begin(3)
         tr(hidden_states=x, encoder_hidden_states=text, timestep=torch.tensor([500]))
         assert handle.report.fp16_calls == 4 and handle.report.quantized_calls == 0
         handle.tracker.set_step(1)
         tr(hidden_states=x, encoder_hidden_states=text, timestep=torch.tensor([500]))
-        assert handle.report.quantized_calls == 4
+        assert handle.report.quantized_calls == 3
+        assert handle.report.untracked_forwards == {} and handle.tracker.forwards_per_step == {0: {"transformer": 1},
+                                                                                               1: {"transformer": 1}}
     finally:
         remove(tr)
 
@@ -356,17 +365,24 @@ def test_apply_errors(tiny):
     assert all(type(b.attn1.processor).__name__ == "WanAttnProcessor" for b in pipe.transformer.blocks)
 
 
-def test_replacing_the_scheduler_after_apply_is_an_error(tiny):
+def test_replacing_the_scheduler_after_apply_is_followed(tiny):
     pipe = tiny("cogvideox")
     old = pipe.scheduler
-    apply(pipe, RotvidConfig(recipe="fp16"))
+    ref = run(pipe, "cogvideox")
+    handle = apply(pipe, RotvidConfig(recipe="int4", backend="reference", schedule=Schedule(fp16_first_steps=1)))
     try:
         pipe.scheduler = type(old).from_config(old.config)
-        with pytest.raises(RuntimeError, match="scheduler was replaced"):
-            run(pipe, "cogvideox")
+        out = run(pipe, "cogvideox")
+        new = pipe.scheduler
+        assert "step" in vars(new) and "step" not in vars(old)  # the tracker wraps the new one, not the old
     finally:
         pipe.scheduler = old
         remove(pipe)
+    assert "step" not in vars(new) and "set_timesteps" not in vars(new)
+    rep = handle.report
+    assert handle.tracker.forwards_per_step == {s: {"transformer": 1} for s in range(3)}
+    assert rep.untracked_forwards == {} and rep.fp16_calls == 4 and rep.quantized_calls == 8
+    assert out.shape == ref.shape and torch.isfinite(out).all()
 
 
 def test_load_pipeline_from_local_folder_keeps_wan_vae_in_float32(tiny, tiny_dir, monkeypatch):

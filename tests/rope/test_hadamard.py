@@ -248,3 +248,28 @@ def test_fwht_order_is_the_documented_butterfly():
 def test_fwht_rejects_non_power_of_two():
     with pytest.raises(ValueError, match="power of two"):
         fwht(torch.zeros(2, 12))
+
+
+def test_block_hadamard_for_head_dims_that_are_not_powers_of_two():
+    from rotvid.rope.hadamard import block_hadamard_matrix, vo_hadamard_block
+
+    assert [vo_hadamard_block(d) for d in (64, 128, 12, 10, 24, 9)] == [64, 128, 4, 2, 8, 1]
+    for d in (12, 10, 24):
+        h = block_hadamard_matrix(d, vo_hadamard_block(d))
+        torch.testing.assert_close(h @ h, torch.eye(d, dtype=torch.float64), rtol=0, atol=1e-15)
+        assert torch.equal(h, h.T)
+    torch.testing.assert_close(block_hadamard_matrix(16, 16), hadamard_matrix(16), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"head_dim 12: .*block=8.*vo_hadamard=False"):
+        block_hadamard_matrix(12, 8)
+
+
+def test_fuse_with_a_block_is_exact_and_undone_for_head_dim_24():
+    attn = WanAttention(dim=48, heads=2, dim_head=24)
+    before = {k: v.clone() for k, v in attn.state_dict().items()}
+    with pytest.raises(ValueError, match=r"head_dim 24 is not a power of two.*block=8.*vo_hadamard=False"):
+        fuse_v_hadamard(attn, 24)
+    fuse_v_hadamard(attn, 24, block=8)
+    assert not torch.equal(attn.to_v.weight, before["to_v.weight"])
+    unfuse_v_hadamard(attn, 24)
+    for k, v in attn.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=1e-6, atol=1e-6)
