@@ -37,6 +37,8 @@ class VBenchRequest:
 
 def check_report_folder(out: Path, *, overwrite: bool) -> None:
     """``FileExistsError`` when ``out`` already holds a report and ``overwrite`` is false."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out}: expected a folder for the report, got a file")
     existing = [f for f in REPORT_FILES if (Path(out) / f).exists()]
     if existing and not overwrite:
         raise FileExistsError(f"report folder {out} already holds {', '.join(existing)} (pass --overwrite to replace)")
