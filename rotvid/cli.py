@@ -922,7 +922,7 @@ def _print_calibration(result) -> None:
     if result.schedule is not None:
         n = sum(len(c) for c in result.fp16_cells.values())
         console.print(f"schedule:  {result.schedule_path} ({n} FP16 (step, block) cells, "
-                      f"INT4 fraction {result.int4_fraction:.1%})")
+                      f"{(result.recipe or 'quantized').upper()} fraction {result.int4_fraction:.1%})")
 
 
 @app.command("vbench-setup")

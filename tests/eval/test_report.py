@@ -14,9 +14,9 @@ def _report(rng):
     ref = rng.integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
     noisy = np.clip(ref.astype(int) + rng.integers(-4, 5, ref.shape), 0, 255).astype(np.uint8)
     same = VariantResult("int4_half", "a", [compare_arrays(ref, ref, name="v0")], ("INT4", "✓", "Half"),
-                         step_seconds=2.0, int4_fraction=0.81, vbench={"temporal_flickering": 0.97})
+                         step_seconds=2.0, quantized_fraction=0.81, vbench={"temporal_flickering": 0.97})
     diff = VariantResult("int4_none", "b", [compare_arrays(ref, noisy, name="v0")], ("INT4", "✓", "W/O"),
-                         step_seconds=4.0, int4_fraction=0.81, vbench={"temporal_flickering": 0.95})
+                         step_seconds=4.0, quantized_fraction=0.81, vbench={"temporal_flickering": 0.95})
     rep = EvalReport("FP16 (reference)", "ref", [same, diff], reference_step_seconds=3.0,
                      reference_vbench={"temporal_flickering": 0.96}, vbench_dimensions=["temporal_flickering"],
                      meta={"model": "tiny"})
