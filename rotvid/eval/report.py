@@ -152,10 +152,13 @@ def runs_table(report: EvalReport) -> str | None:
     head = ["Variant", "Recipe", "Backend", "Device", "Dtype", "Steps"]
     rows = []
     for label, r in runs:
-        device = r.get("device", "–")
-        if r.get("device_name") and r.get("device_name") != "mixed":
-            device = f"{device} ({r['device_name']})"
-        rows.append([label, *(str(r.get(k, "–")) for k in ("recipe", "backend")), str(device),
+        device, name = str(r.get("device", "–")), r.get("device_name")
+        if name and name != "mixed":
+            device = str(name) if f"({device})" in str(name) else f"{device} ({name})"
+        recipe = r.get("recipe", "–")
+        if recipe == "fp16":  # rotvid's name for "nothing quantized": the attention ran in the model's dtype
+            recipe = f"none ({r.get('dtype', 'model dtype')} attention)"
+        rows.append([label, str(recipe), str(r.get("backend", "–")), device,
                      *(str(r.get(k, "–")) for k in ("dtype", "steps"))])
     return _markdown_table(head, rows)
 
