@@ -484,8 +484,8 @@ def generate(
 
                     t = side["timing"]
                     bar.log(f"wrote {o} ({side['frames']} frames {side['width']}x{side['height']}, "
-                            f"{t['total_seconds']:.1f} s, {side['recipe']} calls "
-                            f"{100 * side['quantized_fraction']:.0f}%, fallback calls {sum(side['fallbacks'].values())})")
+                            f"{t['total_seconds']:.1f} s, {side['recipe']} calls {100 * side['quantized_fraction']:.0f}%, "
+                            f"fallback calls {sum(side['fallbacks'].values())})")
                     why = nothing_quantized_reason(side["run_report"], _schedule_name(cfg))
                     if why is not None:
                         bar.log(f"note: {why}")

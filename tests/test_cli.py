@@ -150,7 +150,7 @@ def test_generate_bad_inputs(tiny_wan, tmp_path):
     pf = tmp_path / "two.txt"
     pf.write_text("a\nb\n")
     assert_fails(run("generate", "--prompt-file", pf, "--out", tmp_path / "x.mp4"), "expected a folder")
-    # a text-to-video model given an image: caught after loading, still one line
+    # a text-to-video model given an image: caught from its config, before loading; one line
     img = tmp_path / "img.png"
     from PIL import Image
 
