@@ -90,6 +90,26 @@ class PipelineConfig:
         return "image" in self.call_parameters
 
 
+def _check_hub_resolves(model: str, repo_id: str) -> None:
+    """Fail at once when the hub's host name does not resolve (no network): huggingface_hub would retry
+    for about a minute first. Skipped behind a proxy (the proxy resolves names) and in offline mode."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY",
+                                                                   "all_proxy", "HTTP_PROXY", "http_proxy")):
+        return
+    host = urlparse(constants.ENDPOINT).hostname
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as exc:
+        raise HubUnreachableError(hub_unreachable_message(model, repo_id, f"cannot connect: {host}: {exc}")) from exc
+
+
 def _read_json(source: str, is_local: bool, relpath: str, *, model: str, required: bool) -> dict | None:
     """One config file of the pipeline (``None`` when it is not there and not ``required``)."""
     if is_local:
@@ -105,7 +125,11 @@ def _read_json(source: str, is_local: bool, relpath: str, *, model: str, require
         )
 
         try:
-            path = Path(hf_hub_download(source, relpath))
+            try:  # the cache first: no network when the files are there
+                path = Path(hf_hub_download(source, relpath, local_files_only=True))
+            except LocalEntryNotFoundError:
+                _check_hub_resolves(model, source)
+                path = Path(hf_hub_download(source, relpath))
         except LocalEntryNotFoundError as exc:  # offline and not in the cache
             raise HubUnreachableError(hub_unreachable_message(model, source, exc)) from exc
         except EntryNotFoundError:  # the hub answered: the repo has no such file
