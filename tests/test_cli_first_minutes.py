@@ -262,3 +262,34 @@ def test_sidecar_fraction_is_recipe_neutral_and_old_sidecars_still_read(tiny_wan
     assert gen.quantized_fraction({"int4_fraction": 0.81}) == 0.81  # a sidecar from before the rename
     assert gen.quantized_fraction({"quantized_fraction": 0.5, "int4_fraction": 0.5}) == 0.5
     assert gen.quantized_fraction({}) is None
+
+
+def test_no_network_fails_at_once_without_the_hubs_retries(monkeypatch):
+    """Not cached and the hub's name does not resolve: the hint comes at once, huggingface_hub's minute of
+    retries is not waited for."""
+    import socket
+
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from rotvid.pipelines.pipeline_config import HubUnreachableError, read_pipeline_config
+
+    calls = []
+
+    def download(repo_id, filename, local_files_only=False, **kwargs):
+        calls.append(local_files_only)
+        if local_files_only:
+            raise LocalEntryNotFoundError("not in the cache")
+        raise AssertionError("the network was tried although the hub's name does not resolve")
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(HubUnreachableError, match=r"Hub cannot be reached.*--model FOLDER"):
+        read_pipeline_config("wan2.2-t2v-a14b")
+    assert calls == [True]
