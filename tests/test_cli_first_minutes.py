@@ -250,6 +250,8 @@ def test_nothing_quantized_reason_names_the_blocks_rule():
     assert fell == "0 of 4 self-attention calls quantized: fallbacks to FP16 (mask: not a key-padding mask: 4 calls)"
     assert gen.nothing_quantized_reason({"total_calls": 4, "quantized_calls": 1}) is None
     assert gen.nothing_quantized_reason(None) is None  # the untouched reference asked for nothing
+    assert gen.nothing_quantized_reason({"recipe": "fp16", "total_calls": 4, "quantized_calls": 0,
+                                         "fp16_reasons": {"recipe fp16": 4}}) is None  # FP16 asked for
 
 
 def test_sidecar_fraction_is_recipe_neutral_and_old_sidecars_still_read(tiny_wan, tmp_path):

@@ -531,6 +531,8 @@ def nothing_quantized_reason(run_report: dict | None, schedule_name: str | None 
     """
     if not run_report or run_report.get("quantized_calls", 0) or not run_report.get("total_calls"):
         return None
+    if run_report.get("recipe") == "fp16":  # --recipe fp16 with a rotation: FP16 was asked for
+        return None
     total = run_report["total_calls"]
     schedule = schedule_name
     parts = []
