@@ -154,6 +154,15 @@ def _request_template(*, seed, negative_prompt, image, height, width, frames, st
     )
 
 
+def _check_request_before_loading(model: str, template) -> None:
+    """What the pipeline's config files can tell (--image, --height/--width multiples, the frame rule), checked
+    before any weight loads (a 14B model takes minutes to load)."""
+    from rotvid.eval.generation import check_request
+    from rotvid.pipelines.pipeline_config import read_pipeline_config
+
+    check_request(read_pipeline_config(model), template)
+
+
 def _schedule(value: str | None, steps: int | None = None):
     """A preset name or a JSON file (a Schedule, or a RotvidConfig whose schedule is taken)."""
     import json
@@ -426,6 +435,8 @@ def generate(
             out = out or Path("rotvid.mp4")
             if out.suffix.lower() != ".mp4":
                 raise ValueError(f"--out: expected a file name ending in .mp4 for one prompt, got {out}")
+            if out.is_dir():
+                raise ValueError(f"--out {out}: is a folder; expected an .mp4 file name for one prompt")
             outputs = [out]
         else:
             out = out or Path("rotvid-videos")
@@ -443,6 +454,7 @@ def generate(
                                  schedule=_schedule(schedule, steps), backend=backend,
                                  smoothing=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v))
         cfg = factory.check()
+        _check_request_before_loading(model, replace(template, prompt=prompts[0]))
         if _launch_workers(ctx, gpus, device):
             return
         worker = _join_workers(gpus, device)
@@ -468,10 +480,20 @@ def generate(
                 side = generate_video(pipe, request, o, model=model, config=cfg,
                                       overwrite=overwrite, on_step=bar.step, compile=compile)
                 if not quiet:
+                    from rotvid.eval.generation import nothing_quantized_reason
+
                     t = side["timing"]
                     bar.log(f"wrote {o} ({side['frames']} frames {side['width']}x{side['height']}, "
-                            f"{t['total_seconds']:.1f} s, {side['recipe']} calls {100 * side['int4_fraction']:.0f}%, "
+                            f"{t['total_seconds']:.1f} s, {side['recipe']} calls {100 * side['quantized_fraction']:.0f}%, "
                             f"fallback calls {sum(side['fallbacks'].values())})")
+                    why = nothing_quantized_reason(side["run_report"], _schedule_name(cfg))
+                    if why is not None:
+                        bar.log(f"note: {why}")
+
+
+def _schedule_name(cfg) -> str | None:
+    schedule = getattr(cfg, "schedule", None)
+    return getattr(schedule, "name", None) if schedule is not None and not isinstance(schedule, str) else schedule
 
 
 def _check_learned_file(flag: str, rotation: str) -> None:
@@ -640,6 +662,8 @@ def eval_(
             raise ValueError("REFERENCE: expected REFERENCE CANDIDATE... or --prompt-file F --variants V,...")
         if samples < 1:
             raise ValueError(f"--samples: expected a positive count, got {samples}")
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: expected a folder for the report, got a file")
         if vbench_device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"--vbench-device: expected auto, cuda or cpu, got {vbench_device!r}")
         vb = None
@@ -721,6 +745,7 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
                                  max_sequence_length=max_sequence_length, fps=fps)
     factory = _ConfigFactory(model, schedule=_schedule(schedule, steps), backend=backend, smoothing=smoothing)
     factory.check()
+    _check_request_before_loading(model, replace(template, prompt=prompts[0]))
     state: dict = {}
 
     def load():
@@ -830,6 +855,7 @@ def calibrate(
         template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height,
                                      width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
                                      max_sequence_length=max_sequence_length, fps=None)
+        _check_request_before_loading(model, replace(template, prompt=prompts[0]))
         steps_set = None
         if capture_steps is not None:
             try:
@@ -903,7 +929,7 @@ def _print_calibration(result) -> None:
     if result.schedule is not None:
         n = sum(len(c) for c in result.fp16_cells.values())
         console.print(f"schedule:  {result.schedule_path} ({n} FP16 (step, block) cells, "
-                      f"INT4 fraction {result.int4_fraction:.1%})")
+                      f"{(result.recipe or 'quantized').upper()} fraction {result.int4_fraction:.1%})")
 
 
 @app.command("vbench-setup")

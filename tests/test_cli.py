@@ -150,7 +150,7 @@ def test_generate_bad_inputs(tiny_wan, tmp_path):
     pf = tmp_path / "two.txt"
     pf.write_text("a\nb\n")
     assert_fails(run("generate", "--prompt-file", pf, "--out", tmp_path / "x.mp4"), "expected a folder")
-    # a text-to-video model given an image: caught after loading, still one line
+    # a text-to-video model given an image: caught from its config, before loading; one line
     img = tmp_path / "img.png"
     from PIL import Image
 
@@ -265,7 +265,8 @@ def test_eval_generates_reference_and_variants_then_resumes(tiny_wan, tmp_path, 
     assert len({s["initial_noise_sha256"] for s in sides.values()}) == 1
     assert sides["reference"]["recipe"] == "fp16" and sides["int4_half"]["int4_fraction"] == 1.0
     table = [ln for ln in r.stdout.splitlines() if ln.startswith("| ")]
-    assert table[2].startswith("| FP16 (reference) | FP16 | – | – | 1.0000 | 0.00 | 1.0000 | ∞ |")
+    # the reference row names the dtype that ran (--dtype fp32 here), not "FP16" (issue 32)
+    assert table[2].startswith("| FP32 (reference) | FP32 | – | – | 1.0000 | 0.00 | 1.0000 | ∞ |")
     half = next(ln for ln in table if ln.startswith("| int4_half |")).split(" | ")
     assert half[1:4] == ["INT4", "✓", "Half"] and half[8] == "100%"
     sym = next(ln for ln in table if ln.startswith("| int4-sym-p_none |")).split(" | ")

@@ -1,7 +1,7 @@
 """``rotvid eval`` on existing videos: match, measure, optionally score with VBench, write the report.
 
 The Table-1 columns of a candidate come from the sidecars written by ``rotvid generate`` (recipe,
-rotation, generation time, INT4 fraction) when they are present, else show "–".
+rotation, generation time, quantized fraction, device, dtype, steps, backend) when they are present, else show "–".
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rotvid.eval.matching import CandidateSet, match_videos
 from rotvid.eval.pixel_metrics import compare_files
-from rotvid.eval.report import REPORT_FILES, EvalReport, VariantResult, write_report
+from rotvid.eval.report import REPORT_FILES, RUN_FACTS, EvalReport, VariantResult, write_report
 from rotvid.eval.sidecar import read_sidecar
 from rotvid.eval.variants import VariantSpec
 from rotvid.kernels.recipes import recipe_names
@@ -38,6 +38,8 @@ class VBenchRequest:
 
 def check_report_folder(out: Path, *, overwrite: bool) -> None:
     """``FileExistsError`` when ``out`` already holds a report and ``overwrite`` is false."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out}: expected a folder for the report, got a file")
     existing = [f for f in REPORT_FILES if (Path(out) / f).exists()]
     if existing and not overwrite:
         raise FileExistsError(f"report folder {out} already holds {', '.join(existing)} (pass --overwrite to replace)")
@@ -64,10 +66,47 @@ def _step_seconds(sidecars: list[dict | None]) -> float | None:
     return float(statistics.median(steps)) if steps else None
 
 
-def _int4_fraction(sidecars: list[dict | None]) -> float | None:
-    if not sidecars or any(s is None or s.get("int4_fraction") is None for s in sidecars):
+def _quantized_fraction(sidecars: list[dict | None]) -> float | None:
+    """Mean quantized fraction of the sidecars (``int4_fraction`` in sidecars written before the rename)."""
+    from rotvid.eval.generation import quantized_fraction
+
+    fractions = [quantized_fraction(s) if s is not None else None for s in sidecars]
+    if not fractions or any(f is None for f in fractions):
         return None
-    return float(sum(s["int4_fraction"] for s in sidecars) / len(sidecars))
+    return float(sum(fractions) / len(fractions))
+
+
+_DTYPE_LABELS = {"bfloat16": "BF16", "float16": "FP16", "float32": "FP32"}
+
+
+def _backend(side: dict) -> str | None:
+    """The attention backend(s) of one sidecar's run ("the model's own attention" for the untouched pipeline)."""
+    report = side.get("run_report")
+    if report is None:
+        return "the model's own attention" if side.get("recipe") == "fp16" else None
+    used = sorted((report.get("backends") or {}).keys())
+    return ", ".join(used) if used else f"{report.get('backend_requested', '?')} (no quantized call)"
+
+
+def run_facts(sidecars: list[dict | None]) -> dict:
+    """What ran (:data:`rotvid.eval.report.RUN_FACTS`) according to the sidecars: each fact the sidecars
+    agree on, ``"mixed"`` where they differ; ``{}`` when a video has no sidecar."""
+    if not sidecars or any(s is None for s in sidecars):
+        return {}
+    facts: dict = {}
+    for key in RUN_FACTS:
+        values = {(_backend(s) if key == "backend" else s.get(key)) for s in sidecars}
+        values.discard(None)
+        if values:
+            facts[key] = values.pop() if len(values) == 1 else "mixed"
+    return facts
+
+
+def _with_dtype(columns: tuple[str, str, str], facts: dict) -> tuple[str, str, str]:
+    """The untouched attention's datatype is the model's dtype that ran (BF16 when bf16 ran), not "FP16"."""
+    if facts.get("recipe") == "fp16" and facts.get("dtype") in _DTYPE_LABELS:
+        return (_DTYPE_LABELS[facts["dtype"]], *columns[1:])
+    return columns
 
 
 def measure(
@@ -89,17 +128,22 @@ def measure(
             videos.append(compare_files(pair.reference, pair.candidate, name=pair.name))
             sides.append(read_sidecar(pair.candidate))
             ref_sidecars.setdefault(pair.reference, read_sidecar(pair.reference))
-        cols = (columns or {}).get(cs.variant) or _columns_from_sidecars(sides)
+        facts = run_facts(sides)
+        cols = _with_dtype((columns or {}).get(cs.variant) or _columns_from_sidecars(sides), facts)
         variants.append(
             VariantResult(label=cs.variant, source=str(cs.source), videos=videos, columns=cols,
-                          step_seconds=_step_seconds(sides), int4_fraction=_int4_fraction(sides))
+                          step_seconds=_step_seconds(sides), quantized_fraction=_quantized_fraction(sides),
+                          run=facts)
         )
+    ref_sides = list(ref_sidecars.values())
+    ref_facts = run_facts(ref_sides)
     return EvalReport(
         reference_label=reference_label,
         reference_source=reference_source,
         variants=variants,
-        reference_step_seconds=_step_seconds(list(ref_sidecars.values())),
-        reference_columns=_columns_from_sidecars(list(ref_sidecars.values())),
+        reference_step_seconds=_step_seconds(ref_sides),
+        reference_columns=_with_dtype(_columns_from_sidecars(ref_sides), ref_facts),
+        reference_run=ref_facts,
     )
 
 

@@ -146,10 +146,13 @@ def evaluate_generated(
             for p in plan if p.variant is not None and p.variant.label == v.label
         )
         sets.append(CandidateSet(variant=v.label, source=out / "videos" / v.label, pairs=pairs))
-    report = measure("FP16 (reference)", str(out / "videos" / REFERENCE_FOLDER), sets,
+    report = measure("reference", str(out / "videos" / REFERENCE_FOLDER), sets,
                      columns={v.label: v.table_columns() for v in variants}, on_video=ev.measuring)
+    # the reference is the untouched pipeline in the dtype that ran (BF16 when bf16 ran, not "FP16")
+    report.reference_label = f"{report.reference_columns[0]} (reference)"
     report.meta.update({"model": model, "prompts": len(prompts), "seed": template.seed,
                         "variants": ", ".join(v.spec for v in variants)})
+    report.meta.update({k: report.reference_run[k] for k in ("device", "dtype", "steps") if k in report.reference_run})
     if vbench is not None:
         add_vbench(report, sets, vbench, progress=ev.vbench)
     first = sets[0].pairs[0]

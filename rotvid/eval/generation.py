@@ -244,6 +244,65 @@ def check_requirements(pipe) -> None:
                          f"(pip install {' '.join(missing)})")
 
 
+# GenerationRequest field -> (CLI option, pipeline argument)
+_REQUEST_ARGUMENTS = (
+    ("negative_prompt", "--negative-prompt", "negative_prompt"), ("height", "--height", "height"),
+    ("width", "--width", "width"), ("frames", "--frames", "num_frames"), ("steps", "--steps", "num_inference_steps"),
+    ("guidance_scale", "--guidance-scale", "guidance_scale"),
+    ("max_sequence_length", "--max-sequence-length", "max_sequence_length"),
+)
+
+
+def check_request(config, request: GenerationRequest) -> None:
+    """Check ``request`` against what the pipeline's config files say (no weights loaded).
+
+    ``config``: a :class:`rotvid.pipelines.pipeline_config.PipelineConfig`. Checks ``--image``
+    (required by an image-to-video pipeline, refused by a text-to-video one), the arguments the
+    pipeline class takes, the packages it needs, the height/width multiple and the frame rule
+    (``k·t + 1`` frames for a VAE of temporal factor ``t``), each error naming the CLI option.
+
+    Raises:
+        ValueError: the first problem found.
+    """
+    from rotvid.pipelines.model_table import PIPELINE_REQUIREMENTS
+
+    cls = config.pipeline_class or "the pipeline"
+    missing = [m for m in PIPELINE_REQUIREMENTS.get(config.pipeline_class, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"{cls} needs the Python package(s) {', '.join(missing)}, not installed here "
+                         f"(pip install {' '.join(missing)})")
+    if config.call_parameters:
+        if request.image is not None and not config.takes_image:
+            raise ValueError(f"--image: {cls} is a text-to-video pipeline and takes no image")
+        if request.image is None and config.takes_image:
+            raise ValueError(f"--image: {cls} is an image-to-video pipeline; pass --image FILE")
+        for field_name, option, arg in _REQUEST_ARGUMENTS:
+            if getattr(request, field_name) is not None and arg not in config.call_parameters:
+                raise ValueError(f"{option}: {cls} does not take {arg}")
+    m = config.size_multiple
+    for option, value in (("--height", request.height), ("--width", request.width)):
+        if value is not None and m and value % m:
+            lower = value // m * m
+            choices = f"{lower} or {lower + m}" if lower else f"{m}"
+            raise ValueError(f"{option} {value}: {cls} needs a multiple of {m} (e.g. {choices})")
+    t, n = config.temporal_factor, request.frames
+    if n is not None and t:
+        lower = (n - 1) // t * t + 1
+        if lower != n:
+            raise ValueError(f"--frames {n}: {cls} makes {t}k+1 frames (its VAE packs {t} frames into one latent "
+                             f"frame; {n} would silently become another count): pass --frames {lower} or "
+                             f"{lower + t}")
+        p_t = config.latent_frames_multiple
+        if p_t > 1 and ((n - 1) // t + 1) % p_t:
+            step = t * p_t
+            ok = [f for f in range(1, n + 2 * step) if (f - 1) % t == 0 and ((f - 1) // t + 1) % p_t == 0]
+            below = [f for f in ok if f < n]
+            above = [f for f in ok if f > n]
+            hint = " or ".join(str(f) for f in (below[-1:] + above[:1]))
+            raise ValueError(f"--frames {n}: {cls} needs a latent frame count divisible by its patch_size_t {p_t} "
+                             f"(frames = {t}·(latent frames - 1) + 1): pass --frames {hint}")
+
+
 def call_kwargs(pipe, request: GenerationRequest) -> dict:
     """The keyword arguments of ``pipe(...)`` for ``request`` (seeded CPU generator, numpy output).
 
@@ -405,11 +464,13 @@ def generate_video(
     writer = is_main_process()
     frames = result.frames[0] if hasattr(result, "frames") else result[0][0]
     video = to_uint8_frames(frames)
-    # the video is complete under a staging name, then its sidecar is written, then the video is
-    # renamed into place: a video under its final name always has its sidecar
-    staged = out.with_name(f".{out.stem}.staged{out.suffix}")
+    # the video first, then its sidecar, each through a temporary name and a rename: a sidecar always
+    # names a video that exists (an old sidecar goes first, so it never describes the new video)
     if writer:
-        write_video(staged, video, fps, overwrite=True)
+        check_outputs(out, overwrite=overwrite)  # again: the destination may have changed while generating
+        if overwrite:
+            sidecar_path(out).unlink(missing_ok=True)
+        write_video(out, video, fps, overwrite=overwrite)
     t_end = time.perf_counter()
     config_dict = config.to_dict() if config is not None else None
     side = {
@@ -439,6 +500,8 @@ def generate_video(
             "decode_seconds": (t_done - t0) - sum(step_times),
             "total_seconds": t_end - t0,
         },
+        # recipe-neutral; int4_fraction: the same number under its old name, kept for one version
+        "quantized_fraction": run_report["quantized_fraction"] if run_report is not None else 0.0,
         "int4_fraction": run_report["quantized_fraction"] if run_report is not None else 0.0,
         "fallbacks": run_report["fallbacks"] if run_report is not None else {},
         "run_report": run_report,
@@ -446,22 +509,65 @@ def generate_video(
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **(extra or {}),
     }
-    if not writer:
-        return side
-    try:
+    if writer:
         write_sidecar(out, side)
-        os.replace(staged, out)
-    finally:
-        if staged.exists():
-            staged.unlink()
     return side
+
+
+def quantized_fraction(side: dict) -> float | None:
+    """The quantized fraction of a sidecar or report dict: ``quantized_fraction``, else the old
+    ``int4_fraction`` (sidecars written before the rename), else ``None``."""
+    for key in ("quantized_fraction", "int4_fraction"):
+        if side.get(key) is not None:
+            return float(side[key])
+    return None
+
+
+def nothing_quantized_reason(run_report: dict | None, schedule_name: str | None = None) -> str | None:
+    """Why a run with a quantized recipe quantized no self-attention call, or ``None`` when some
+    ran quantized (or nothing was asked to: the untouched reference has no run report).
+    ``schedule_name``: the schedule's name, for the message.
+
+    E.g. ``0 of 8 self-attention calls quantized: the schedule paper-wan2.2-t2v keeps them in FP16
+    (schedule: first 2 steps: 8 calls); ...``.
+    """
+    if not run_report or run_report.get("quantized_calls", 0) or not run_report.get("total_calls"):
+        return None
+    if run_report.get("recipe") == "fp16":  # --recipe fp16 with a rotation: FP16 was asked for
+        return None
+    total = run_report["total_calls"]
+    schedule = schedule_name
+    parts = []
+    planned = run_report.get("fp16_reasons") or {}
+    if planned:
+        detail = "; ".join(f"{r}: {n} calls" for r, n in sorted(planned.items()))
+        parts.append(f"the schedule{' ' + schedule if schedule else ''} keeps them in FP16 ({detail})")
+    fallbacks = run_report.get("fallbacks") or {}
+    if fallbacks:
+        parts.append("fallbacks to FP16 (" + "; ".join(f"{r}: {n} calls" for r, n in sorted(fallbacks.items())) + ")")
+    hints = []
+    if any("steps" in r for r in planned):
+        hints.append("more --steps than the schedule keeps in FP16")
+    if any("blocks" in r for r in planned):
+        hints.append("a model with more blocks than the schedule keeps in FP16 (the paper's keep the first and "
+                     "last two)")
+    if planned:
+        hints.append("--schedule none (every call quantized)")
+    why = " and ".join(parts) or "no call ran the quantized recipe"
+    tail = f"; to quantize, use {' or '.join(hints)}" if hints else ""
+    return f"0 of {total} self-attention calls quantized: {why}{tail}"
 
 
 def check_outputs(out: Path, *, overwrite: bool) -> None:
     """Refuse to replace an existing video (without ``overwrite``) or a JSON file that is not a
     rotvid sidecar; a sidecar whose video is missing (an interrupted run) may be replaced."""
     out = Path(out)
+    if out.is_dir():
+        raise IsADirectoryError(f"video {out} is a folder; expected an .mp4 file name (--overwrite replaces "
+                                "files, not folders)")
     check_can_write(out, overwrite=overwrite, what="video")
     side = sidecar_path(out)
+    if side.is_dir():
+        raise IsADirectoryError(f"{side} (the sidecar of {out.name}) is a folder; expected a file name")
     if side.exists() and not overwrite and read_sidecar(out) is None:
         raise FileExistsError(f"{side} already exists and is not a rotvid sidecar (pass --overwrite to replace it)")

@@ -30,6 +30,12 @@ logger = logging.getLogger(__name__)
 
 REPORT_FILES = ("report.md", "metrics.csv", "metrics.json", "psnr_per_frame.png", "comparison.png")
 
+# the facts of a run recorded per variant (from the sidecars): where, in which dtype, how many steps, what ran
+RUN_FACTS = ("device", "device_name", "dtype", "steps", "recipe", "backend")
+
+CPU_TIMING_NOTE = ("timings ran on a CPU, where quantized attention runs the PyTorch reference (exact, slow): "
+                   "they are not speed measurements, so no speedup is shown")
+
 
 @dataclass
 class VariantResult:
@@ -38,6 +44,9 @@ class VariantResult:
     ``columns`` are the Table-1 (datatype, optimized P, rotation) marks, ``("–", "–", "–")`` when
     unknown. ``step_seconds`` is the median time of one denoising step over its videos (from the
     sidecars; the first step of each video, which also encodes the prompt, is left out) or None.
+    ``quantized_fraction``: the fraction of self-attention calls that ran the quantized recipe
+    (any recipe: INT4, INT8/FP8, ...). ``run``: what ran, from the sidecars (:data:`RUN_FACTS`:
+    device, dtype, steps, recipe, backend; a fact the videos disagree on is ``"mixed"``).
     """
 
     label: str
@@ -45,8 +54,9 @@ class VariantResult:
     videos: list[VideoMetrics]
     columns: tuple[str, str, str] = ("–", "–", "–")
     step_seconds: float | None = None
-    int4_fraction: float | None = None
+    quantized_fraction: float | None = None
     vbench: dict[str, float] = field(default_factory=dict)
+    run: dict = field(default_factory=dict)
 
     @property
     def mean(self) -> dict[str, float]:
@@ -66,6 +76,13 @@ class EvalReport:
     vbench_dimensions: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    reference_run: dict = field(default_factory=dict)
+
+    @property
+    def timed_on_cpu(self) -> bool:
+        """Whether any timed video ran on a CPU (its times then measure the PyTorch reference, not speed)."""
+        runs = [self.reference_run, *(v.run for v in self.variants)]
+        return any(str(r.get("device", "")).startswith(("cpu", "mixed")) for r in runs)
 
 
 def format_psnr(x: float) -> str:
@@ -97,26 +114,53 @@ def summary_table(report: EvalReport) -> str:
     timed = _time_columns(report)
     head = ["Variant", "Datatype", "Optim-P", "Rotation", "Cosine ↑", "MSE ↓", "SSIM ↑", "PSNR ↑"]
     head += [f"{d} ↑" for d in dims]
-    head += ["INT4 calls"]
-    if timed:
+    head += ["Quantized calls"]
+    speed_measured = timed and not report.timed_on_cpu
+    if speed_measured:
         head += ["s/step", "Speedup"]
+    elif timed:
+        head += ["s/step (CPU, not a speed measurement)"]
     rows = []
     # the reference against itself: the identity values, by definition
     ref = [report.reference_label, *report.reference_columns, "1.0000", "0.00", "1.0000", "∞"]
     ref += [_fmt(report.reference_vbench.get(d), ".4f") for d in dims]
-    ref += ["0%" if report.reference_columns[0] == "FP16" else "–"]
+    untouched = report.reference_run.get("recipe") == "fp16" or (
+        not report.reference_run and report.reference_columns[0] == "FP16")
+    ref += ["0%" if untouched else "–"]
     if timed:
-        ref += [f"{report.reference_step_seconds:.3g}", "1.00×"]
+        ref += [f"{report.reference_step_seconds:.3g}"] + (["1.00×"] if speed_measured else [])
     rows.append(ref)
     for v in report.variants:
         m = v.mean
         row = [v.label, *v.columns, f"{m['cosine']:.4f}", f"{m['mse']:.2f}", f"{m['ssim']:.4f}", psnr_cell(v.videos)]
         row += [_fmt(v.vbench.get(d), ".4f") for d in dims]
-        row += ["–" if v.int4_fraction is None else f"{100 * v.int4_fraction:.0f}%"]
+        row += ["–" if v.quantized_fraction is None else f"{100 * v.quantized_fraction:.0f}%"]
         if timed:
-            speed = report.reference_step_seconds / v.step_seconds if v.step_seconds > 0 else math.nan
-            row += [f"{v.step_seconds:.3g}", f"{speed:.2f}×"]
+            row += [f"{v.step_seconds:.3g}"]
+            if speed_measured:
+                speed = report.reference_step_seconds / v.step_seconds if v.step_seconds > 0 else math.nan
+                row += [f"{speed:.2f}×"]
         rows.append(row)
+    return _markdown_table(head, rows)
+
+
+def runs_table(report: EvalReport) -> str | None:
+    """What ran for the reference and each variant (recipe, backend, device, dtype, steps), or None when no
+    sidecar told."""
+    runs = [(report.reference_label, report.reference_run)] + [(v.label, v.run) for v in report.variants]
+    if not any(r for _, r in runs):
+        return None
+    head = ["Variant", "Recipe", "Backend", "Device", "Dtype", "Steps"]
+    rows = []
+    for label, r in runs:
+        device, name = str(r.get("device", "–")), r.get("device_name")
+        if name and name != "mixed":
+            device = str(name) if f"({device})" in str(name) else f"{device} ({name})"
+        recipe = r.get("recipe", "–")
+        if recipe == "fp16":  # rotvid's name for "nothing quantized": the attention ran in the model's dtype
+            recipe = f"none ({r.get('dtype', 'model dtype')} attention)"
+        rows.append([label, str(recipe), str(r.get("backend", "–")), device,
+                     *(str(r.get(k, "–")) for k in ("dtype", "steps"))])
     return _markdown_table(head, rows)
 
 
@@ -147,15 +191,25 @@ def report_markdown(report: EvalReport, *, images: dict[str, str]) -> str:
     parts.append(f"Reference: `{report.reference_source}` (label {report.reference_label}).")
     for key, val in report.meta.items():
         parts.append(f"- {key}: {val}")
+    if report.timed_on_cpu and _time_columns(report):
+        timing = f"s/step: median time of one denoising step (from the sidecars); {CPU_TIMING_NOTE}."
+    else:
+        timing = ("s/step: median time of one denoising step (from the sidecars); Speedup: the reference's s/step "
+                  "over the variant's.")
     parts += [
         "",
         "Metrics on 8-bit pixels (0..255), averaged over videos: cosine similarity, MSE, SSIM "
         "(scikit-image, per frame, averaged), PSNR in dB (10·log10(255²/MSE) per video, then averaged; ∞ when "
-        "identical). s/step: median time of one denoising step (from the sidecars); Speedup: the reference's s/step "
-        "over the variant's.",
+        "identical). Quantized calls: the fraction of self-attention calls that ran the variant's quantized "
+        f"recipe. {timing}",
         "",
         summary_table(report),
         "",
+    ]
+    runs = runs_table(report)
+    if runs is not None:
+        parts += ["## What ran", "", runs, ""]
+    parts += [
         "## Per video",
         "",
         per_video_table(report),
@@ -201,7 +255,9 @@ def metrics_json(report: EvalReport) -> str:
             "source": report.reference_source,
             "step_seconds": report.reference_step_seconds,
             "vbench": report.reference_vbench,
+            "run": report.reference_run,
         },
+        "timings_are_speed_measurements": not report.timed_on_cpu,
         "vbench_dimensions": report.vbench_dimensions,
         "meta": report.meta,
         "notes": report.notes,
@@ -213,7 +269,9 @@ def metrics_json(report: EvalReport) -> str:
                 "optimized_p": v.columns[1],
                 "rotation": v.columns[2],
                 "step_seconds": v.step_seconds,
-                "int4_fraction": v.int4_fraction,
+                "quantized_fraction": v.quantized_fraction,
+                "int4_fraction": v.quantized_fraction,  # the old name, kept for one version
+                "run": v.run,
                 "mean": {k: float_to_json(x) for k, x in v.mean.items()},
                 "identical_videos": sum(math.isinf(m.psnr) for m in v.videos),
                 "psnr_mean_of_finite": _finite_mean([m.psnr for m in v.videos]),

@@ -11,8 +11,14 @@ Fields (``SIDECAR_VERSION`` 1):
 - ``initial_noise_sha256``: hash of the initial latents, identical across variants of one eval.
 - ``timing``: ``per_step_seconds`` (one per denoising step; step 0 also holds prompt encoding
   and latent preparation), ``denoise_seconds``, ``decode_seconds``, ``total_seconds``.
-- ``int4_fraction``, ``fallbacks`` and ``run_report`` (rotvid's per-call counts; ``null`` for
-  the reference), ``versions`` (rotvid, diffusers, torch, transformers, PyAV, Python).
+- ``quantized_fraction`` (the fraction of self-attention calls that ran the quantized recipe,
+  whatever it is; ``int4_fraction``, the same number under its old name, is written beside it for
+  one version and read from older sidecars), ``fallbacks`` and ``run_report`` (rotvid's per-call
+  counts; ``null`` for the reference), ``versions`` (rotvid, diffusers, torch, transformers, PyAV,
+  Python).
+
+The video is written first and its sidecar after it, each through a temporary name and a rename,
+so a sidecar always names a video that exists.
 """
 
 from __future__ import annotations

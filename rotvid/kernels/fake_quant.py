@@ -27,6 +27,18 @@ def round_ste(x: torch.Tensor) -> torch.Tensor:
     return x + (torch.round(x) - x).detach()
 
 
+def round_clamp_ste(x: torch.Tensor, qmax: float) -> torch.Tensor:
+    """``round(x).clamp(-qmax, qmax)`` in the forward pass, identity in the backward pass.
+
+    The straight-through estimator is written out (detach form), so its gradient does not depend
+    on ``clamp``'s gradient at the boundary: torch 2.13 passes the gradient of a value equal to
+    ``±qmax`` and torch 2.15 zeroes it, which made every value that rounds to ±7 lose its
+    gradient. Here the scale is ``amax / qmax``, so ``|x| <= qmax`` up to float rounding and the
+    clamp only catches that rounding error: the gradient is 1 for every element.
+    """
+    return x + (torch.round(x).clamp(-qmax, qmax) - x).detach()
+
+
 def fake_quant_per_token_int4(x: torch.Tensor) -> torch.Tensor:
     """Per-token symmetric INT4 of ``x`` [..., N, D], dequantized; STE through the rounding.
 
@@ -35,7 +47,7 @@ def fake_quant_per_token_int4(x: torch.Tensor) -> torch.Tensor:
     """
     amax = x.abs().amax(dim=-1, keepdim=True)
     scale = torch.where(amax == 0, torch.ones_like(amax), amax / INT4_QMAX)
-    return round_ste(x / scale).clamp(-INT4_QMAX, INT4_QMAX) * scale
+    return round_clamp_ste(x / scale, INT4_QMAX) * scale
 
 
 def fake_quant_v_per_group_int4(v: torch.Tensor, block_n: int) -> torch.Tensor:
@@ -45,7 +57,7 @@ def fake_quant_v_per_group_int4(v: torch.Tensor, block_n: int) -> torch.Tensor:
     vb = vp.unflatten(-2, (-1, block_n))
     amax = vb.abs().amax(dim=-2, keepdim=True)
     scale = torch.where(amax == 0, torch.ones_like(amax), amax / INT4_QMAX)
-    out = round_ste(vb / scale).clamp(-INT4_QMAX, INT4_QMAX) * scale
+    out = round_clamp_ste(vb / scale, INT4_QMAX) * scale
     return out.flatten(-3, -2)[..., :n, :]
 
 

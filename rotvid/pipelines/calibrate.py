@@ -267,7 +267,8 @@ def _write_summary(out: Path, result: CalibrationResult, opts: CalibrationOption
         "schedule": str(result.schedule_path) if result.schedule is not None else None,
         "blocks": result.summary_rows(),
         "fp16_cells": {k: [list(c) for c in v] for k, v in result.fp16_cells.items()},
-        "int4_fraction": result.int4_fraction,
+        "quantized_fraction": result.int4_fraction,
+        "int4_fraction": result.int4_fraction,  # the old name, kept for one version
         "recipe": result.recipe,
         "recipe_reason": result.recipe_reason,
     }

@@ -104,6 +104,8 @@ def load_pipeline(
 
     Raises:
         ValueError: bad argument, or a pipeline whose transformer rotvid does not support.
+        HubUnreachableError (an ``OSError``): a hub model neither in the cache nor reachable; the
+            message says what to do (a local folder, or ``HF_HUB_OFFLINE=1`` with the cache).
     """
     from diffusers import DiffusionPipeline
 
@@ -121,7 +123,14 @@ def load_pipeline(
     if local_files_only is not None:
         kwargs["local_files_only"] = bool(local_files_only)
     logger.info("loading %s (%s, %s)", source, "local" if is_local else "hub", torch_dtype)
-    pipe = DiffusionPipeline.from_pretrained(source, **kwargs)
+    try:
+        pipe = DiffusionPipeline.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        if is_local:
+            raise
+        from rotvid.pipelines.pipeline_config import HubUnreachableError, hub_unreachable_message
+
+        raise HubUnreachableError(hub_unreachable_message(str(model), source, exc)) from exc
     find_transformers(pipe)
     if device is not None:
         pipe.to(device)

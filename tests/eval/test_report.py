@@ -6,7 +6,9 @@ import pytest
 from PIL import Image
 
 from rotvid.eval.pixel_metrics import compare_arrays
-from rotvid.eval.report import EvalReport, VariantResult, metrics_json, sample_indices, summary_table, write_report
+from rotvid.eval.report import (
+    EvalReport, VariantResult, metrics_json, report_markdown, sample_indices, summary_table, write_report,
+)
 from rotvid.eval.video_io import write_video
 
 
@@ -14,9 +16,9 @@ def _report(rng):
     ref = rng.integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
     noisy = np.clip(ref.astype(int) + rng.integers(-4, 5, ref.shape), 0, 255).astype(np.uint8)
     same = VariantResult("int4_half", "a", [compare_arrays(ref, ref, name="v0")], ("INT4", "✓", "Half"),
-                         step_seconds=2.0, int4_fraction=0.81, vbench={"temporal_flickering": 0.97})
+                         step_seconds=2.0, quantized_fraction=0.81, vbench={"temporal_flickering": 0.97})
     diff = VariantResult("int4_none", "b", [compare_arrays(ref, noisy, name="v0")], ("INT4", "✓", "W/O"),
-                         step_seconds=4.0, int4_fraction=0.81, vbench={"temporal_flickering": 0.95})
+                         step_seconds=4.0, quantized_fraction=0.81, vbench={"temporal_flickering": 0.95})
     rep = EvalReport("FP16 (reference)", "ref", [same, diff], reference_step_seconds=3.0,
                      reference_vbench={"temporal_flickering": 0.96}, vbench_dimensions=["temporal_flickering"],
                      meta={"model": "tiny"})
@@ -101,3 +103,62 @@ def test_partly_identical_variant_shows_the_finite_mean_too():
     data = json.loads(metrics_json(rep))["variants"][0]
     assert data["mean"]["psnr"] == "inf" and data["identical_videos"] == 1
     assert data["psnr_mean_of_finite"] == pytest.approx(diff.psnr)
+
+
+def _side(recipe, device, dtype="bfloat16", steps=3, fraction_key="quantized_fraction", backends=None):
+    run_report = None if recipe == "fp16" else {"backend_requested": "auto", "backends": backends or {"cuda": 6}}
+    side = {"sidecar_version": 1, "recipe": recipe, "rotation": "none" if recipe == "fp16" else "half",
+            "device": device, "device_name": "NVIDIA H100" if device == "cuda" else "x86_64 (cpu)", "dtype": dtype,
+            "steps": steps, "timing": {"per_step_seconds": [9.0, 2.0, 2.0]}, "run_report": run_report}
+    side[fraction_key] = 0.0 if recipe == "fp16" else 0.75
+    return side
+
+
+def _measured(tmp_path, ref_side, cand_side):
+    from rotvid.eval.compare import measure
+    from rotvid.eval.matching import CandidateSet, VideoPair
+    from rotvid.eval.sidecar import write_sidecar
+
+    rng = np.random.default_rng(5)
+    ref = rng.integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
+    write_video(tmp_path / "ref" / "v.mp4", ref, 8)
+    write_video(tmp_path / "cand" / "v.mp4", ref // 2, 8)
+    write_sidecar(tmp_path / "ref" / "v.mp4", ref_side)
+    write_sidecar(tmp_path / "cand" / "v.mp4", cand_side)
+    sets = [CandidateSet("int8-fp8_half", tmp_path / "cand",
+                         (VideoPair("v", tmp_path / "ref" / "v.mp4", tmp_path / "cand" / "v.mp4"),))]
+    return measure("reference", str(tmp_path / "ref"), sets)
+
+
+def test_labels_say_what_ran_and_gpu_timings_give_a_speedup(tmp_path):
+    rep = _measured(tmp_path, _side("fp16", "cuda", dtype="bfloat16"), _side("int8-fp8", "cuda"))
+    # the reference's datatype is the dtype that ran (bf16), not "FP16"; the fraction is recipe-neutral
+    assert rep.reference_columns[0] == "BF16"
+    assert rep.variants[0].quantized_fraction == 0.75 and rep.variants[0].columns[0] == "INT8/FP8"
+    assert rep.reference_run == {"device": "cuda", "device_name": "NVIDIA H100", "dtype": "bfloat16", "steps": 3,
+                                 "recipe": "fp16", "backend": "the model's own attention"}
+    assert rep.variants[0].run["recipe"] == "int8-fp8" and rep.variants[0].run["backend"] == "cuda"
+    table = summary_table(rep)
+    head = table.splitlines()[0]
+    assert "Quantized calls" in head and "INT4 calls" not in head and "Speedup" in head
+    assert table.splitlines()[2].startswith("| reference | BF16 | – | – |") and "| 0% |" in table.splitlines()[2]
+    assert "| 75% |" in table.splitlines()[3]
+    data = json.loads(metrics_json(rep))
+    assert data["timings_are_speed_measurements"] is True
+    assert data["variants"][0]["quantized_fraction"] == 0.75 == data["variants"][0]["int4_fraction"]
+    assert data["variants"][0]["run"]["device"] == "cuda" and data["reference"]["run"]["dtype"] == "bfloat16"
+    md = report_markdown(rep, images={})
+    assert "## What ran" in md and "| int8-fp8_half | int8-fp8 | cuda | cuda (NVIDIA H100) | bfloat16 | 3 |" in md
+    assert "| reference | none (bfloat16 attention) | the model's own attention |" in md
+
+
+def test_cpu_timings_are_not_shown_as_speed(tmp_path):
+    cand = _side("int4", "cpu", fraction_key="int4_fraction", backends={"reference (auto; cuda: no CUDA GPU)": 6})
+    rep = _measured(tmp_path, _side("fp16", "cpu", dtype="float32"), cand)
+    assert rep.timed_on_cpu and rep.reference_columns[0] == "FP32"
+    assert rep.variants[0].quantized_fraction == 0.75  # read from an old sidecar's int4_fraction
+    table = summary_table(rep)
+    assert "Speedup" not in table and "×" not in table and "s/step (CPU, not a speed measurement)" in table
+    md = report_markdown(rep, images={})
+    assert "not speed measurements" in md and "Speedup" not in md
+    assert json.loads(metrics_json(rep))["timings_are_speed_measurements"] is False

@@ -75,3 +75,37 @@ def test_v_fake_quant_is_straight_through():
         is_max[:, start : start + 32] = blk == blk.amax(dim=1, keepdim=True)
     assert int(is_max.sum()) == 2 * 3 * 8  # one max per (batch, block, channel)
     torch.testing.assert_close(v.grad[~is_max], g[~is_max], rtol=1e-12, atol=0)
+
+
+def test_ste_gradient_is_one_at_the_int4_boundary():
+    """The intended gradient, pinned independently of ``clamp``'s boundary gradient (torch 2.15 gives a value
+    equal to the clamp bound a zero gradient, 2.13 a one): values that round to ±7 pass the gradient through
+    like every other value, in the per-token (Q, K) and the per-group (V) quantizers."""
+    from rotvid.kernels.fake_quant import fake_quant_per_token_int4, round_clamp_ste
+
+    x = torch.tensor([-7.0, -6.9, -6.5, -3.4, 0.0, 2.5, 6.5, 6.6, 7.0], dtype=torch.float64, requires_grad=True)
+    y = round_clamp_ste(x, 7)
+    torch.testing.assert_close(y.detach(), torch.tensor([-7.0, -7, -6, -3, 0, 2, 6, 7, 7], dtype=torch.float64))
+    y.backward(torch.arange(1.0, 10.0, dtype=torch.float64))
+    torch.testing.assert_close(x.grad, torch.arange(1.0, 10.0, dtype=torch.float64), rtol=0, atol=0)
+    # beyond the bound (only float error can put a value there): the forward clamps, the gradient still passes
+    z = torch.tensor([7.0000001, -7.2], dtype=torch.float64, requires_grad=True)
+    out = round_clamp_ste(z, 7)
+    out.sum().backward()
+    assert out.tolist() == [7.0, -7.0] and z.grad.tolist() == [1.0, 1.0]
+
+    # per token: scale = max|row| / 7 = 1 for this row; 6.8 and -6.7 round to ±7 (not the row max): gradient g
+    row = torch.tensor([[7.0, 6.8, -6.7, 3.3, -0.2, 6.4]], dtype=torch.float64, requires_grad=True)
+    fq = fake_quant_per_token_int4(row)
+    assert fq.detach().tolist() == [[7.0, 7.0, -7.0, 3.0, -0.0, 6.0]]
+    g = torch.tensor([[0.0, 1.5, -2.0, 0.25, 3.0, -1.0]], dtype=torch.float64)
+    fq.backward(g)
+    torch.testing.assert_close(row.grad[0, 1:], g[0, 1:], rtol=0, atol=1e-15)
+
+    # per group (V): one block of 4 keys, channel 0 has max 7 and 6.9 / -6.6 round to ±7
+    v = torch.tensor([[[7.0, 1.0], [6.9, 0.5], [-6.6, -1.0], [2.0, 0.25]]], dtype=torch.float64, requires_grad=True)
+    fv = fake_quant_v_per_group_int4(v, 4)
+    assert fv.detach()[0, :, 0].tolist() == [7.0, 7.0, -7.0, 2.0]
+    gv = torch.randn_like(v.detach())
+    fv.backward(gv)
+    torch.testing.assert_close(v.grad[0, 1:3, 0], gv[0, 1:3, 0], rtol=0, atol=1e-15)

@@ -1,0 +1,224 @@
+"""What a pipeline's config files say about the calls it takes, read before any weight loads.
+
+A diffusers pipeline folder (or hub repo) holds small JSON files next to its weights:
+``model_index.json`` (the pipeline class and its components), ``vae/config.json`` and
+``transformer/config.json``. They are enough to check a request before a multi-GB load:
+
+* the pipeline class's ``__call__`` signature: whether it takes a conditioning ``image``
+  (image-to-video) and which arguments it takes at all;
+* the height/width multiple: diffusers' own ``check_inputs`` (16 for Wan and HunyuanVideo, 8 for
+  CogVideoX, diffusers 0.42.1) and the VAE's spatial factor times the transformer's patch size
+  (Wan silently rounds a size down to that multiple, CogVideoX truncates its patch grid);
+* the frame rule: the VAE compresses ``4k + 1`` frames into ``k + 1`` latent frames (its temporal
+  factor is 4 in every released checkpoint), so another count is silently changed (Wan rounds
+  ``--frames 6`` to 5; HunyuanVideo and CogVideoX decode fewer frames). CogVideoX 1.5
+  (``patch_size_t``) also needs a latent frame count divisible by ``patch_size_t``.
+
+Only those files are fetched for a hub id (through the Hugging Face cache); no weights.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rotvid.pipelines.model_table import FAMILIES
+
+__all__ = ["PipelineConfig", "read_pipeline_config", "HubUnreachableError", "hub_unreachable_message"]
+
+logger = logging.getLogger(__name__)
+
+# diffusers 0.42.1 check_inputs: height and width must be multiples of this, per family
+_CHECK_INPUTS_MULTIPLE = {"wan": 16, "hunyuan_video": 16, "cogvideox": 8}
+
+
+class HubUnreachableError(OSError):
+    """A hub model that is neither reachable nor in the local Hugging Face cache."""
+
+
+def hub_unreachable_message(model: str, repo_id: str, cause: BaseException | str) -> str:
+    """What to do when ``repo_id`` cannot be fetched: a local folder, or the offline cache."""
+    from huggingface_hub import constants
+
+    from rotvid.pipelines.model_table import MODELS
+
+    text = " ".join(str(cause).split())
+    if ("not fully cached" in text or "outgoing traffic has been disabled" in text or "connect" in text.lower()
+            or "offline" in text.lower() or "cannot find an appropriate cached" in text.lower()):
+        why = "it is not in the local cache and the Hugging Face Hub cannot be reached"
+    else:
+        why = text
+    proxy = " (or --model proxy, the bundled small model, to try rotvid without a download)" \
+        if "proxy" in MODELS else ""
+    return (f"model {model!r} ({repo_id}) cannot be loaded: {why}. Offline: pass --model FOLDER, a local pipeline "
+            f"folder with a model_index.json (e.g. written by save_pretrained){proxy}; or download it once online "
+            f"and run with HF_HUB_OFFLINE=1 (the cache: $HF_HOME/hub, here {constants.HF_HUB_CACHE})")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The facts of a pipeline read from its config files.
+
+    Attributes:
+        source: the folder or repo id the files came from.
+        pipeline_class: ``_class_name`` of ``model_index.json`` (``WanPipeline``, ...).
+        family: the rotvid family of its transformer (``None``: not one rotvid knows).
+        call_parameters: the arguments of the pipeline class's ``__call__`` (empty when diffusers
+            has no class of that name).
+        size_multiple: height and width must be multiples of this (``None``: unknown).
+        temporal_factor: the VAE's temporal compression (frames must be ``k·t + 1``; ``None``: unknown).
+        latent_frames_multiple: the latent frame count must be a multiple of this (CogVideoX 1.5's
+            ``patch_size_t``; 1 otherwise).
+    """
+
+    source: str
+    pipeline_class: str
+    family: str | None
+    call_parameters: tuple[str, ...]
+    size_multiple: int | None
+    temporal_factor: int | None
+    latent_frames_multiple: int = 1
+
+    @property
+    def takes_image(self) -> bool:
+        """Whether the pipeline is image-to-video (its ``__call__`` takes ``image``)."""
+        return "image" in self.call_parameters
+
+
+def _check_hub_resolves(model: str, repo_id: str) -> None:
+    """Fail at once when the hub's host name does not resolve (no network): huggingface_hub would retry
+    for about a minute first. Skipped behind a proxy (the proxy resolves names) and in offline mode."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY",
+                                                                   "all_proxy", "HTTP_PROXY", "http_proxy")):
+        return
+    host = urlparse(constants.ENDPOINT).hostname
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as exc:
+        raise HubUnreachableError(hub_unreachable_message(model, repo_id, f"cannot connect: {host}: {exc}")) from exc
+
+
+def _read_json(source: str, is_local: bool, relpath: str, *, model: str, required: bool) -> dict | None:
+    """One config file of the pipeline (``None`` when it is not there and not ``required``)."""
+    if is_local:
+        path = Path(source) / relpath
+        if not path.is_file():
+            if required:
+                raise ValueError(f"model: folder {source!r} has no {relpath}")
+            return None
+    else:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import (
+            EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
+        )
+
+        try:
+            try:  # the cache first: no network when the files are there
+                path = Path(hf_hub_download(source, relpath, local_files_only=True))
+            except LocalEntryNotFoundError:
+                _check_hub_resolves(model, source)
+                path = Path(hf_hub_download(source, relpath))
+        except LocalEntryNotFoundError as exc:  # offline and not in the cache
+            raise HubUnreachableError(hub_unreachable_message(model, source, exc)) from exc
+        except EntryNotFoundError:  # the hub answered: the repo has no such file
+            if required:
+                raise ValueError(f"model: {source} has no {relpath} (not a diffusers pipeline)") from None
+            return None
+        except GatedRepoError:
+            raise ValueError(f"model: {source} is gated on the Hugging Face Hub: accept its licence there and log "
+                             "in (`hf auth login`), or pass --model FOLDER, a local pipeline folder") from None
+        except RepositoryNotFoundError:
+            raise ValueError(f"model: {source} is not a repository on the Hugging Face Hub (or is private: log in "
+                             "with `hf auth login`)") from None
+        except Exception as exc:  # offline, no cache, DNS, timeouts: the hint says what to do
+            raise HubUnreachableError(hub_unreachable_message(model, source, exc)) from exc
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"model: {relpath} of {source} cannot be read as JSON ({exc})") from None
+    return data if isinstance(data, dict) else None
+
+
+def _class_default(library_class: str | None, key: str):
+    """The ``__init__`` default of ``key`` in the diffusers class ``library_class`` (config files leave
+    defaults out), or ``None``."""
+    import diffusers
+
+    cls = getattr(diffusers, library_class, None) if library_class else None
+    if cls is None:
+        return None
+    param = inspect.signature(cls.__init__).parameters.get(key)
+    return None if param is None or param.default is inspect.Parameter.empty else param.default
+
+
+def _value(config: dict | None, library_class: str | None, key: str):
+    if config is not None and key in config:
+        return config[key]
+    return _class_default(library_class, key)
+
+
+def _component(index: dict, names: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """(attribute, class) of the first component of ``names`` that the pipeline has."""
+    for name in names:
+        entry = index.get(name)
+        if isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[1]:
+            return name, entry[1]
+    return None, None
+
+
+def read_pipeline_config(model: str | os.PathLike | None) -> PipelineConfig:
+    """Read ``model``'s ``model_index.json`` and its VAE and transformer configs (no weights).
+
+    Raises:
+        HubUnreachableError: a hub id that is not cached and cannot be fetched (the message says
+            what to do offline).
+        ValueError: not a diffusers pipeline, a gated or missing repo.
+    """
+    import diffusers
+
+    from rotvid.pipelines.loading import resolve_model
+
+    source, is_local = resolve_model(model)
+    name = str(model)
+    index = _read_json(source, is_local, "model_index.json", model=name, required=True)
+    cls_name = str(index.get("_class_name") or "")
+    t_attr, t_cls = _component(index, ("transformer", "transformer_2"))
+    family = next((f.name for f in FAMILIES.values() if t_cls in f.transformer_classes), None)
+    pipe_cls = getattr(diffusers, cls_name, None)
+    params = tuple(p for p in inspect.signature(pipe_cls.__call__).parameters if p != "self") if pipe_cls else ()
+    size_multiple = temporal = None
+    latent_multiple = 1
+    if family is not None:
+        _, vae_cls = _component(index, ("vae",))
+        vae = _read_json(source, is_local, "vae/config.json", model=name, required=False)
+        tcfg = _read_json(source, is_local, f"{t_attr}/config.json", model=name, required=False)
+        patch = _value(tcfg, t_cls, "patch_size")
+        patch_hw = int(patch[1]) if isinstance(patch, (list, tuple)) else int(patch or 1)
+        if family == "wan":
+            spatial = _value(vae, vae_cls, "scale_factor_spatial")
+            temporal = _value(vae, vae_cls, "scale_factor_temporal")
+        elif family == "hunyuan_video":
+            spatial = _value(vae, vae_cls, "spatial_compression_ratio")
+            temporal = _value(vae, vae_cls, "temporal_compression_ratio")
+        else:  # cogvideox: the pipeline derives the spatial factor from the VAE's block count
+            channels = _value(vae, vae_cls, "block_out_channels")
+            spatial = 2 ** (len(channels) - 1) if channels else None
+            temporal = _value(vae, vae_cls, "temporal_compression_ratio")
+            latent_multiple = int(_value(tcfg, t_cls, "patch_size_t") or 1)
+        base = _CHECK_INPUTS_MULTIPLE[family]
+        size_multiple = math.lcm(base, int(spatial) * patch_hw) if spatial else base
+        temporal = int(temporal) if temporal else None
+    return PipelineConfig(source=source, pipeline_class=cls_name, family=family, call_parameters=params,
+                          size_multiple=size_multiple, temporal_factor=temporal, latent_frames_multiple=latent_multiple)
