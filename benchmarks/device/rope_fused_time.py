@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.kernel_bench import SHAPES, time_interleaved  # noqa: E402
 from rotvid.kernels import cuda_backend as cb  # noqa: E402
 from rotvid.pipelines.config import smooth_v_for  # noqa: E402
-from rotvid.rope.fused_table import apply_generalized_rope, fuse_rope_and_rotation  # noqa: E402
+from rotvid.kernels.rope_op import apply_generalized_rope  # noqa: E402
+from rotvid.rope.fused_table import fuse_rope_and_rotation  # noqa: E402
 from rotvid.rope.hadamard import hadamard_matrix  # noqa: E402
 from rotvid.rope.rotations import make_rotation  # noqa: E402
 from rotvid.rope.tables import apply_rope_interleaved  # noqa: E402

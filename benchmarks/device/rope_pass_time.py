@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.kernel_bench import SHAPES, time_interleaved  # noqa: E402
 from benchmarks.device.rope_fused_time import wan_inputs  # noqa: E402
 from rotvid.kernels import cuda_backend as cb  # noqa: E402
-from rotvid.rope.fused_table import apply_generalized_rope  # noqa: E402
+from rotvid.kernels.rope_op import apply_generalized_rope  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--shapes", nargs="*", default=["wan1.3b-480p", "wan14b-480p", "wan14b-720p"])
