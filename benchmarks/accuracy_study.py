@@ -35,7 +35,8 @@ from statistics import mean
 import torch
 
 from rotvid.kernels import metrics
-from rotvid.kernels.reference import DEFAULT_BLOCK_N, attention_reference
+from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.reference import DEFAULT_BLOCK_N
 from rotvid.rope.dumps import load_qkv_dump
 from rotvid.rope.hadamard import hadamard_matrix
 from rotvid.rope.incoherence import incoherence, incoherence_summary

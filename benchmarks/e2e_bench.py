@@ -468,7 +468,7 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--schedule", default="paper-wan2.2-t2v", help="schedule preset (default paper-wan2.2-t2v)")
     ap.add_argument("--rotation", default="half", help="Q/K rotation (default half)")
     ap.add_argument("--recipe", default="auto",
-                    help="quantized recipe (default auto: this GPU's, rotvid.kernels.recipe_table; int8-fp8 on Hopper)")
+                    help="quantized recipe (default auto: this GPU's, rotvid.kernels.recipes.auto; int8-fp8 on Hopper)")
     ap.add_argument("--backend", default="cuda", choices=("cuda", "auto", "reference"),
                     help="rotvid backend for the full-size run (default cuda)")
     ap.add_argument("--allow-reference", action="store_true", help="time the PyTorch reference if no kernel runs")
@@ -494,7 +494,7 @@ def parse_args(argv: list[str] | None = None):
     if not args.tiny and (not args.setups or any(s not in SETUPS for s in args.setups)):
         ap.error(f"--setups: expected a comma-separated subset of {', '.join(SETUPS)}, got {','.join(args.setups)!r}")
     if args.recipe == "auto":
-        from rotvid.kernels.recipe_table import resolve_recipe
+        from rotvid.kernels.recipes.auto import resolve_recipe
 
         args.recipe, _ = resolve_recipe("auto", "cuda" if torch.cuda.is_available() else "cpu")
     if args.warmup is None:

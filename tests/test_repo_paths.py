@@ -11,8 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("rotvid", "tests", ".ci", "pyproject.toml")
-# /work/, /root/, /home/, /tmp/, /Users/, /mnt/ not preceded by a name character (so "a/tmp/b" and URLs' paths
-# such as "https://host/home/x" are not absolute paths of this machine).
+# The top folders of _DIRS after a slash not preceded by a name character, a dot, a dash or a slash (so a relative
+# "a/<dir>/b" and a URL's path "https://host/<dir>/x" are not taken for absolute paths of a machine).
 _DIRS = "|".join(("wo" + "rk", "ro" + "ot", "ho" + "me", "tm" + "p", "Us" + "ers", "mn" + "t"))
 OUTSIDE = re.compile(r"(?<![\w./-])/(?:" + _DIRS + r")/")
 

@@ -47,6 +47,7 @@ from rotvid.kernels.cuda_layout import (  # noqa: F401 -- re-exports
 )
 from rotvid.kernels.recipes import recipes
 from rotvid.kernels.recipes.int4_ops import (  # noqa: F401 -- re-exports
+    _resolve_path,
     attention_int4_quantized,
     default_block_n,
     int4_attention_cuda,
@@ -54,6 +55,8 @@ from rotvid.kernels.recipes.int4_ops import (  # noqa: F401 -- re-exports
 )
 from rotvid.kernels.recipes.int8_fp8_ops import (  # noqa: F401 -- re-exports
     INT8FP8_PATHS,
+    _int8fp8_attention_op,
+    _int8fp8_preprocess_op,
     attention_int8fp8_quantized,
     int8fp8_attention_cuda,
     int8fp8_path_for,
