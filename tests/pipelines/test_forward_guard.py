@@ -66,13 +66,14 @@ def test_one_inf_call_is_redone_in_fp16_and_counted_with_its_step(tiny, monkeypa
 def test_non_finite_in_fp16_too_is_reported_as_the_models_own(tiny, monkeypatch):
     pipe = tiny("cogvideox")
     handle = apply(pipe, RotvidConfig(recipe="int4", backend="reference"))
-    real_forward = type(pipe.transformer.transformer_blocks[3]).forward
+    last = pipe.transformer.transformer_blocks[3]
+    real_forward = last.forward  # (an instance attribute when diffusers hooks were ever registered on it)
 
-    def broken(self, *args, **kwargs):  # the model itself overflows in its last block (every call)
-        hidden, encoder = real_forward(self, *args, **kwargs)
+    def broken(*args, **kwargs):  # the model itself overflows in its last block (every call)
+        hidden, encoder = real_forward(*args, **kwargs)
         return hidden * float("inf"), encoder
 
-    monkeypatch.setattr(type(pipe.transformer.transformer_blocks[3]), "forward", broken)
+    monkeypatch.setattr(last, "forward", broken)
     try:
         run(pipe, "cogvideox", num_inference_steps=1)
     finally:
