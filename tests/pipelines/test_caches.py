@@ -15,7 +15,7 @@ from diffusers.hooks import (
     TaylorSeerCacheConfig,
 )
 
-import rotvid.kernels as kernels
+import rotvid.pipelines.runtime as runtime_module
 from rotvid.pipelines import RotvidConfig, Schedule, apply, remove
 from rotvid.pipelines.tiny import tiny_call_kwargs
 
@@ -86,15 +86,15 @@ def test_cache_hook_with_rotvid_runs_counts_steps_and_reports(tiny, kind, family
 
 def test_a_redo_under_first_block_cache_resets_the_cache_and_is_finite(tiny, monkeypatch):
     pipe = tiny("cogvideox")
-    real = kernels.attention
+    real = runtime_module.run_attention  # every quantized call the runtime makes goes through it
     calls = [0]
 
-    def attention(q, k, v, **kw):  # test hook: the 6th quantized call returns inf
+    def attention(call, q, k, v, **kw):  # test hook: the 6th quantized call returns inf
         calls[0] += 1
-        out = real(q, k, v, **kw)
+        out = real(call, q, k, v, **kw)
         return torch.full_like(out, float("inf")) if calls[0] == 6 else out
 
-    monkeypatch.setattr(kernels, "attention", attention)
+    monkeypatch.setattr(runtime_module, "run_attention", attention)
     pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.5))
     try:
         handle = apply(pipe, RotvidConfig(recipe="int4", backend="reference", schedule=Schedule()))

@@ -21,15 +21,15 @@ def run(pipe, family, **overrides):
 
 def poison_quantized_call(monkeypatch, number: int):
     """Test hook: the ``number``-th quantized attention call (1-based) returns inf everywhere."""
-    real = kernels.attention
+    real = runtime_module.run_attention  # every quantized call the runtime makes goes through it
     calls = [0]
 
-    def attention(q, k, v, **kw):
+    def attention(call, q, k, v, **kw):
         calls[0] += 1
-        out = real(q, k, v, **kw)
+        out = real(call, q, k, v, **kw)
         return torch.full_like(out, float("inf")) if calls[0] == number else out
 
-    monkeypatch.setattr(kernels, "attention", attention)
+    monkeypatch.setattr(runtime_module, "run_attention", attention)
     return calls
 
 
