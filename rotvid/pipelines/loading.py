@@ -128,7 +128,7 @@ def load_pipeline(
     except OSError as exc:
         if is_local:
             raise
-        from rotvid.pipelines.pipeline_config import HubUnreachableError, hub_unreachable_message
+        from rotvid.pipelines.hub import HubUnreachableError, hub_unreachable_message
 
         raise HubUnreachableError(hub_unreachable_message(str(model), source, exc)) from exc
     find_transformers(pipe)

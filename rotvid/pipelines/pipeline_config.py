@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from rotvid.pipelines.hub import HubUnreachableError, hub_unreachable_message
 from rotvid.pipelines.model_table import FAMILIES
 
 __all__ = ["PipelineConfig", "read_pipeline_config", "HubUnreachableError", "hub_unreachable_message"]
@@ -35,29 +36,6 @@ logger = logging.getLogger(__name__)
 
 # diffusers 0.42.1 check_inputs: height and width must be multiples of this, per family
 _CHECK_INPUTS_MULTIPLE = {"wan": 16, "hunyuan_video": 16, "cogvideox": 8}
-
-
-class HubUnreachableError(OSError):
-    """A hub model that is neither reachable nor in the local Hugging Face cache."""
-
-
-def hub_unreachable_message(model: str, repo_id: str, cause: BaseException | str) -> str:
-    """What to do when ``repo_id`` cannot be fetched: a local folder, or the offline cache."""
-    from huggingface_hub import constants
-
-    from rotvid.pipelines.model_table import MODELS
-
-    text = " ".join(str(cause).split())
-    if ("not fully cached" in text or "outgoing traffic has been disabled" in text or "connect" in text.lower()
-            or "offline" in text.lower() or "cannot find an appropriate cached" in text.lower()):
-        why = "it is not in the local cache and the Hugging Face Hub cannot be reached"
-    else:
-        why = text
-    proxy = " (or --model proxy, the bundled small model, to try rotvid without a download)" \
-        if "proxy" in MODELS else ""
-    return (f"model {model!r} ({repo_id}) cannot be loaded: {why}. Offline: pass --model FOLDER, a local pipeline "
-            f"folder with a model_index.json (e.g. written by save_pretrained){proxy}; or download it once online "
-            f"and run with HF_HUB_OFFLINE=1 (the cache: $HF_HOME/hub, here {constants.HF_HUB_CACHE})")
 
 
 @dataclass(frozen=True)

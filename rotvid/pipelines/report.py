@@ -30,6 +30,10 @@ __all__ = ["RunReport", "BlockCounts"]
 
 logger = logging.getLogger(__name__)
 
+# The reasons the runtime (rotvid.pipelines.runtime) records, which the report explains
+UNTRACKED_RULE = "outside a tracked run: the schedule's block rules only (fp16_first_blocks / fp16_last_blocks)"
+GPU_FALLBACK = "the CUDA kernel cannot take this call on the GPU, the model's own attention ran: "
+
 
 # the CUDA backend's reasons that mean "no GPU here" (the reference is then the only choice, not a fallback)
 _NO_GPU_REASONS = ("cuda: not installed", "cuda: no CUDA GPU", "cuda: inputs are on cpu")
@@ -134,8 +138,6 @@ class RunReport:
         self.fp16_reasons[reason] = self.fp16_reasons.get(reason, 0) + n
 
     def record_fallback(self, site: str, reason: str, n: int = 1) -> None:
-        from rotvid.pipelines.runtime import GPU_FALLBACK
-
         self._block(site).fallback += n
         if reason.startswith(GPU_FALLBACK):
             if not self._gpu_fallback_warned:
@@ -220,8 +222,6 @@ class RunReport:
 
     @property
     def untracked_rule(self) -> str:
-        from rotvid.pipelines.runtime import UNTRACKED_RULE
-
         return UNTRACKED_RULE
 
     def to_dict(self) -> dict:

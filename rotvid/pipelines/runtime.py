@@ -79,7 +79,7 @@ from rotvid.kernels.recipes import get_recipe
 from rotvid.kernels.rope_op import apply_generalized_rope
 from rotvid.pipelines.call_counts import SiteCounters
 from rotvid.pipelines.config import RotvidConfig
-from rotvid.pipelines.report import RunReport
+from rotvid.pipelines.report import GPU_FALLBACK, UNTRACKED_RULE, RunReport
 from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
 
 __all__ = [
@@ -93,8 +93,6 @@ logger = logging.getLogger(__name__)
 MAX_PLANS_PER_RUN = 4
 PLANNED = "planned"  # an FP16 call of the schedule, counted without its reason (see the module docstring)
 REDO = "redo: the forward's output was not finite, run again with FP16 attention"
-UNTRACKED_RULE = "outside a tracked run: the schedule's block rules only (fp16_first_blocks / fp16_last_blocks)"
-GPU_FALLBACK = "the CUDA kernel cannot take this call on the GPU, the model's own attention ran: "
 MASK_NOT_PADDING = (
     "attention mask is not a key-padding mask with at least one valid key per batch row "
     "(checked on the device under torch.compile)"
