@@ -28,7 +28,8 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[str, bool]:
     """``(path or repo id, is_local)`` for a friendly name, hub id or folder (None: the default).
 
     Friendly names (case-insensitive) are the keys of :data:`rotvid.pipelines.model_table.MODELS`,
-    e.g. ``wan2.1-t2v-1.3b`` -> ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``.
+    e.g. ``wan2.1-t2v-1.3b`` -> ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``; ``proxy`` -> the folder of the
+    model bundled in the package (local).
     """
     if model is None:
         model = DEFAULT_MODEL
@@ -43,7 +44,10 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[str, bool]:
         return str(path), True
     entry = MODELS.get(model.lower())
     if entry is not None:
-        return entry.repo_id, False
+        if entry.bundled and not (Path(entry.repo_id) / "model_index.json").is_file():
+            raise FileNotFoundError(f"model: the bundled {entry.name!r} model is missing from {entry.repo_id} "
+                                    "(was rotvid installed without its package data?)")
+        return entry.repo_id, entry.bundled
     if model.count("/") == 1 and not model.startswith((".", "/", "~")):
         return model, False
     raise ValueError(
@@ -121,7 +125,14 @@ def load_pipeline(
     if local_files_only is not None:
         kwargs["local_files_only"] = bool(local_files_only)
     logger.info("loading %s (%s, %s)", source, "local" if is_local else "hub", torch_dtype)
-    pipe = DiffusionPipeline.from_pretrained(source, **kwargs)
+    try:
+        pipe = DiffusionPipeline.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        if is_local:
+            raise
+        raise OSError(f"model: {source!r} could not be loaded from the Hugging Face hub or its cache ({exc}). "
+                      "Offline, pass a local folder written by save_pretrained, or --model proxy (the small model "
+                      "bundled with rotvid, which needs no network).") from exc
     find_transformers(pipe)
     if device is not None:
         pipe.to(device)
