@@ -62,9 +62,9 @@ def run_probe(args) -> dict:
         res["seconds"] = round(time.perf_counter() - t, 1)
         colour = sum(r["colour_ok"] for r in res["results"]) / len(prompts)
         motion = sum(r["motion_ok"] for r in res["results"]) / len(prompts)
-        print(f"probe ({name} motions, {args.height}x{args.height}, {args.frames} frames, {args.steps} steps): "
+        logger.warning(f"probe ({name} motions, {args.height}x{args.height}, {args.frames} frames, {args.steps} steps): "
               f"{res['passed']}/{res['prompts']} pass = {100 * res['rate']:.0f}% (colour {100 * colour:.0f}%, "
-              f"motion {100 * motion:.0f}%) in {res['seconds']} s", flush=True)
+              f"motion {100 * motion:.0f}%) in {res['seconds']} s")
         out[name] = res
     return out
 
@@ -97,16 +97,16 @@ def run_attention(args) -> dict:
         rows[sigma] = {"trained": self_attention_statistics(pipe.transformer, xt, ts, text),
                        "random": self_attention_statistics(random_t, xt, ts, text)}
     first = rows[args.sigmas[0]]["trained"][0]
-    print(f"attention statistics, {prompt!r}, {args.height}x{args.height}, {args.frames} frames: "
-          f"{first['tokens']} tokens; window ±(1, 2, 2) tokens holds {100 * first['window_share']:.1f}% of keys")
-    print("| σ | block | entropy / ln N (trained) | (random) | local mass (trained) | (random) | "
-          "max prob (trained) | (random) |")
-    print("|---|---|---|---|---|---|---|---|")
+    lines = [f"attention statistics, {prompt!r}, {args.height}x{args.height}, {args.frames} frames: "
+          f"{first['tokens']} tokens; window ±(1, 2, 2) tokens holds {100 * first['window_share']:.1f}% of keys",
+             "| σ | block | entropy / ln N (trained) | (random) | local mass (trained) | (random) | "
+          "max prob (trained) | (random) |", "|---|---|---|---|---|---|---|---|"]
     for sigma, r in rows.items():
         for tr, rd in zip(r["trained"], r["random"]):
-            print(f"| {sigma} | {tr['block']} | {tr['entropy_ratio']:.3f} | {rd['entropy_ratio']:.3f} | "
+            lines.append(f"| {sigma} | {tr['block']} | {tr['entropy_ratio']:.3f} | {rd['entropy_ratio']:.3f} | "
                   f"{tr['local_mass']:.3f} | {rd['local_mass']:.3f} | {tr['max_prob']:.3f} | {rd['max_prob']:.3f} |")
-    return {"prompt": prompt, "rows": {str(k): v for k, v in rows.items()}}
+    logger.warning("\n".join(lines))
+    return {"prompt": prompt, "rows": {str(k): v for k, v in rows.items()}, "table": lines}
 
 
 def main(argv=None) -> dict:
@@ -127,7 +127,7 @@ def main(argv=None) -> dict:
     big = args.what == "attention"
     args.height = args.height or (256 if big else 128)
     args.frames = args.frames or (33 if big else 17)
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     result = run_attention(args) if big else run_probe(args)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

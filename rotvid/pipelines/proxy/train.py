@@ -1,8 +1,16 @@
 """Train the proxy model: the VAE on procedural clips, then the transformer (+ text encoder) by flow matching.
 
-Command (the one that made the bundled weights; one H200, about 9 minutes)::
+Command (the one that made the bundled weights: one H200, 374 s of training, which reached 655 VAE
+steps and 3070 transformer steps)::
 
-    python -m rotvid.pipelines.proxy.train --out OUT --seed 0
+    python -m rotvid.pipelines.proxy.train --out OUT --seed 0 --vae-minutes 1.6 --dit-minutes 3.5 --probe-prompts 0
+
+and, repeating those step counts without time budgets::
+
+    python -m rotvid.pipelines.proxy.train --out OUT --seed 0 --vae-steps 655 --dit-steps 3070 \
+        --vae-minutes 0 --dit-minutes 0 --probe-prompts 0
+
+``benchmarks/proxy_train_and_measure.sh`` runs it and then the measurements.
 
 Stages:
 
@@ -94,10 +102,13 @@ def train_vae(vae, args, device) -> dict:
             g["lr"] = lr
         with _autocast(device):
             posterior = vae.encode(x).latent_dist
-            z = posterior.sample(generator=None)
+            z = posterior.sample(generator=None) if args.vae_posterior == "sample" else posterior.mode()
             rec = vae.decode(z).sample
         rec = rec.float()
-        kl = 0.5 * (posterior.mean.float() ** 2 + posterior.var.float() - 1.0 - posterior.logvar.float()).mean()
+        if args.vae_posterior == "sample":
+            kl = 0.5 * (posterior.mean.float() ** 2 + posterior.var.float() - 1.0 - posterior.logvar.float()).mean()
+        else:  # a plain autoencoder: only the latents' size is held in check
+            kl = 0.5 * (posterior.mean.float() ** 2).mean()
         loss = F.l1_loss(rec, x) + F.mse_loss(rec, x) + args.vae_kl * kl
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -122,8 +133,8 @@ def _encode(vae, x, device) -> torch.Tensor:
 def latent_statistics(vae, args, device) -> tuple[list[float], list[float]]:
     zs = []
     for i in range(4):
-        specs = sample_specs(16, seed=args.seed * 7919 + 10_000 + i)
-        zs.append(_encode(vae, render_clips(specs, frames=17, size=128, device=device), device))
+        specs = sample_specs(args.stats_clips, seed=args.seed * 7919 + 10_000 + i)
+        zs.append(_encode(vae, render_clips(specs, frames=17, size=args.vae_size, device=device), device))
     z = torch.cat(zs).transpose(0, 1).reshape(zs[0].shape[1], -1)
     return z.mean(1).tolist(), z.std(1).clamp_min(1e-3).tolist()
 
@@ -198,7 +209,8 @@ def quick_probe(pipe, args, device) -> dict:
     passed = 0
     results = []
     for i, p in enumerate(prompts):
-        kw = dict(PROXY_CALL_DEFAULTS)
+        kw = dict(PROXY_CALL_DEFAULTS, height=args.probe_size, width=args.probe_size, num_frames=args.probe_frames,
+                  num_inference_steps=args.probe_steps)
         video = pipe(prompt=p, generator=torch.Generator("cpu").manual_seed(i), output_type="np", **kw).frames[0]
         r = probe_clip(video, p)
         passed += r.passed
@@ -219,8 +231,14 @@ def parse_args(argv=None):
     p.add_argument("--vae-size", type=int, default=128)
     p.add_argument("--vae-frames", type=int, default=9)
     p.add_argument("--vae-lr", type=float, default=4e-4)
-    p.add_argument("--vae-kl", type=float, default=1e-4)
-    p.add_argument("--clips-128", type=int, default=12_000, help="17-frame 128x128 clips in the latent set")
+    p.add_argument("--vae-kl", type=float, default=1e-4,
+                   help="weight of the KL term (--vae-posterior sample) or of the latents' mean square (mode)")
+    p.add_argument("--vae-posterior", choices=("sample", "mode"), default="sample",
+                   help="decode a sample of the posterior (a VAE, as the bundled weights were trained) or its "
+                        "mean (a plain autoencoder; no sampling noise to learn around)")
+    p.add_argument("--stats-clips", type=int, default=16, help="clips per batch (4 batches) for the latent statistics")
+    p.add_argument("--clips-128", type=int, default=12_000, help="17-frame clips of --low-size in the latent set")
+    p.add_argument("--low-size", type=int, default=128, help="frame size of the --clips-128 clips")
     p.add_argument("--clips-256", type=int, default=2_000, help="33-frame 256x256 clips in the latent set")
     p.add_argument("--encode-batch", type=int, default=32)
     p.add_argument("--dit-steps", type=int, default=1_000_000)
@@ -230,13 +248,16 @@ def parse_args(argv=None):
     p.add_argument("--hi-res-share", type=float, default=0.3, help="share of steps on the 256x256 clips")
     p.add_argument("--ema", type=float, default=0.998)
     p.add_argument("--probe-prompts", type=int, default=24)
+    p.add_argument("--probe-size", type=int, default=128)
+    p.add_argument("--probe-frames", type=int, default=17)
+    p.add_argument("--probe-steps", type=int, default=12)
     p.add_argument("--log-every", type=int, default=100)
     args = p.parse_args(argv)
-    for name in ("vae_steps", "vae_batch", "clips_128", "encode_batch", "dit_steps", "dit_batch"):
+    for name in ("vae_steps", "vae_batch", "clips_128", "encode_batch", "dit_steps", "dit_batch", "stats_clips"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
-    if (args.vae_frames - 1) % 4 or args.vae_size % 16:
-        p.error("--vae-frames must be 4k+1 and --vae-size a multiple of 16")
+    if (args.vae_frames - 1) % 4 or args.vae_size % 16 or args.low_size % 16 or args.probe_size % 16:
+        p.error("--vae-frames must be 4k+1 and --vae-size, --low-size, --probe-size multiples of 16")
     return args
 
 
@@ -257,7 +278,7 @@ def main(argv=None) -> dict:
     mean, std = latent_statistics(vae, args, device)
     vae.register_to_config(latents_mean=mean, latents_std=std)
     logger.info("stage 2: latent mean %s std %s", [round(m, 2) for m in mean[:4]], [round(s, 2) for s in std[:4]])
-    sets = {"128": latent_set(vae, args.clips_128, 17, 128, args.seed * 31 + 1, device, args.encode_batch)}
+    sets = {"128": latent_set(vae, args.clips_128, 17, args.low_size, args.seed * 31 + 1, device, args.encode_batch)}
     if args.clips_256 > 0:
         sets["256"] = latent_set(vae, args.clips_256, 33, 256, args.seed * 31 + 2, device,
                                  max(1, args.encode_batch // 8))
