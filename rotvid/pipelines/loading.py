@@ -94,8 +94,9 @@ def load_pipeline(
 
     Args:
         model: a friendly name (``wan2.1-t2v-1.3b``, ``wan2.2-t2v-a14b``, ``wan2.2-ti2v-5b``,
-            ``hunyuanvideo-t2v``, ``cogvideox-2b``, ``cogvideox-5b``, ...; see ``MODELS``), a hub id,
-            or a local folder written by ``save_pretrained``. Default: Wan2.1-T2V-1.3B.
+            ``hunyuanvideo-t2v``, ``cogvideox-2b``, ``cogvideox-5b``, ...; see ``MODELS``; ``proxy`` is
+            the small model bundled with rotvid, loaded from the package offline), a hub id, or a local
+            folder written by ``save_pretrained``. Default: Wan2.1-T2V-1.3B.
         dtype: dtype of the pipeline's modules (``bf16`` | ``fp16`` | ``fp32`` or a torch dtype).
             Components the family keeps in float32 (Wan's VAE) stay float32.
         device: where to move the pipeline (``None``: leave it on the CPU).
@@ -108,6 +109,8 @@ def load_pipeline(
 
     Raises:
         ValueError: bad argument, or a pipeline whose transformer rotvid does not support.
+        OSError: a hub model that cannot be fetched (no network, not in the cache); the message
+            points to a local folder or ``proxy``.
     """
     from diffusers import DiffusionPipeline
 
