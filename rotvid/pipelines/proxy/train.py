@@ -1,20 +1,21 @@
 """Train the proxy model: the VAE on procedural clips, then the transformer (+ text encoder) by flow matching.
 
 Command (the one that made the bundled weights: one H200, 374 s of training, which reached 655 VAE
-steps and 3070 transformer steps; the option ``--vae-posterior`` came later, and those weights were
-trained as ``sample``)::
+steps and 3070 transformer steps)::
 
-    python -m rotvid.pipelines.proxy.train --out OUT --seed 0 --vae-minutes 1.6 --dit-minutes 3.5 \
-        --probe-prompts 0 --vae-posterior sample
+    python -m rotvid.pipelines.proxy.train --out OUT --seed 0 --vae-minutes 1.6 --dit-minutes 3.5 --probe-prompts 0
 
 and, repeating those step counts without time budgets::
 
     python -m rotvid.pipelines.proxy.train --out OUT --seed 0 --vae-steps 655 --dit-steps 3070 \
-        --vae-minutes 0 --dit-minutes 0 --probe-prompts 0 --vae-posterior sample
+        --vae-minutes 0 --dit-minutes 0 --probe-prompts 0
 
 That VAE did not converge in 655 steps (the decoder returns nearly flat frames), so the bundled
-model fails the probe (``benchmarks/proxy_results.md``). The default is now ``--vae-posterior mode``
-(decode the posterior mean: no sampling noise for the decoder to learn around), not yet run on a GPU.
+model fails the probe (``benchmarks/proxy_results.md``). The VAE needs several times more steps; to
+stay within one run's time, train it alone first and the transformer on it in a second run::
+
+    python -m rotvid.pipelines.proxy.train --out VAE_OUT --seed 0 --vae-minutes 8 --vae-only
+    python -m rotvid.pipelines.proxy.train --out OUT --seed 0 --vae-from VAE_OUT/vae --dit-minutes 6
 
 ``benchmarks/proxy_train_and_measure.sh`` runs it and then the measurements.
 
@@ -240,9 +241,13 @@ def parse_args(argv=None):
     p.add_argument("--vae-lr", type=float, default=4e-4)
     p.add_argument("--vae-kl", type=float, default=1e-4,
                    help="weight of the KL term (--vae-posterior sample) or of the latents' mean square (mode)")
-    p.add_argument("--vae-posterior", choices=("sample", "mode"), default="mode",
-                   help="decode the posterior's mean (a plain autoencoder: no sampling noise to learn around) or "
-                        "a sample of it (a VAE; how the bundled weights were trained, whose VAE did not converge)")
+    p.add_argument("--vae-posterior", choices=("sample", "mode"), default="sample",
+                   help="decode a sample of the posterior (a VAE; how the bundled weights were trained) or its mean "
+                        "(a plain autoencoder, with a small penalty on the latents' mean square)")
+    p.add_argument("--vae-from", type=Path, default=None,
+                   help="skip stage 1: load the VAE from this folder (written by --vae-only), so the VAE and the "
+                        "transformer can be trained in two runs")
+    p.add_argument("--vae-only", action="store_true", help="stop after stage 1; write the VAE to OUT/vae")
     p.add_argument("--stats-clips", type=int, default=16, help="clips per batch (4 batches) for the latent statistics")
     p.add_argument("--clips-128", type=int, default=12_000, help="17-frame clips of --low-size in the latent set")
     p.add_argument("--low-size", type=int, default=128, help="frame size of the --clips-128 clips")
@@ -278,10 +283,23 @@ def main(argv=None) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     t0 = time.perf_counter()
-    vae = build_vae().to(device)
-    logger.info("stage 1: VAE (%.2f M parameters) on %s", sum(p.numel() for p in vae.parameters()) / 1e6, device)
-    vae_record = train_vae(vae, args, device)
+    if args.vae_from is not None:
+        from diffusers import AutoencoderKLWan
+
+        vae = AutoencoderKLWan.from_pretrained(args.vae_from, torch_dtype=torch.float32).to(device).eval()
+        vae_record = {"from": str(args.vae_from)}
+        logger.info("stage 1: VAE loaded from %s", args.vae_from)
+    else:
+        vae = build_vae().to(device)
+        logger.info("stage 1: VAE (%.2f M parameters) on %s", sum(p.numel() for p in vae.parameters()) / 1e6, device)
+        vae_record = train_vae(vae, args, device)
     vae.requires_grad_(False)
+    if args.vae_only:
+        vae.save_pretrained(args.out / "vae", safe_serialization=True)
+        (args.out / "train_record.json").write_text(json.dumps({"seed": args.seed, "vae": vae_record}, indent=2) + "\n",
+                                                    encoding="utf-8")
+        logger.info("wrote %s (VAE only)", args.out / "vae")
+        return {"seed": args.seed, "vae": vae_record}
     mean, std = latent_statistics(vae, args, device)
     vae.register_to_config(latents_mean=mean, latents_std=std)
     logger.info("stage 2: latent mean %s std %s", [round(m, 2) for m in mean[:4]], [round(s, 2) for s in std[:4]])

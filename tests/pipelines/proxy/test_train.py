@@ -16,7 +16,8 @@ TOY = ["--vae-steps", "2", "--vae-batch", "1", "--vae-size", "32", "--vae-frames
 
 
 def test_train_writes_a_proxy_folder(tmp_path):
-    posterior = "mode"  # the "sample" branch (the default) made the bundled weights on the GPU
+    posterior = "mode"  # the "sample" branch (the default) made the bundled weights on the GPU; the two-run
+    # test below takes the default
     record = main(["--out", str(tmp_path), "--seed", "3", "--vae-posterior", posterior, *TOY])
     assert record["vae"]["steps"] == 2 and record["transformer"]["steps"] == 2
     assert record["quick_probe"]["prompts"] == 1 and 0 <= record["quick_probe"]["rate"] <= 1
@@ -27,6 +28,14 @@ def test_train_writes_a_proxy_folder(tmp_path):
     pipe = load_pipeline(folder, dtype=torch.float32)
     assert pipe.transformer.config.attention_head_dim == 128
     assert pipe.transformer.dtype == torch.float32  # loaded at the asked dtype from the fp16 files
+
+
+def test_vae_and_transformer_in_two_runs(tmp_path):
+    main(["--out", str(tmp_path / "v"), "--vae-only", *TOY])
+    assert (tmp_path / "v" / "vae" / "config.json").is_file() and not (tmp_path / "v" / "proxy").exists()
+    record = main(["--out", str(tmp_path / "t"), "--vae-from", str(tmp_path / "v" / "vae"), *TOY])
+    assert record["vae"] == {"from": str(tmp_path / "v" / "vae")} and record["transformer"]["steps"] == 2
+    verify_proxy(tmp_path / "t" / "proxy")
 
 
 def test_training_text_embeddings_match_the_pipelines(tmp_path):
