@@ -28,7 +28,8 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[str, bool]:
     """``(path or repo id, is_local)`` for a friendly name, hub id or folder (None: the default).
 
     Friendly names (case-insensitive) are the keys of :data:`rotvid.pipelines.model_table.MODELS`,
-    e.g. ``wan2.1-t2v-1.3b`` -> ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``.
+    e.g. ``wan2.1-t2v-1.3b`` -> ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``; ``proxy`` -> the folder of the
+    model bundled in the package (local).
     """
     if model is None:
         model = DEFAULT_MODEL
@@ -43,7 +44,10 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[str, bool]:
         return str(path), True
     entry = MODELS.get(model.lower())
     if entry is not None:
-        return entry.repo_id, False
+        if entry.bundled and not (Path(entry.repo_id) / "model_index.json").is_file():
+            raise FileNotFoundError(f"model: the bundled {entry.name!r} model is missing from {entry.repo_id} "
+                                    "(was rotvid installed without its package data?)")
+        return entry.repo_id, entry.bundled
     if model.count("/") == 1 and not model.startswith((".", "/", "~")):
         return model, False
     raise ValueError(
@@ -90,8 +94,9 @@ def load_pipeline(
 
     Args:
         model: a friendly name (``wan2.1-t2v-1.3b``, ``wan2.2-t2v-a14b``, ``wan2.2-ti2v-5b``,
-            ``hunyuanvideo-t2v``, ``cogvideox-2b``, ``cogvideox-5b``, ...; see ``MODELS``), a hub id,
-            or a local folder written by ``save_pretrained``. Default: Wan2.1-T2V-1.3B.
+            ``hunyuanvideo-t2v``, ``cogvideox-2b``, ``cogvideox-5b``, ...; see ``MODELS``; ``proxy`` is
+            the small model bundled with rotvid, loaded from the package offline), a hub id, or a local
+            folder written by ``save_pretrained``. Default: Wan2.1-T2V-1.3B.
         dtype: dtype of the pipeline's modules (``bf16`` | ``fp16`` | ``fp32`` or a torch dtype).
             Components the family keeps in float32 (Wan's VAE) stay float32.
         device: where to move the pipeline (``None``: leave it on the CPU).
@@ -105,7 +110,7 @@ def load_pipeline(
     Raises:
         ValueError: bad argument, or a pipeline whose transformer rotvid does not support.
         HubUnreachableError (an ``OSError``): a hub model neither in the cache nor reachable; the
-            message says what to do (a local folder, or ``HF_HUB_OFFLINE=1`` with the cache).
+            message says what to do (a local folder, ``proxy``, or ``HF_HUB_OFFLINE=1`` with the cache).
     """
     from diffusers import DiffusionPipeline
 

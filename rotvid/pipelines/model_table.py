@@ -17,7 +17,9 @@ Everything rotvid needs to know about a diffusers video model lives here, not in
   ``rotvid generate`` writes its mp4s with;
 * the Python packages a diffusers pipeline class needs at call time beyond rotvid's own
   dependencies (checked before a run so a missing one is one clear error, not a ``NameError``);
-* friendly short names of the released checkpoints and their diffusers repo ids.
+* friendly short names of the released checkpoints and their diffusers repo ids, and of the
+  model bundled with rotvid (``proxy``: a small Wan pipeline trained on procedural clips,
+  :mod:`rotvid.pipelines.proxy`, loaded from the package with no network).
 
 Facts were read from diffusers 0.42.1 (``transformer_wan.py``, ``transformer_hunyuan_video.py``,
 ``cogvideox_transformer_3d.py`` and ``attention_processor.CogVideoXAttnProcessor2_0``).
@@ -26,6 +28,7 @@ Facts were read from diffusers 0.42.1 (``transformer_wan.py``, ``transformer_hun
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = [
     "BlockStack",
@@ -34,6 +37,7 @@ __all__ = [
     "FAMILIES",
     "MODELS",
     "DEFAULT_MODEL",
+    "PROXY_FOLDER",
     "PIPELINE_REQUIREMENTS",
     "family_of_transformer",
     "family_by_name",
@@ -198,7 +202,8 @@ class ModelEntry:
     """A released checkpoint: friendly short name -> diffusers repo id, family, schedule preset.
 
     ``fps``: the checkpoint's frame rate where it differs from its family's
-    (:attr:`ModelFamily.fps`); ``None`` means the family's.
+    (:attr:`ModelFamily.fps`); ``None`` means the family's. ``bundled``: the model ships inside
+    the rotvid package and ``repo_id`` is its folder there (loaded locally, never from the hub).
     """
 
     name: str
@@ -207,7 +212,11 @@ class ModelEntry:
     task: str
     preset: str | None = None
     fps: int | None = None
+    bundled: bool = False
 
+
+# The proxy model's folder inside the package (rotvid/pipelines/proxy/weights).
+PROXY_FOLDER = str(Path(__file__).resolve().parent / "proxy" / "weights")
 
 MODELS: dict[str, ModelEntry] = {
     e.name: e
@@ -224,6 +233,9 @@ MODELS: dict[str, ModelEntry] = {
         ModelEntry("cogvideox-2b", "THUDM/CogVideoX-2b", "cogvideox", "t2v"),
         ModelEntry("cogvideox-5b", "THUDM/CogVideoX-5b", "cogvideox", "t2v"),
         ModelEntry("cogvideox-5b-i2v", "THUDM/CogVideoX-5b-I2V", "cogvideox", "i2v"),
+        # the bundled proxy: every block in low precision by default (the point of the model is to show
+        # each recipe's error), so no FP16-fallback preset
+        ModelEntry("proxy", PROXY_FOLDER, "wan", "t2v", "none", bundled=True),
     )
 }
 
