@@ -790,8 +790,11 @@ def calibrate(
                                                      "large: use --capture-steps).")] = None,
     cosine_floor: Annotated[Optional[float], typer.Option(help="Keep FP16 every (step, block) whose INT4 "
                                                           "cosine vs FP16 is below this.")] = None,
-    target_int4: Annotated[Optional[float], typer.Option("--target-int4", help="Keep the worst cells FP16 "
-                                                         "until at most this fraction runs INT4.")] = None,
+    target_quantized: Annotated[Optional[float], typer.Option(
+        "--target-quantized", help="Keep the worst cells FP16 until at most this fraction runs the quantized "
+        "recipe (default 0.8 unless --cosine-floor is given).")] = None,
+    target_int4: Annotated[Optional[float], typer.Option(
+        "--target-int4", hidden=True, help="Deprecated: the old name of --target-quantized.")] = None,
     recipe: Annotated[str, typer.Option(help="Recipe the schedule is chosen for: auto (this GPU's, see `rotvid "
                                         "backends`) or a quantized recipe.")] = "auto",
     backend: BackendOpt = None,
@@ -832,10 +835,16 @@ def calibrate(
         _check_positive("--iters", iters)
         _check_positive("--lr", lr)
         _check_positive("--max-tokens", max_tokens)
-        if cosine_floor is None and target_int4 is None:
-            target_int4 = 0.8
-        if target_int4 is not None and not 0.0 <= target_int4 <= 1.0:
-            raise ValueError(f"--target-int4: expected a fraction in [0, 1], got {target_int4}")
+        if target_int4 is not None:  # the old name, accepted for one version
+            if target_quantized is not None:
+                raise ValueError("--target-quantized: expected it or its old name --target-int4, not both")
+            typer.echo("Warning: --target-int4 is deprecated (it is the quantized fraction for every recipe); "
+                       "use --target-quantized", err=True)
+            target_quantized = target_int4
+        if cosine_floor is None and target_quantized is None:
+            target_quantized = 0.8
+        if target_quantized is not None and not 0.0 <= target_quantized <= 1.0:
+            raise ValueError(f"--target-quantized: expected a fraction in [0, 1], got {target_quantized}")
         if cosine_floor is not None and not -1.0 <= cosine_floor <= 1.0:
             raise ValueError(f"--cosine-floor: expected a cosine in [-1, 1], got {cosine_floor}")
         _check_backend(backend)
@@ -868,7 +877,7 @@ def calibrate(
             capture_steps=steps_set, dump_dir=dump_dir, model_name=model,
             pairing=pairing, per_head=per_head, iters=iters, lr=lr, objective=objective, unconstrained=unconstrained,
             max_tokens=max_tokens, recipe=recipe, backend=backend or "auto", cosine_floor=cosine_floor,
-            target_int4_fraction=target_int4, seed=seed,
+            target_quantized_fraction=target_quantized, seed=seed,
         )
         with _Progress(quiet) as bar:
             bar.log(f"loading {model} ...")
@@ -929,7 +938,7 @@ def _print_calibration(result) -> None:
     if result.schedule is not None:
         n = sum(len(c) for c in result.fp16_cells.values())
         console.print(f"schedule:  {result.schedule_path} ({n} FP16 (step, block) cells, "
-                      f"{(result.recipe or 'quantized').upper()} fraction {result.int4_fraction:.1%})")
+                      f"{(result.recipe or 'quantized').upper()} fraction {result.quantized_fraction:.1%})")
 
 
 @app.command("vbench-setup")

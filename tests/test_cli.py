@@ -78,7 +78,7 @@ def test_generate_writes_playable_mp4_and_sidecar(tiny_wan, tmp_path):
     assert side["device"] == "cpu" and side["dtype"] == "float32"
     assert len(side["timing"]["per_step_seconds"]) == 2 == side["steps"]
     assert side["timing"]["total_seconds"] >= side["timing"]["denoise_seconds"] > 0
-    assert side["int4_fraction"] == 1.0 and side["fallbacks"] == {}  # schedule none: every call INT4
+    assert side["quantized_fraction"] == 1.0 and side["fallbacks"] == {}  # schedule none: every call INT4
     assert side["run_report"]["quantized_calls"] == 2 * 2 * 2  # 2 steps x (cond + uncond) x 2 blocks
     assert set(side["versions"]) >= {"rotvid", "diffusers", "torch"}
     assert len(side["initial_noise_sha256"]) == 64
@@ -93,7 +93,7 @@ def test_generate_default_schedule_is_the_papers(tiny_wan, tmp_path):
     side = json.loads(out.with_suffix(".json").read_text())
     assert side["request"]["config"]["schedule"]["name"] == "paper-wan2.2-t2v"
     # 2 steps, both within the first/last 2 FP16 steps: nothing quantized, and it says so
-    assert side["int4_fraction"] == 0.0 and side["run_report"]["fp16_calls"] == 8
+    assert side["quantized_fraction"] == 0.0 and side["run_report"]["fp16_calls"] == 8
 
 
 def test_generate_fp16_reference_and_overwrite(tiny_wan, tmp_path):
@@ -263,7 +263,7 @@ def test_eval_generates_reference_and_variants_then_resumes(tiny_wan, tmp_path, 
     sides = {d.name: json.loads((d / "000-a-red-cat-runs.json").read_text()) for d in videos.iterdir()}
     # same seed and the same initial noise for the reference and every variant
     assert len({s["initial_noise_sha256"] for s in sides.values()}) == 1
-    assert sides["reference"]["recipe"] == "fp16" and sides["int4_half"]["int4_fraction"] == 1.0
+    assert sides["reference"]["recipe"] == "fp16" and sides["int4_half"]["quantized_fraction"] == 1.0
     table = [ln for ln in r.stdout.splitlines() if ln.startswith("| ")]
     # the reference row names the dtype that ran (--dtype fp32 here), not "FP16" (issue 32)
     assert table[2].startswith("| FP32 (reference) | FP32 | – | – | 1.0000 | 0.00 | 1.0000 | ∞ |")

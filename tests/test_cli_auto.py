@@ -34,7 +34,7 @@ def test_generate_smoothing_switches_and_explicit_recipe(tiny_wan, tmp_path):  #
     cfg = side["request"]["config"]
     assert (cfg["recipe"], cfg["smooth_k"], cfg["smooth_q"], cfg["smooth_v"]) == ("int4", False, True, False)
     assert side["recipe"] == "int4" and side["recipe_reason"] == "int4 as requested"
-    assert side["int4_fraction"] == 1.0 and side["fallbacks"] == {}  # Q smoothing runs on the reference
+    assert side["quantized_fraction"] == 1.0 and side["fallbacks"] == {}  # Q smoothing runs on the reference
 
 
 def test_smoothing_switches_override_a_config_file_only_when_given(tmp_path):
@@ -60,7 +60,7 @@ def test_eval_variants_auto_runs_the_devices_recipe(tiny_wan, tmp_path):  # noqa
     videos = out / "videos"
     assert sorted(p.name for p in videos.iterdir()) == ["int4_half", "int8-fp8_none", "reference"]
     side = json.loads((videos / "int8-fp8_none" / "000-a-red-cat-runs.json").read_text())
-    assert side["recipe"] == "int8-fp8" and side["int4_fraction"] == 1.0
+    assert side["recipe"] == "int8-fp8" and side["quantized_fraction"] == 1.0
     row = next(ln for ln in r.stdout.splitlines() if ln.startswith("| int8-fp8_none |")).split(" | ")
     assert row[1:4] == ["INT8/FP8", "–", "W/O"]
     assert_fails(run("eval", "--prompt-file", pf, "--model", tiny_wan, "--variants", "auto:half,int4:half", *TINY,

@@ -12,7 +12,7 @@ def test_calibrate_then_generate_with_its_rotations_and_schedule(tiny_wan, tmp_p
     prompts.write_text("a red cat\na blue car\n")
     out = tmp_path / "calib"
     r = run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--out", out,
-            "--iters", "10", "--lr", "0.03", "--max-tokens", "128", "--target-int4", "0.5", "--backend", "reference")
+            "--iters", "10", "--lr", "0.03", "--max-tokens", "128", "--target-quantized", "0.5", "--backend", "reference")
     assert r.exit_code == 0, r.output
     assert "objective per block" in r.stdout and "INT4 fraction 50.0%" in r.stdout
     with safe_open(str(out / "rotations.safetensors"), framework="pt") as f:
@@ -29,7 +29,7 @@ def test_calibrate_then_generate_with_its_rotations_and_schedule(tiny_wan, tmp_p
             "--rotation", f"learned:{out / 'rotations.safetensors'}", "--schedule", out / "schedule.json")
     assert r.exit_code == 0, r.output
     side = json.loads(video.with_suffix(".json").read_text())
-    assert side["int4_fraction"] == 0.5  # 2 steps x 2 blocks = 4 cells, 2 kept FP16
+    assert side["quantized_fraction"] == 0.5  # 2 steps x 2 blocks = 4 cells, 2 kept FP16
     # the table is for 2 steps: another --steps is refused by name (its cells would mark other calls)
     three = [a if a != "2" else "3" for a in TINY]  # --steps 3
     r = run("generate", "-p", "a dog", "--model", tiny_wan, *three, "--out", tmp_path / "w.mp4",
@@ -47,7 +47,13 @@ def test_calibrate_bad_input(tiny_wan, tmp_path):  # noqa: F811
     assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
                      "--pairing", "diagonal"), "--pairing")
     assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
-                     "--target-int4", "1.5"), "--target-int4")
+                     "--target-quantized", "1.5"), "--target-quantized", "[0, 1]")
+    # --target-int4, the old name, still works for one version: it warns and is read as --target-quantized
+    r = run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o", "--target-int4", "1.5")
+    assert_fails(r, "--target-quantized", "got 1.5")
+    assert "--target-int4 is deprecated" in r.stderr
+    assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
+                     "--target-int4", "0.5", "--target-quantized", "0.5"), "--target-quantized", "not both")
     # refused before loading or learning anything, each by its flag
     assert_fails(run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, "--out", tmp_path / "o",
                      "--cosine-floor", "5"), "--cosine-floor", "[-1, 1]")

@@ -56,7 +56,7 @@ def test_generate_image_to_video_writes_playable_mp4_and_records_the_image(tiny_
     assert side["image_sha256"] == hashlib.sha256(img.read_bytes()).hexdigest()
     assert side["model"]["pipeline"] == "WanImageToVideoPipeline"
     assert side["model"]["family"] == "wan" and side["model"]["task"] == "i2v"
-    assert side["recipe"] == "int4" and side["int4_fraction"] == 1.0 and side["fallbacks"] == {}
+    assert side["recipe"] == "int4" and side["quantized_fraction"] == 1.0 and side["fallbacks"] == {}
     assert side["run_report"]["quantized_calls"] == 2 * 2 * 2  # 2 steps x (cond + uncond) x 2 blocks
 
     # another image, same seed: another video (the image really conditions the run)
@@ -74,7 +74,7 @@ def test_generate_image_to_video_default_schedule_is_the_papers_i2v(tiny_i2v, tm
     assert r.exit_code == 0, r.output
     side = json.loads(out.with_suffix(".json").read_text())
     assert side["request"]["config"]["schedule"]["name"] == "paper-wan2.2-i2v"
-    assert side["int4_fraction"] == 0.0  # 2 steps: all within the first 6 FP16 steps
+    assert side["quantized_fraction"] == 0.0  # 2 steps: all within the first 6 FP16 steps
 
 
 def test_image_flag_must_match_the_pipeline(tiny_i2v, tiny_wan, tmp_path):  # noqa: F811
@@ -121,7 +121,7 @@ def test_generate_hunyuan_video_with_the_folders_call_defaults(tiny_hunyuan, tmp
     side = json.loads(out.with_suffix(".json").read_text())
     assert side["model"]["pipeline"] == "HunyuanVideoPipeline" and side["model"]["family"] == "hunyuan_video"
     # 2 steps x (1 double-stream + 1 single-stream block) x one forward per step (embedded guidance)
-    assert side["run_report"]["quantized_calls"] == 2 * 2 and side["int4_fraction"] == 1.0
+    assert side["run_report"]["quantized_calls"] == 2 * 2 and side["quantized_fraction"] == 1.0
     assert side["image_sha256"] is None
     assert side["call_defaults"]["prompt_template"] == {"template": "{}", "crop_start": 0}
     assert side["call_defaults"]["max_sequence_length"] == 16

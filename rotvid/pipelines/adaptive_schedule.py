@@ -7,8 +7,9 @@ relative L2, averaged over prompts), and this module turns those measurements in
 explicit ``fp16_cells`` table of a :class:`~rotvid.pipelines.schedule.Schedule`:
 
 * ``cosine_floor``: every cell whose mean cosine is below the floor stays FP16;
-* ``target_int4_fraction``: the worst cells (lowest cosine first) stay FP16 until at most that
-  fraction of cells runs quantized.
+* ``target_quantized_fraction``: the worst cells (lowest cosine first) stay FP16 until at most
+  that fraction of cells runs quantized (whatever the recipe; ``target_int4_fraction``, its old
+  name, is still accepted for one version, with a ``DeprecationWarning``).
 
 Both may be given; a cell is FP16 if either rule says so.
 """
@@ -17,10 +18,36 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rotvid.pipelines.schedule import Schedule
+
+
+class _Unset:
+    """The default of a keyword that was not given (``None`` is a value there)."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+UNSET = _Unset()
+
+
+def renamed_target_fraction(new, old, *, stacklevel: int = 3):
+    """``target_quantized_fraction`` (``new``), or its old name ``target_int4_fraction`` (``old``).
+
+    The old name is accepted for one version: it warns (``DeprecationWarning``); giving both is
+    an error. ``UNSET`` marks a keyword that was not given; returns ``new`` when ``old`` was not.
+    """
+    if old is UNSET:
+        return new
+    if new is not None and new is not UNSET:
+        raise TypeError("target_quantized_fraction: expected it or its old name target_int4_fraction, not both")
+    warnings.warn("target_int4_fraction is deprecated (it is the quantized fraction for every recipe): "
+                  "use target_quantized_fraction", DeprecationWarning, stacklevel=stacklevel)
+    return old
 
 
 @dataclass
@@ -73,25 +100,29 @@ def choose_fp16_cells(
     table: AccuracyTable,
     *,
     cosine_floor: float | None = None,
-    target_int4_fraction: float | None = None,
+    target_quantized_fraction: float | None = None,
+    target_int4_fraction: float | None | _Unset = UNSET,
 ) -> list[tuple[int, int]]:
     """The (step, block) cells to keep FP16, sorted; see the module docstring for the rules.
+
+    ``target_int4_fraction`` is the old name of ``target_quantized_fraction`` (deprecated).
 
     Only measured cells are ranked and counted (with Wan2.2's two experts each table holds the
     steps of its own expert); cells never measured are left to the schedule's other rules.
     """
-    if cosine_floor is None and target_int4_fraction is None:
-        raise ValueError("cosine_floor, target_int4_fraction: expected at least one of them")
-    if target_int4_fraction is not None and not 0.0 <= target_int4_fraction <= 1.0:
-        raise ValueError(f"target_int4_fraction: expected a value in [0, 1], got {target_int4_fraction}")
+    target = renamed_target_fraction(target_quantized_fraction, target_int4_fraction)
+    if cosine_floor is None and target is None:
+        raise ValueError("cosine_floor, target_quantized_fraction: expected at least one of them")
+    if target is not None and not 0.0 <= target <= 1.0:
+        raise ValueError(f"target_quantized_fraction: expected a value in [0, 1], got {target}")
     if cosine_floor is not None and not -1.0 <= cosine_floor <= 1.0:
         raise ValueError(f"cosine_floor: expected a value in [-1, 1], got {cosine_floor}")
     fp16 = set()
     if cosine_floor is not None:
         fp16 |= {cell for cell, acc in table.cells.items() if acc.cosine < cosine_floor}
-    if target_int4_fraction is not None:
+    if target is not None:
         total = len(table.cells)
-        max_quant = math.floor(target_int4_fraction * total + 1e-9)
+        max_quant = math.floor(target * total + 1e-9)
         for cell in sorted(table.cells, key=lambda c: (table.cells[c].cosine, c)):  # worst first
             if total - len(fp16) <= max_quant:
                 break
@@ -103,11 +134,16 @@ def schedule_from_accuracy(
     table: AccuracyTable,
     *,
     cosine_floor: float | None = None,
-    target_int4_fraction: float | None = None,
+    target_quantized_fraction: float | None = None,
     name: str = "calibrated",
+    target_int4_fraction: float | None | _Unset = UNSET,
 ) -> Schedule:
-    """A table-only schedule (no first/last rules) keeping the chosen cells FP16."""
-    cells = choose_fp16_cells(table, cosine_floor=cosine_floor, target_int4_fraction=target_int4_fraction)
+    """A table-only schedule (no first/last rules) keeping the chosen cells FP16.
+
+    ``target_int4_fraction`` is the old name of ``target_quantized_fraction`` (deprecated).
+    """
+    target = renamed_target_fraction(target_quantized_fraction, target_int4_fraction)
+    cells = choose_fp16_cells(table, cosine_floor=cosine_floor, target_quantized_fraction=target)
     return Schedule(fp16_cells=tuple(cells), name=name)
 
 

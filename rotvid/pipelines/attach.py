@@ -40,6 +40,7 @@ diffusers' contract while applied
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -122,9 +123,16 @@ class RotvidHandle:
         return self._report
 
     @property
-    def int4_fraction(self) -> float:
+    def quantized_fraction(self) -> float:
         """Fraction of self-attention calls that ran the quantized recipe so far."""
         return self.report.quantized_fraction
+
+    @property
+    def int4_fraction(self) -> float:
+        """Deprecated: the old name of :attr:`quantized_fraction` (kept for one version)."""
+        warnings.warn("RotvidHandle.int4_fraction is deprecated (it is the quantized fraction for every recipe): "
+                      "use quantized_fraction", DeprecationWarning, stacklevel=2)
+        return self.quantized_fraction
 
     def reset_report(self) -> None:
         self.report.reset()  # drains first: the pending counts are dropped too

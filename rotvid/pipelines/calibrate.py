@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -31,7 +32,7 @@ import torch
 
 from rotvid.kernels.recipes import fp16
 from rotvid.kernels.recipes.auto import resolve_recipe
-from rotvid.pipelines.adaptive_schedule import AccuracyTable, choose_fp16_cells, write_schedule
+from rotvid.pipelines.adaptive_schedule import UNSET, AccuracyTable, choose_fp16_cells, renamed_target_fraction, write_schedule
 from rotvid.pipelines.attach import _execution_device, apply, find_transformers, remove
 from rotvid.pipelines.capture import TEXT_POSITION_BY_TOKEN_ORDER, AccuracyProbe, DumpSpec, QKVCapture, latent_grid
 from rotvid.pipelines.config import RotvidConfig
@@ -57,7 +58,9 @@ class CalibrationOptions:
         max_tokens: tokens per call kept by the capture, and per block for learning.
         recipe, backend: what the probe measures (``recipe="auto"``: the GPU's recipe,
             :func:`rotvid.kernels.recipes.auto.resolve_recipe`).
-        cosine_floor, target_int4_fraction: the adaptive schedule's rules (at least one).
+        cosine_floor, target_quantized_fraction: the adaptive schedule's rules (at least one;
+            ``target_quantized_fraction`` is 0.8 unless given). ``target_int4_fraction``, its old
+            name, is still accepted for one version (``DeprecationWarning``).
         dump_dir: also write every captured call (batch row 0, full tensors) as a tensor dump
             for ``benchmarks/accuracy_study.py --dump``; needs ``video_size``.
     """
@@ -73,11 +76,17 @@ class CalibrationOptions:
     recipe: str = "auto"
     backend: str = "auto"
     cosine_floor: float | None = None
-    target_int4_fraction: float | None = 0.8
+    target_quantized_fraction: float | None = UNSET  # 0.8 unless given (resolved in __post_init__)
     seed: int = 0
     dump_dir: Path | None = None
     model_name: str = ""
     video_size: tuple[int, int, int] | None = None  # (height, width, frames), needed for dumps
+    target_int4_fraction: InitVar[float | None] = UNSET  # the old name, accepted for one version
+
+    def __post_init__(self, target_int4_fraction) -> None:
+        # __post_init__ <- __init__ <- the caller: the warning points at the caller
+        target = renamed_target_fraction(self.target_quantized_fraction, target_int4_fraction, stacklevel=4)
+        self.target_quantized_fraction = 0.8 if target is UNSET else target
 
 
 @dataclass
@@ -96,11 +105,18 @@ class CalibrationResult:
     schedule_path: Path
     blocks: list[BlockResult] = field(default_factory=list)
     fp16_cells: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
-    int4_fraction: float = math.nan
+    quantized_fraction: float = math.nan  # of the measured cells, run quantized by the schedule
     schedule: Schedule | None = None
     dumps: list[Path] = field(default_factory=list)
     recipe: str = ""  # the recipe the probe measured (``auto`` resolved)
     recipe_reason: str = ""
+
+    @property
+    def int4_fraction(self) -> float:
+        """Deprecated: the old name of :attr:`quantized_fraction` (kept for one version)."""
+        warnings.warn("CalibrationResult.int4_fraction is deprecated (it is the quantized fraction for every "
+                      "recipe): use quantized_fraction", DeprecationWarning, stacklevel=2)
+        return self.quantized_fraction
 
     def summary_rows(self) -> list[dict]:
         return [
@@ -141,8 +157,8 @@ def calibrate(
     prompts = list(prompts)
     if not prompts:
         raise ValueError("prompts: expected at least one calibration prompt")
-    if opts.cosine_floor is None and opts.target_int4_fraction is None:
-        raise ValueError("cosine_floor, target_int4_fraction: expected at least one of them")
+    if opts.cosine_floor is None and opts.target_quantized_fraction is None:
+        raise ValueError("cosine_floor, target_quantized_fraction: expected at least one of them")
     say = progress or (lambda msg: logger.info(msg))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -204,7 +220,7 @@ def calibrate(
     merged_cells: list[tuple[int, int]] = []
     total = quant = 0
     for tname, table in probe.tables.items():
-        chosen = choose_fp16_cells(table, cosine_floor=opts.cosine_floor, target_int4_fraction=opts.target_int4_fraction)
+        chosen = choose_fp16_cells(table, cosine_floor=opts.cosine_floor, target_quantized_fraction=opts.target_quantized_fraction)
         cells[tname] = chosen
         merged_cells.extend(chosen)
         n = len(table.cells)
@@ -213,7 +229,7 @@ def calibrate(
     sched_path = write_schedule(schedule, out / "schedule.json", accuracy=_merge_tables(probe.tables))
     result = CalibrationResult(
         rotations_path=rot_path, schedule_path=sched_path, blocks=result_blocks, fp16_cells=cells,
-        int4_fraction=quant / total if total else math.nan, schedule=schedule, dumps=list(capture.dumps_written),
+        quantized_fraction=quant / total if total else math.nan, schedule=schedule, dumps=list(capture.dumps_written),
         recipe=recipe, recipe_reason=recipe_reason,
     )
     _write_summary(out, result, opts)
@@ -267,8 +283,8 @@ def _write_summary(out: Path, result: CalibrationResult, opts: CalibrationOption
         "schedule": str(result.schedule_path) if result.schedule is not None else None,
         "blocks": result.summary_rows(),
         "fp16_cells": {k: [list(c) for c in v] for k, v in result.fp16_cells.items()},
-        "quantized_fraction": result.int4_fraction,
-        "int4_fraction": result.int4_fraction,  # the old name, kept for one version
+        "quantized_fraction": result.quantized_fraction,
+        "int4_fraction": result.quantized_fraction,  # the old name, kept for one version
         "recipe": result.recipe,
         "recipe_reason": result.recipe_reason,
     }

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -209,7 +210,9 @@ class RunReport:
 
     @property
     def int4_fraction(self) -> float:
-        """:attr:`quantized_fraction` (the paper's "INT4 fraction" for the int4 recipes)."""
+        """Deprecated: the old name of :attr:`quantized_fraction` (kept for one version)."""
+        warnings.warn("RunReport.int4_fraction is deprecated (it is the quantized fraction for every recipe): "
+                      "use quantized_fraction", DeprecationWarning, stacklevel=2)
         return self.quantized_fraction
 
     @property

@@ -30,15 +30,15 @@ def test_cosine_floor_keeps_exactly_the_cells_below_it():
 
 def test_target_fraction_drops_the_worst_first():
     t = table_with(COS)
-    cells = choose_fp16_cells(t, target_int4_fraction=0.75)  # 12 cells -> at most 9 quantized
+    cells = choose_fp16_cells(t, target_quantized_fraction=0.75)  # 12 cells -> at most 9 quantized
     assert cells == [(0, 0), (1, 1), (2, 2)]
-    cells = choose_fp16_cells(t, target_int4_fraction=0.6)  # at most 7 quantized: 5 FP16
+    cells = choose_fp16_cells(t, target_quantized_fraction=0.6)  # at most 7 quantized: 5 FP16
     assert cells == [(0, 0), (0, 2), (1, 0), (1, 1), (2, 2)]  # + 0.995 (4th worst) and 0.998 (5th), sorted
 
 
 def test_schedule_file_round_trips_and_gives_the_fraction(tmp_path):
     t = table_with(COS)
-    sched = schedule_from_accuracy(t, target_int4_fraction=0.75)
+    sched = schedule_from_accuracy(t, target_quantized_fraction=0.75)
     path = write_schedule(sched, tmp_path / "schedule.json", accuracy=t)
     assert json.loads(path.read_text())["version"] == 1
     back = read_schedule(path)
@@ -48,9 +48,19 @@ def test_schedule_file_round_trips_and_gives_the_fraction(tmp_path):
 
 def test_bad_arguments():
     t = table_with(COS)
-    with pytest.raises(ValueError, match="cosine_floor, target_int4_fraction"):
+    with pytest.raises(ValueError, match="cosine_floor, target_quantized_fraction"):
         choose_fp16_cells(t)
-    with pytest.raises(ValueError, match="target_int4_fraction: expected a value in"):
-        choose_fp16_cells(t, target_int4_fraction=1.5)
+    with pytest.raises(ValueError, match="target_quantized_fraction: expected a value in"):
+        choose_fp16_cells(t, target_quantized_fraction=1.5)
     with pytest.raises(ValueError, match="step, block: expected within"):
         t.add(4, 0, 1.0, 0.0)
+
+
+def test_old_target_keyword_still_works_and_warns():
+    t = table_with(COS)
+    with pytest.warns(DeprecationWarning, match="use target_quantized_fraction"):
+        assert choose_fp16_cells(t, target_int4_fraction=0.75) == choose_fp16_cells(t, target_quantized_fraction=0.75)
+    with pytest.warns(DeprecationWarning, match="use target_quantized_fraction"):
+        assert schedule_from_accuracy(t, target_int4_fraction=0.75) == schedule_from_accuracy(t, target_quantized_fraction=0.75)
+    with pytest.raises(TypeError, match="not both"):
+        choose_fp16_cells(t, target_int4_fraction=0.75, target_quantized_fraction=0.75)

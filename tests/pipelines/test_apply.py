@@ -193,7 +193,7 @@ def test_int4_runs_differs_and_fraction_matches_hand_count(tiny, family, stacks,
     assert rep.total_calls == total
     assert rep.fallback_calls == 0
     assert rep.quantized_calls == sum(expected.values())
-    assert rep.int4_fraction == pytest.approx(sum(expected.values()) / total)
+    assert rep.quantized_fraction == pytest.approx(sum(expected.values()) / total)
     assert set(rep.backends) == {"reference (requested)"}
 
 

@@ -24,7 +24,7 @@ def run(pipe, prompt, family="wan"):
 
 def test_calibrate_writes_orthogonal_rotations_and_a_schedule_that_runs_at_its_fraction(tiny, tmp_path):
     pipe = tiny("wan", num_layers=3)
-    opts = CalibrationOptions(pairing="half", iters=15, lr=0.03, max_tokens=256, target_int4_fraction=0.6, backend="reference")
+    opts = CalibrationOptions(pairing="half", iters=15, lr=0.03, max_tokens=256, target_quantized_fraction=0.6, backend="reference")
     res = calibrate(pipe, ["a red cat", "a blue car"], tmp_path, call=run, options=opts)
     assert res.rotations_path.is_file() and res.schedule_path.is_file() and (tmp_path / "summary.json").is_file()
     # Rotations: one per block, orthogonal, never worse than H2 on the captured tensors.
@@ -42,12 +42,12 @@ def test_calibrate_writes_orthogonal_rotations_and_a_schedule_that_runs_at_its_f
     assert len(summary["blocks"]) == 3
     # Schedule: 9 cells (3 steps x 3 blocks), at most 60% quantized -> 5 quantized, 4 FP16.
     sched = read_schedule(res.schedule_path)
-    assert len(sched.fp16_cells) == 4 and res.int4_fraction == pytest.approx(5 / 9)
+    assert len(sched.fp16_cells) == 4 and res.quantized_fraction == pytest.approx(5 / 9)
     # Generating with both gives exactly the chosen INT4 fraction in the run report.
     handle = apply(pipe, RotvidConfig(recipe="int4", rotation=f"learned:{res.rotations_path}", schedule=sched, backend="reference"))
     try:
         run(pipe, "a green tree")
-        assert handle.report.int4_fraction == pytest.approx(5 / 9)
+        assert handle.report.quantized_fraction == pytest.approx(5 / 9)
     finally:
         remove(pipe)
 
@@ -74,7 +74,7 @@ def test_capture_records_smoothed_keys_per_block(tiny, max_tokens, per_call):
 def test_calibrate_per_head_interleaved_output_objective_installs(tiny, tmp_path):
     pipe = tiny("wan", num_layers=3)
     opts = CalibrationOptions(pairing="interleaved", per_head=True, objective="output", iters=5, lr=0.03,
-                              max_tokens=64, cosine_floor=0.5, target_int4_fraction=None, backend="reference")
+                              max_tokens=64, cosine_floor=0.5, target_quantized_fraction=None, backend="reference")
     res = calibrate(pipe, ["a red cat"], tmp_path, call=run, options=opts)
     heads = pipe.transformer.config.num_attention_heads
     with safe_open(str(res.rotations_path), framework="pt") as f:

@@ -103,7 +103,7 @@ def test_int4_runs_differs_fraction_matches_hand_count_and_remove_is_exact(tiny)
     assert {int(k.split("/")[1]): c.quantized for k, c in rep.per_block.items()} == expected
     assert rep.total_calls == steps * 4 * 2 and rep.fallback_calls == 0
     assert rep.quantized_calls == 8
-    assert rep.int4_fraction == pytest.approx(8 / 40)
+    assert rep.quantized_fraction == pytest.approx(8 / 40)
     after = pipe.transformer.state_dict()
     assert all(torch.equal(after[k], weights[k]) for k in weights)
     assert torch.equal(run(pipe, num_inference_steps=steps), ref)
@@ -122,7 +122,7 @@ def test_paper_i2v_preset_fraction(tiny):
     assert len(quantized) == 4
     got = {int(k.split("/")[1]): c.quantized for k, c in handle.report.per_block.items() if c.quantized}
     assert got == {2: 4, 3: 4}
-    assert handle.report.int4_fraction == pytest.approx(2 * len(quantized) / (steps * 6 * 2))
+    assert handle.report.quantized_fraction == pytest.approx(2 * len(quantized) / (steps * 6 * 2))
 
 
 # ---- the call-defaults file -------------------------------------------------------------------
