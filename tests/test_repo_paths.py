@@ -1,5 +1,5 @@
-"""No file of the package, the tests, CI or the project metadata cites a path outside the repository (a path on
-someone's machine: a home folder, a scratch or work area), in code, comments or docs alike.
+"""No file of the package, the tests, CI, the benchmarks, the docs or the project metadata cites a path outside the
+repository (a path on someone's machine: a home folder, a scratch or work area), in code, comments or docs alike.
 
 Paths a program makes at run time (``tempfile``, pytest's ``tmp_path``) are not written in the files, so they are
 not seen here; this file's own pattern is built from pieces so that it does not match itself.
@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCANNED = ("rotvid", "tests", ".ci", "pyproject.toml")
+SCANNED = ("rotvid", "tests", ".ci", "benchmarks", "pyproject.toml", "README.md", "CHANGELOG.md")
 # The top folders of _DIRS after a slash not preceded by a name character, a dot, a dash or a slash (so a relative
 # "a/<dir>/b" and a URL's path "https://host/<dir>/x" are not taken for absolute paths of a machine).
 _DIRS = "|".join(("wo" + "rk", "ro" + "ot", "ho" + "me", "tm" + "p", "Us" + "ers", "mn" + "t"))
