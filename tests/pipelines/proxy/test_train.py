@@ -12,7 +12,7 @@ from rotvid.pipelines.proxy.train import encode_prompts, main, parse_args
 TOY = ["--vae-steps", "2", "--vae-batch", "1", "--vae-size", "32", "--vae-frames", "5", "--stats-clips", "1",
        "--clips-128", "2", "--low-size", "32", "--clips-256", "0", "--encode-batch", "2", "--dit-steps", "2",
        "--dit-batch", "2", "--probe-prompts", "1", "--probe-size", "32", "--probe-frames", "5", "--probe-steps", "1",
-       "--device", "cpu", "--log-every", "1"]
+       "--recon-probe", "1", "--device", "cpu", "--log-every", "1"]
 
 
 def test_train_writes_a_proxy_folder(tmp_path):
