@@ -308,7 +308,8 @@ def parse_args(argv=None):
     p.add_argument("--probe-steps", type=int, default=12)
     p.add_argument("--log-every", type=int, default=100)
     args = p.parse_args(argv)
-    for name in ("vae_steps", "vae_batch", "vae_warmup", "clips_128", "encode_batch", "dit_steps", "dit_batch", "stats_clips"):
+    for name in ("vae_steps", "vae_batch", "vae_warmup", "clips_128", "encode_batch", "dit_steps", "dit_batch",
+                 "stats_clips"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
     for name in ("vae_object_weight", "recon_probe", "probe_prompts"):
@@ -342,9 +343,8 @@ def main(argv=None) -> dict:
     vae.requires_grad_(False)
     recon = {}
     if args.recon_probe > 0:
-        recon["reconstruction_probe"] = reconstruction_probe(vae, args.recon_probe, seed=args.seed + 2,
-                                                                  device=device, size=args.probe_size,
-                                                                  frames=args.probe_frames)
+        recon["reconstruction_probe"] = reconstruction_probe(vae, args.recon_probe, seed=args.seed + 2, device=device,
+                                                             size=args.probe_size, frames=args.probe_frames)
     if args.vae_only:
         vae.save_pretrained(args.out / "vae", safe_serialization=True)
         record = {"seed": args.seed, "vae": vae_record} | recon
