@@ -2,7 +2,7 @@
 # Train the proxy model on one GPU, then measure it: probe pass rate on held-out prompts, attention
 # statistics beside random weights, and `rotvid eval`'s recipe table at 256x256, 33 frames.
 #   bash benchmarks/proxy_train_and_measure.sh OUT WORK [VAE_MINUTES DIT_MINUTES [TRAIN_ARGS...]]
-# (TRAIN_ARGS go to `python -m rotvid.pipelines.proxy.train`, e.g. --vae-posterior mode.) About 9.5 minutes
+# (TRAIN_ARGS go to `python -m rotvid.pipelines.proxy.train`, e.g. --vae-posterior sample.) About 9.5 minutes
 # on one H200 with the default budgets: training ~7, probe ~0.5, attention statistics ~0.2, eval ~1.7.
 # Writes WORK/work/proxy (the pipeline folder), WORK/eval (the eval report folder) and, in OUT, eight files:
 # proxy.tar.part-* (the pipeline folder as a tar, split in 12 MB parts), log.txt, train_record.json,

@@ -40,6 +40,7 @@ __all__ = [
     "sample_specs",
     "held_out_prompts",
     "render_clips",
+    "object_alpha",
 ]
 
 # Named colours (RGB in [0, 1]); the probe classifies pixels against this palette.
@@ -243,6 +244,29 @@ def _shape_sdf(shape: str, dx: torch.Tensor, dy: torch.Tensor, r: torch.Tensor) 
     return d - 0.625 * r
 
 
+def _grid(frames: int, size: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    coords = (torch.arange(size, device=device, dtype=torch.float32) + 0.5) / size
+    yy, xx = torch.meshgrid(coords, coords, indexing="ij")
+    return yy, xx, torch.linspace(0, 1, frames, device=device)
+
+
+def _alpha(spec: ClipSpec, xx: torch.Tensor, yy: torch.Tensor, t: torch.Tensor, size: int) -> torch.Tensor:
+    """The shape's coverage ``(T, H, W)`` in [0, 1], with a one-pixel soft edge."""
+    x, y, r = _trajectory(spec, t)
+    dx = xx[None] - x[:, None, None]
+    dy = yy[None] - y[:, None, None]
+    sdf = _shape_sdf(spec.shape, dx, dy, r[:, None, None])
+    return (0.5 - sdf * size).clamp(0, 1)
+
+
+def object_alpha(specs: list[ClipSpec], *, frames: int = 17, size: int = 128, device="cpu") -> torch.Tensor:
+    """The moving shape's coverage in the clips of :func:`render_clips`: ``(B, 1, frames, size, size)`` in [0, 1]."""
+    if not specs:
+        raise ValueError("specs: expected at least one clip spec")
+    yy, xx, t = _grid(frames, size, torch.device(device))
+    return torch.stack([_alpha(spec, xx, yy, t, size) for spec in specs])[:, None]
+
+
 def render_clips(specs: list[ClipSpec], *, frames: int = 17, size: int = 128, device="cpu") -> torch.Tensor:
     """Render ``specs`` as a float32 ``(B, 3, frames, size, size)`` tensor in ``[-1, 1]`` on ``device``."""
     if not specs:
@@ -250,9 +274,7 @@ def render_clips(specs: list[ClipSpec], *, frames: int = 17, size: int = 128, de
     if frames < 2 or size < 16:
         raise ValueError(f"frames, size: expected at least 2 frames of 16 px, got {frames} frames of {size} px")
     device = torch.device(device)
-    coords = (torch.arange(size, device=device, dtype=torch.float32) + 0.5) / size
-    yy, xx = torch.meshgrid(coords, coords, indexing="ij")
-    t = torch.linspace(0, 1, frames, device=device)
+    yy, xx, t = _grid(frames, size, device)
     palette = {k: torch.tensor(v, device=device) for k, v in COLOURS.items()}
     out = torch.empty(len(specs), 3, frames, size, size, device=device)
     for i, spec in enumerate(specs):
@@ -262,11 +284,7 @@ def render_clips(specs: list[ClipSpec], *, frames: int = 17, size: int = 128, de
             back = bg[:, None, None] + 0.12 * pattern[None]
         else:
             back = bg[:, None, None] * (0.72 + 0.28 * pattern[None])
-        x, y, r = _trajectory(spec, t)
-        dx = xx[None] - x[:, None, None]
-        dy = yy[None] - y[:, None, None]
-        sdf = _shape_sdf(spec.shape, dx, dy, r[:, None, None])
-        alpha = (0.5 - sdf * size).clamp(0, 1)  # one-pixel soft edge
+        alpha = _alpha(spec, xx, yy, t, size)
         fg = palette[spec.colour][:, None, None, None]
         clip = back[:, None] * (1 - alpha[None]) + fg * alpha[None]
         out[i] = clip * 2 - 1

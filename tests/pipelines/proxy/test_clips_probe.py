@@ -46,6 +46,23 @@ def test_sampling_and_rendering_are_seeded():
         render_clips(a, frames=1, size=32)
 
 
+def test_object_alpha_is_the_shape_in_the_rendered_clips():
+    from rotvid.pipelines.proxy.clips import COLOURS, object_alpha
+
+    specs = sample_specs(6, seed=21)
+    clips, alpha = render_clips(specs, frames=5, size=48), object_alpha(specs, frames=5, size=48)
+    assert alpha.shape == (6, 1, 5, 48, 48) and alpha.min() >= 0 and alpha.max() <= 1
+    for spec, clip, a in zip(specs, clips, alpha):
+        inside = a[0] == 1
+        assert 0.003 < inside.float().mean() < 0.5  # a shape, not the whole frame
+        colour = torch.tensor(COLOURS[spec.colour]).view(3, 1) * 2 - 1
+        torch.testing.assert_close(clip[:, inside], colour.expand(3, int(inside.sum())))
+        outside = a[0] == 0
+        assert (clip[:, outside] - colour).abs().amax(0).min() > 0.05  # the background is never the shape's colour
+    with pytest.raises(ValueError, match="specs"):
+        object_alpha([])
+
+
 @pytest.mark.parametrize("size,frames", [(64, 9), (96, 17)])
 def test_probe_passes_the_procedural_clips_with_their_prompts(size, frames):
     specs = sample_specs(36, seed=size)

@@ -12,15 +12,17 @@ from rotvid.pipelines.proxy.train import encode_prompts, main, parse_args
 TOY = ["--vae-steps", "2", "--vae-batch", "1", "--vae-size", "32", "--vae-frames", "5", "--stats-clips", "1",
        "--clips-128", "2", "--low-size", "32", "--clips-256", "0", "--encode-batch", "2", "--dit-steps", "2",
        "--dit-batch", "2", "--probe-prompts", "1", "--probe-size", "32", "--probe-frames", "5", "--probe-steps", "1",
-       "--device", "cpu", "--log-every", "1"]
+       "--recon-probe", "1", "--device", "cpu", "--log-every", "1"]
 
 
 def test_train_writes_a_proxy_folder(tmp_path):
-    posterior = "mode"  # the "sample" branch (the default) made the bundled weights on the GPU; the two-run
-    # test below takes the default
+    posterior = "sample"  # the other branch: "mode" (the default) made the bundled weights on the GPU; the
+    # two-run test below takes the default
     record = main(["--out", str(tmp_path), "--seed", "3", "--vae-posterior", posterior, *TOY])
     assert record["vae"]["steps"] == 2 and record["transformer"]["steps"] == 2
     assert record["quick_probe"]["prompts"] == 1 and 0 <= record["quick_probe"]["rate"] <= 1
+    recon = record["reconstruction_probe"]  # the probe on the VAE's reconstructions of held-out clips
+    assert recon["clips"] == 1 and recon["passed"] in (0, 1) and 0 < recon["mse"] < 4
     folder = tmp_path / "proxy"
     verify_proxy(folder)
     training = json.loads((folder / "training.json").read_text())
@@ -54,3 +56,5 @@ def test_bad_arguments_are_refused_by_name():
         parse_args(["--out", "x", "--vae-frames", "6"])
     with pytest.raises(SystemExit):
         parse_args(["--out", "x", "--dit-batch", "0"])
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--vae-object-weight", "-1"])
