@@ -4,7 +4,7 @@
 #   bash benchmarks/proxy_train_and_measure.sh OUT WORK [VAE_MINUTES DIT_MINUTES [TRAIN_ARGS...]]
 # (TRAIN_ARGS go to `python -m rotvid.pipelines.proxy.train`, e.g. --vae-posterior sample.) About 9.5 minutes
 # on one H200 with the default budgets: training ~7, probe ~0.5, attention statistics ~0.2, eval ~1.7.
-# Writes WORK/work/proxy (the pipeline folder), WORK/eval (the eval report folder) and, in OUT, eight files:
+# Writes WORK/train/proxy (the pipeline folder), WORK/eval (the eval report folder) and, in OUT, eight files:
 # proxy.tar.part-* (the pipeline folder as a tar, split in 12 MB parts), log.txt, train_record.json,
 # probe.json, attention.json, eval_report.md, eval_summary.txt.
 set -uo pipefail
@@ -16,11 +16,11 @@ shift $(( $# < 4 ? $# : 4 ))
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1
 {
-python -m rotvid.pipelines.proxy.train --out "$work/work" --seed 0 --vae-minutes "$vae_min" --dit-minutes "$dit_min" \
+python -m rotvid.pipelines.proxy.train --out "$work/train" --seed 0 --vae-minutes "$vae_min" --dit-minutes "$dit_min" \
   --probe-prompts 0 "$@" || exit 1
-cp "$work/work/train_record.json" "$out/"
-(cd "$work/work" && tar cf - proxy) | split -b 12M - "$out/proxy.tar.part-"
-model="$work/work/proxy"
+cp "$work/train/train_record.json" "$out/"
+(cd "$work/train" && tar cf - proxy) | split -b 12M - "$out/proxy.tar.part-"
+model="$work/train/proxy"
 timeout 100 python -m rotvid.pipelines.proxy.measure probe --model "$model" --prompts 32 --json "$out/probe.json"
 timeout 60 python -m rotvid.pipelines.proxy.measure attention --model "$model" --json "$out/attention.json"
 python - "$work/eval_prompts.txt" <<'PY'
