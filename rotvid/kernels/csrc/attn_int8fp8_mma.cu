@@ -9,7 +9,7 @@ namespace {
 // per SM: head_dim 64 (38 KB per CTA, 2 stages) fits two CTAs of 4 warps; head_dim 128 (72 KB) one CTA, so it
 // runs 8 warps (BM 128) sharing the tiles. Not measured on an Ada GPU.
 template <int D, int NW, int MINB>
-cudaError_t launch8_mma(const Int4AttnParams& p, cudaStream_t stream) {
+cudaError_t launch8_mma(const AttnParams& p, cudaStream_t stream) {
   using C = mma8::Cfg<D>;
   auto kernel = mma8::int8fp8_attention_mma_kernel<D, NW, MINB>;
   cudaFuncAttributes attr{};
@@ -25,7 +25,7 @@ cudaError_t launch8_mma(const Int4AttnParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_int8fp8_attention_mma(const Int4AttnParams& p, int head_dim, cudaStream_t stream) {
+cudaError_t launch_int8fp8_attention_mma(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (p.Nq_pad % kBlockM != 0 || p.Nkv_pad % mma8::kBN != 0) return cudaErrorInvalidValue;
   if (head_dim == 128) return launch8_mma<128, 8, 1>(p, stream);
   if (head_dim == 64) return launch8_mma<64, 4, 2>(p, stream);

@@ -10,7 +10,7 @@ namespace rotvid {
 namespace {
 
 template <int D, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int BN = 128, int MAGIC = 0>
-cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
+cudaError_t launch8_d(const AttnParams& p, cudaStream_t stream) {
   using C = wg8::Cfg<D, STAGES, BN, NWG>;
   using S = wg8::Shape<NWG>;
   const uint64_t bh = (uint64_t)p.B * p.H;
@@ -23,7 +23,7 @@ cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)((p.Nq_pad + S::BM - 1) / S::BM) * p.H * p.B;
-  Int4AttnParams q = p;
+  AttnParams q = p;
   if (q.splits <= 1) {  // no tail split: every tile whole (whatever tile size this variant has)
     q.splits = 1;
     q.split_from = (int)std::min<long long>(tiles, 0x7fffffffLL);
@@ -41,7 +41,7 @@ cudaError_t launch8_d(const Int4AttnParams& p, cudaStream_t stream) {
 }
 
 template <int D>
-cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
+cudaError_t launch8_dim(const AttnParams& p, cudaStream_t stream) {
 #ifdef ROTVID_INT8FP8_VARIANTS
   {  // tuning build only: ROTVID_INT8FP8_VARIANT=<n>, read per call (STAGES, PINGPONG, PIPE)
     const char* env = std::getenv("ROTVID_INT8FP8_VARIANT");
@@ -93,7 +93,7 @@ cudaError_t launch8_dim(const Int4AttnParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_int8fp8_attention_wgmma(const Int4AttnParams& p, int head_dim, cudaStream_t stream) {
+cudaError_t launch_int8fp8_attention_wgmma(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (!wgmma_kernel_available()) return cudaErrorNotSupported;
   if (p.Nq_pad % wg::kBM != 0 || p.Nkv_pad % 128 != 0) return cudaErrorInvalidValue;
   if (head_dim == 128) return launch8_dim<128>(p, stream);

@@ -13,7 +13,7 @@ using tma::encode_fn;
 using tma::make_map;
 
 template <int D, int PMODE, int STAGES, int PINGPONG = 0, int PIPE = 0, int BN = 128, bool SQ = false, int FP8PV = 2>
-cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
+cudaError_t launch_d(const AttnParams& p, cudaStream_t stream) {
   using C = wg::Cfg<D, STAGES, BN>;
   const uint64_t bh = (uint64_t)p.B * p.H;
   CUtensorMap tm_q, tm_k, tm_v;
@@ -39,7 +39,7 @@ cudaError_t launch_d(const Int4AttnParams& p, cudaStream_t stream) {
 }
 
 template <int D, int PMODE, bool SQ>
-cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream) {
+cudaError_t launch_dp(const AttnParams& p, int block_n, cudaStream_t stream) {
   if (block_n == 64) {
 #ifdef ROTVID_WGMMA_VARIANTS
     // tuning build only: ROTVID_WGMMA_VARIANT=<n> picks a block_n 64 variant, read per call: 1 two S buffers
@@ -97,7 +97,7 @@ cudaError_t launch_dp(const Int4AttnParams& p, int block_n, cudaStream_t stream)
 
 // Q smoothing (p.k_bias: its per-key bias) picks the SQ kernels
 template <int D, int PMODE>
-cudaError_t launch_dq(const Int4AttnParams& p, int block_n, cudaStream_t stream) {
+cudaError_t launch_dq(const AttnParams& p, int block_n, cudaStream_t stream) {
   return p.k_bias != nullptr ? launch_dp<D, PMODE, true>(p, block_n, stream) : launch_dp<D, PMODE, false>(p, block_n, stream);
 }
 
@@ -133,7 +133,7 @@ bool wgmma_kernel_available() {
   return major == 9 && encode_fn() != nullptr;
 }
 
-cudaError_t launch_int4_attention_wgmma(const Int4AttnParams& p, int head_dim, int block_n, int p_mode,
+cudaError_t launch_int4_attention_wgmma(const AttnParams& p, int head_dim, int block_n, int p_mode,
                                         cudaStream_t stream) {
   if (!wgmma_kernel_available()) return cudaErrorNotSupported;
   if ((block_n != 64 && block_n != 128) || p.Nq_pad % wg::kBM != 0 || p.Nkv_pad % block_n != 0)

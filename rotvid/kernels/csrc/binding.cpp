@@ -170,7 +170,7 @@ std::vector<at::Tensor> preprocess_int4(const at::Tensor& q, const at::Tensor& k
 // The wgmma kernels' tail split (wgmma_split_plan): sets p.split_from / p.splits (no split: every tile whole) and,
 // when it splits, p.ws to the partials' buffer it returns (kept alive by the caller until the launches are queued;
 // the allocator is stream-ordered).
-at::Tensor plan_tail_split(rotvid::Int4AttnParams& p, bool split, int64_t block_n, int64_t head_dim,
+at::Tensor plan_tail_split(rotvid::AttnParams& p, bool split, int64_t block_n, int64_t head_dim,
                            const at::TensorOptions& opts) {
   int split_from = (p.Nq_pad / rotvid::kBlockM) * p.H * p.B, splits = 1;
   if (split) {
@@ -236,7 +236,7 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   } else {
     out = bnhd ? at::empty({B, n_q, H, D}, opts) : at::empty({B, H, n_q, D}, opts);
   }
-  rotvid::Int4AttnParams p{};
+  rotvid::AttnParams p{};
   p.q = q_hat.data_ptr<int8_t>();
   p.k = k_hat.data_ptr<int8_t>();
   p.vt = static_cast<const int8_t*>(vt.data_ptr());
@@ -403,7 +403,7 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   } else {
     out = bnhd ? at::empty({B, n_q, H, D}, opts) : at::empty({B, H, n_q, D}, opts);
   }
-  rotvid::Int4AttnParams p{};
+  rotvid::AttnParams p{};
   p.q = q_hat.data_ptr<int8_t>();
   p.k = k_hat.data_ptr<int8_t>();
   p.vt = vt.data_ptr<int8_t>();

@@ -114,7 +114,7 @@ __device__ __forceinline__ void load_b_frags(uint32_t (&frag)[NTILE * CH], uint3
 //         the colsum term enters as bias = 2*MAGIC_F - float_bits(MAGIC_I + 8 colsum) = MAGIC_F - 8 colsum,
 //         so float(acc) - bias == float(pv_int) exactly (all integers below 2^24).
 template <int D, int BN, bool S4, int PMODE, int NW, int MINB, int STAGES = 2, bool LEAN = false>
-__global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int4AttnParams p) {
+__global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const AttnParams p) {
   static_assert(STAGES == 2 || STAGES == 3, "2 or 3 pipeline stages");
   using C = Cfg<D, BN, S4>;
   constexpr int NTH = NW * 32;  // threads; BM = 16 * NW query rows
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) int4_attention_kernel(const Int
 }
 
 template <int D, int BN, bool S4, int PMODE, int NW, int MINB, int STAGES, bool LEAN>
-cudaError_t launch_nw(const Int4AttnParams& p, cudaStream_t stream) {
+cudaError_t launch_nw(const AttnParams& p, cudaStream_t stream) {
   using C = Cfg<D, BN, S4>;
   constexpr int smem = STAGES * C::STAGE;
   auto kernel = int4_attention_kernel<D, BN, S4, PMODE, NW, MINB, STAGES, LEAN>;
@@ -422,7 +422,7 @@ cudaError_t launch_nw(const Int4AttnParams& p, cudaStream_t stream) {
 // Tuning aid: building with -DROTVID_ATTN_VARIANTS (ROTVID_EXT_CUDA_FLAGS at build time) adds the
 // variants below for the s8 path at block_n 64, picked at run time by ROTVID_ATTN_VARIANT=<n>.
 template <int D, int BN, bool S4, int PMODE>
-cudaError_t launch_one(const Int4AttnParams& p, cudaStream_t stream) {
+cudaError_t launch_one(const AttnParams& p, cudaStream_t stream) {
   constexpr bool kTuned = !S4 && BN == 64;
   constexpr int kMinBlocks = kTuned && D == 64 ? 4 : ROTVID_NW4_MINB;
   constexpr int kStages = kTuned && D == 128 ? 3 : 2;
@@ -447,7 +447,7 @@ cudaError_t launch_one(const Int4AttnParams& p, cudaStream_t stream) {
 }
 
 template <int D, bool S4>
-cudaError_t launch_for_dim(const Int4AttnParams& p, int block_n, int p_mode, cudaStream_t stream) {
+cudaError_t launch_for_dim(const AttnParams& p, int block_n, int p_mode, cudaStream_t stream) {
   if (block_n == 64) {
     return p_mode == kPRange ? launch_one<D, 64, S4, kPRange>(p, stream) : launch_one<D, 64, S4, kPSym>(p, stream);
   }

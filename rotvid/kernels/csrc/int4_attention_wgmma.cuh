@@ -288,7 +288,7 @@ __device__ __forceinline__ void wgmma_pv_e4m3(float (&acc)[D / 2], const uint32_
 // and the exponent taken on those sums; otherwise the product by sq is folded into the exponent's FFMA as before.
 template <int D, int BN, int PMODE, int STAGES, int PINGPONG, int PIPE, bool SQ = false, int FP8PV = 2>
 __global__ void __launch_bounds__(kThreads, 1)
-    int4_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
+    int4_attention_wgmma_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                 const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef ROTVID_WGMMA_ENABLED
   static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
@@ -663,7 +663,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // The tail split's second pass: one warp per row of a split tile merges the splits' (O, m, l) -- weights
 // exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows. Grid (split tiles, kBM / 8), 256 threads.
 template <int D>
-__global__ void __launch_bounds__(256) combine_splits_kernel(const Int4AttnParams p) {
+__global__ void __launch_bounds__(256) combine_splits_kernel(const AttnParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tile = p.split_from + blockIdx.x;
   const int n_qt = p.Nq_pad / kBM;

@@ -30,7 +30,7 @@ constexpr int kBlockM = 128;
 
 enum PMode : int { kPRange = 0, kPSym = 1 };
 
-struct Int4AttnParams {
+struct AttnParams {
   const int8_t* q;
   const int8_t* k;
   const int8_t* vt;
@@ -59,11 +59,11 @@ __host__ __device__ constexpr int vt_key_of_position(int p, int chk) {
 }
 
 // Launchers (return cudaError_t of the launch).
-cudaError_t launch_int4_attention(const Int4AttnParams& p, int head_dim, int block_n, bool s4, int p_mode,
+cudaError_t launch_int4_attention(const AttnParams& p, int head_dim, int block_n, bool s4, int p_mode,
                                   cudaStream_t stream);
 // Hopper kernel (wgmma, TMA; block_n 64 or 128, s8 layout); cudaErrorNotSupported off sm90 or without the
 // driver's tensor-map entry point.
-cudaError_t launch_int4_attention_wgmma(const Int4AttnParams& p, int head_dim, int block_n, int p_mode,
+cudaError_t launch_int4_attention_wgmma(const AttnParams& p, int head_dim, int block_n, int p_mode,
                                         cudaStream_t stream);
 bool wgmma_kernel_available();
 // The wgmma kernel's tail split for these sizes on `num_sms` SMs: returns the number of splits (1: none) and sets
@@ -124,12 +124,12 @@ struct Int8Fp8PreParams {
 };
 cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, cudaStream_t stream);
 cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stream);
-// Attention on those operands: Int4AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
+// Attention on those operands: AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
 // bytes, vparams = v_scale [BH, D], block_n 128.
-cudaError_t launch_int8fp8_attention_wgmma(const Int4AttnParams& p, int head_dim, cudaStream_t stream);
+cudaError_t launch_int8fp8_attention_wgmma(const AttnParams& p, int head_dim, cudaStream_t stream);
 // The same numerics on mma.sync (s8 for Q^K^T, e4m3 for P.V; int8fp8_attention_mma.cuh), same operands;
 // cudaErrorNotSupported where the build has no e4m3 mma.sync (below sm89).
-cudaError_t launch_int8fp8_attention_mma(const Int4AttnParams& p, int head_dim, cudaStream_t stream);
+cudaError_t launch_int8fp8_attention_mma(const AttnParams& p, int head_dim, cudaStream_t stream);
 
 // RoPE·R by the generalized table shared by the heads (rope_table.cu): x, out [B, H, N, D] (strides in elements,
 // unit stride on D, 16-byte aligned rows), coef float32 [N, D, 4], index int32 [D, 4]; D 64 or 128. hadamard: then

@@ -89,7 +89,7 @@ __device__ __forceinline__ void add_row_counts(const uint32_t (&p_sum)[2], const
 }
 
 // Output columns d, d+1 of one row (element offset `off`): y (+ v_mean) as an fp16 / bf16 pair.
-__device__ __forceinline__ void store_pair(const Int4AttnParams& p, size_t off, int d, float y0, float y1,
+__device__ __forceinline__ void store_pair(const AttnParams& p, size_t off, int d, float y0, float y1,
                                            const float* vm) {
   if (vm != nullptr) {
     y0 += vm[d];
@@ -104,7 +104,7 @@ __device__ __forceinline__ void store_pair(const Int4AttnParams& p, size_t off, 
 
 // Epilogue: O / l (+ v_mean) for rows row0 + g (+ 8), written as fp16 / bf16 pairs (rows >= Nq skipped).
 template <int D>
-__device__ __forceinline__ void store_rows(const Int4AttnParams& p, float (&o)[D / 8][4], float (&l_run)[2], int row0,
+__device__ __forceinline__ void store_rows(const AttnParams& p, float (&o)[D / 8][4], float (&l_run)[2], int row0,
                                            int g, int t, int b, int h) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -127,7 +127,7 @@ __device__ __forceinline__ void store_rows(const Int4AttnParams& p, float (&o)[D
 // Epilogue of the int8-fp8 kernels: out = O / l * v_scale (+ v_mean) for rows row0 + g (+ 8), v_scale per channel in
 // p.vparams [BH, D] (it factors out of the sum over keys, so it is applied once here); rows >= Nq skipped.
 template <int D>
-__device__ __forceinline__ void store_rows_channel_scaled(const Int4AttnParams& p, const float (&o)[D / 8][4],
+__device__ __forceinline__ void store_rows_channel_scaled(const AttnParams& p, const float (&o)[D / 8][4],
                                                           float (&l_run)[2], int row0, int g, int t, int b, int h) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

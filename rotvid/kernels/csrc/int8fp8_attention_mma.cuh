@@ -60,7 +60,7 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
 }
 
 template <int D, int NW, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) int8fp8_attention_mma_kernel(const Int4AttnParams p) {
+__global__ void __launch_bounds__(NW * 32, MINB) int8fp8_attention_mma_kernel(const AttnParams p) {
 #ifdef ROTVID_MMA_E4M3_ENABLED
   using C = Cfg<D>;
   constexpr int NTH = NW * 32;  // threads; BM = 16 * NW query rows

@@ -77,7 +77,7 @@ constexpr float kMagicF = 12582912.0f;
 
 template <int D, int BN, int STAGES, int PINGPONG, int PIPE, int NWG = 2, int MAGIC = 0>
 __global__ void __launch_bounds__(Shape<NWG>::THREADS, 1)
-    int8fp8_attention_wgmma_kernel(const __grid_constant__ Int4AttnParams p, const __grid_constant__ CUtensorMap tm_q,
+    int8fp8_attention_wgmma_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #ifdef ROTVID_WGMMA_ENABLED
   static_assert(BN == 128 || BN == 192 || BN == 256, "key blocks of 128, 192 or 256 keys");

@@ -1,0 +1,33 @@
+// The key-block walk: which key blocks of BN keys one CTA (one query tile, or one split of it) visits, in order.
+// Every attention kernel's producer and consumers iterate the same walk,
+//
+//   const KeyBlocks kb = KeyBlocks::dense(kv_len, BN, part, splits);
+//   for (int i = 0; i < kb.count; ++i) { const int blk = kb.block(i); ... keys [blk * BN, blk * BN + BN) ... }
+//
+// and mask keys by their absolute index (blk * BN + offset >= kv_len), never by i, so a walk that skips blocks
+// changes no numerics: a skipped block is a block of -inf scores. Today the walk is dense: all blocks up to
+// kv_len, or the share [first, first + count) of them that split `part` of `splits` takes (the tail split over
+// keys). A block-sparse walk is the same struct over a list of block indices.
+#pragma once
+
+namespace rotvid {
+
+struct KeyBlocks {
+  int first;  // the first block visited
+  int count;  // blocks visited
+
+  __device__ __forceinline__ int block(int i) const { return first + i; }
+  // Whether key block `blk` holds keys at or past kv_len (the one block that needs the key mask).
+  __device__ __forceinline__ static bool partial(int blk, int bn, int kv_len) { return (blk + 1) * bn > kv_len; }
+
+  // All ceil(kv_len / bn) blocks, split evenly over `splits` CTAs (block boundaries at nblk * part / splits).
+  __device__ __forceinline__ static KeyBlocks dense(int kv_len, int bn, int part, int splits) {
+    const int nblk = (kv_len + bn - 1) / bn;
+    if (splits <= 1) return KeyBlocks{0, nblk};
+    const int b0 = (int)((long long)nblk * part / splits);
+    const int b1 = (int)((long long)nblk * (part + 1) / splits);
+    return KeyBlocks{b0, b1 - b0};
+  }
+};
+
+}  // namespace rotvid
