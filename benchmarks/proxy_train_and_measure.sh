@@ -2,22 +2,26 @@
 # Train the proxy model on one GPU, then measure it: probe pass rate on held-out prompts, attention
 # statistics beside random weights, and `rotvid eval`'s recipe table at 256x256, 33 frames.
 #   bash benchmarks/proxy_train_and_measure.sh OUT WORK [VAE_MINUTES DIT_MINUTES [TRAIN_ARGS...]]
-# (TRAIN_ARGS go to `python -m rotvid.pipelines.proxy.train`, e.g. --vae-posterior sample.) About 9.5 minutes
-# on one H200 with the default budgets: training ~7, probe ~0.5, attention statistics ~0.2, eval ~1.7.
-# Writes WORK/train/proxy (the pipeline folder), WORK/eval (the eval report folder) and, in OUT, eight files:
-# proxy.tar.part-* (the pipeline folder as a tar, split in 12 MB parts), log.txt, train_record.json,
+# (TRAIN_ARGS go to both stages of `python -m rotvid.pipelines.proxy.train`.) Two training runs, as the bundled
+# weights were made: the VAE alone (--vae-only), then the transformer on it (--vae-from). About 16 minutes on one
+# H200 with the default budgets (6.8 + 6.3): training ~14, probe ~0.5, attention statistics ~0.2, eval ~1.7;
+# the device tool runs at most 10 minutes per command, so run it there as two calls or with smaller budgets.
+# Writes WORK/train/proxy (the pipeline folder), WORK/eval (the eval report folder) and, in OUT, nine files:
+# proxy.tar.part-* (the pipeline folder as a tar, split in 12 MB parts), log.txt, vae_record.json, train_record.json,
 # probe.json, attention.json, eval_report.md, eval_summary.txt.
 set -uo pipefail
 out=${1:?usage: proxy_train_and_measure.sh OUT WORK [VAE_MINUTES DIT_MINUTES]}
 work=${2:?usage: proxy_train_and_measure.sh OUT WORK [VAE_MINUTES DIT_MINUTES]}
-vae_min=${3:-1.8}
-dit_min=${4:-3.5}
+vae_min=${3:-6.8}
+dit_min=${4:-6.3}
 shift $(( $# < 4 ? $# : 4 ))
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1
 {
-python -m rotvid.pipelines.proxy.train --out "$work/train" --seed 0 --vae-minutes "$vae_min" --dit-minutes "$dit_min" \
-  --probe-prompts 0 "$@" || exit 1
+python -m rotvid.pipelines.proxy.train --out "$work/train" --seed 0 --vae-only --vae-minutes "$vae_min" "$@" || exit 1
+cp "$work/train/train_record.json" "$out/vae_record.json"
+python -m rotvid.pipelines.proxy.train --out "$work/train" --seed 0 --vae-from "$work/train/vae" --recon-probe 0 \
+  --dit-minutes "$dit_min" --probe-prompts 0 "$@" || exit 1
 cp "$work/train/train_record.json" "$out/"
 (cd "$work/train" && tar cf - proxy) | split -b 12M - "$out/proxy.tar.part-"
 model="$work/train/proxy"

@@ -6,7 +6,8 @@ The proxy is a real diffusers ``WanPipeline`` (Wan2.1-style text-to-video) at re
   (3.2 M parameters);
 * ``WanTransformer3DModel``: 6 blocks, 2 heads of ``head_dim`` 128 (hidden 256, as Wan's head
   size), FFN 1024, patch (1, 2, 2), ``rms_norm_across_heads`` Q/K norm, Wan's 3-D RoPE (7 M);
-* ``UMT5EncoderModel``: 2 layers, ``d_model`` 128, trained with the transformer;
+* ``UMT5EncoderModel``: 2 layers, ``d_model`` 128, trained with the transformer, its attention
+  fixed to word offsets (:func:`fix_text_attention`);
 * a word-level tokenizer over the prompt grammar's vocabulary
   (:data:`rotvid.pipelines.proxy.clips.VOCABULARY`), built with ``tokenizers`` and saved as
   ``tokenizer.json`` (loaded by ``PreTrainedTokenizerFast``);
@@ -61,7 +62,7 @@ TRANSFORMER_CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention
                           out_channels=16, text_dim=128, freq_dim=256, ffn_dim=1024, num_layers=6,
                           cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 TEXT_ENCODER_CONFIG = dict(d_model=128, d_kv=32, d_ff=256, num_layers=2, num_heads=4,
-                           relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                           relative_attention_num_buckets=32, relative_attention_max_distance=32,
                            dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
 SCHEDULER_CONFIG = dict(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
 PROXY_CALL_DEFAULTS = {"height": 128, "width": 128, "num_frames": 17, "max_sequence_length": TEXT_LEN,
@@ -104,7 +105,47 @@ def build_transformer():
 def build_text_encoder():
     from transformers import UMT5Config, UMT5EncoderModel
 
-    return UMT5EncoderModel(UMT5Config(vocab_size=len(VOCABULARY) + len(_SPECIALS), **TEXT_ENCODER_CONFIG))
+    encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(VOCABULARY) + len(_SPECIALS), **TEXT_ENCODER_CONFIG))
+    fix_text_attention(encoder)
+    return encoder
+
+
+# The word offset each text-encoder head attends to (its relative position key - query).
+TEXT_HEAD_OFFSETS = (-1, 0, 1, 2)
+
+
+def fix_text_attention(encoder) -> list[str]:
+    """Fix every attention head of the UMT5 ``encoder`` to one word offset; returns the frozen parameters' names.
+
+    With its attention free, the jointly trained text encoder collapsed to each word attending to itself: a
+    colour word came out the same as the object's colour and as the background's (cosine 1.0 between "blue" in
+    "a blue triangle ... on a green background" and in "a green triangle ... on a blue background"), so the
+    transformer saw a bag of colours and swapped them on half the held-out prompts. Here Q and K are zero and
+    the relative-position bias is 0 at head h's offset (:data:`TEXT_HEAD_OFFSETS`) and -1e4 elsewhere, so head h
+    reads the word at that offset: the encoder is a learned convolution over the words (two layers: a span of
+    five words each side), the background's colour word sees "background" next to it and the object's its shape.
+    Those parameters are frozen (``requires_grad`` off); the values, outputs and feed-forward layers learn.
+    """
+    frozen = []
+    for name, module in encoder.named_modules():
+        if not hasattr(module, "relative_attention_bias"):
+            continue
+        heads = module.relative_attention_bias.weight.shape[1]
+        if heads != len(TEXT_HEAD_OFFSETS):
+            raise ValueError(f"text encoder: {heads} heads, expected {len(TEXT_HEAD_OFFSETS)} (TEXT_HEAD_OFFSETS)")
+        rel = torch.tensor(TEXT_HEAD_OFFSETS)
+        buckets = module._relative_position_bucket(rel)  # (the encoder's own bucketing, as its compute_bias)
+        with torch.no_grad():
+            module.q.weight.zero_()
+            module.k.weight.zero_()
+            bias = module.relative_attention_bias.weight
+            bias.fill_(-1e4)
+            for h, bucket in enumerate(buckets.tolist()):
+                bias[bucket, h] = 0.0
+        for pname in ("q.weight", "k.weight", "relative_attention_bias.weight"):
+            module.get_parameter(pname).requires_grad_(False)
+            frozen.append(f"{name}.{pname}")
+    return frozen
 
 
 def build_scheduler():
