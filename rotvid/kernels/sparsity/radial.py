@@ -5,8 +5,9 @@ The per-token rule. Query token (f, y, x) attends key token (f', y', x') of the 
 
 * ``dt <= band`` (dense within the temporal band), or
 * ``max(|y - y'|, |x - x'|) <= window(dt)`` (Chebyshev distance in tokens), where
-  ``window(dt) = floor(window0 * decay ** floor(log2(dt)))`` and ``window0`` defaults to ``max(height, width)``
-  (the whole frame).
+  ``window(dt) = floor(w)``, ``w = window0 * decay ** floor(log2(dt))``, as long as ``w >= 1`` (a frame pair whose
+  window has shrunk below one token keeps nothing), and ``window0`` defaults to ``max(height, width)`` (the whole
+  frame).
 
 With the defaults (``band=1``, ``decay=0.5``) this is Radial Attention's rule (Li et al. 2025, "Radial Attention:
 O(n log n) Sparse Attention with Energy Decay for Long Video Generation"): the attention energy of video DiTs decays
@@ -14,8 +15,8 @@ with temporal and spatial distance, so compute density is made to decay too -- t
 bands ``r = floor(log2(dt))`` (1, 2-3, 4-7, ...) and the spatial window halves from one band to the next, i.e. each
 time the temporal distance doubles; frames within distance 1 are dense. Radial measures its window along the
 flattened frame (``|k - l| < frame_tokens / 2**r``) and, once that falls below one token, keeps the same position
-only every ``2**r / frame_tokens`` frames; here the window is a 2-D Chebyshev radius (a square neighbourhood) and
-bottoms out at 0, the same spatial position, in every frame.
+only every ``2**r / frame_tokens`` frames; here the window is a 2-D Chebyshev radius (a square neighbourhood), and
+once it falls below one token that frame pair is dropped (``window=0``: the temporal band alone).
 
 Conditioning tokens (:class:`~rotvid.kernels.sparsity.grid.TokenGrid` ``prefix`` / ``suffix``: text tokens, an I2V
 first frame) attend every token and every token attends them. A map block (i, j) is kept iff some query token of
@@ -43,9 +44,11 @@ _CHUNK = 1024
 
 
 def window_for(dt: torch.Tensor, window0: int, decay: float) -> torch.Tensor:
-    """``floor(window0 * decay ** floor(log2(dt)))`` for temporal distances ``dt >= 1`` (int64; dt = 0 gives window0)."""
+    """The Chebyshev radius at temporal distances ``dt`` (int64; dt = 0 counts as 1): ``floor(w)`` with
+    ``w = window0 * decay ** floor(log2(dt))``, or -1 (no key of that frame) where ``w < 1``."""
     band = torch.floor(torch.log2(dt.clamp_min(1).double()))
-    return torch.floor(window0 * torch.pow(torch.tensor(decay, dtype=torch.float64), band) + 1e-9).long()
+    w = window0 * torch.pow(torch.tensor(decay, dtype=torch.float64), band) + 1e-9  # (1e-9: 0.5 ** r products)
+    return torch.where(w >= 1, torch.floor(w), torch.full_like(w, -1.0)).long()
 
 
 def _row_segments(grid: TokenGrid) -> dict[str, torch.Tensor]:
@@ -144,7 +147,8 @@ KIND = SparsityKind(
     "(Radial Attention), conditioning tokens kept",
     params=(
         MapParam("band", "int", 1, _non_negative_int, "frames within this distance are dense"),
-        MapParam("window", "int?", None, _window, "spatial radius in tokens at temporal distance 1 (none: the frame)"),
+        MapParam("window", "int?", None, _window, "spatial radius in tokens at temporal distance 1, halved per band "
+                 "(none: the frame; 0: the band alone)"),
         MapParam("decay", "float", 0.5, _decay, "window factor each time the temporal distance doubles"),
     ),
     static=True,
