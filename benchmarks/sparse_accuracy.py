@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
     ])  # fmt: skip
     print(text)
     result = {"rows": rows, "grid": grid, "device": name, "commit": commit, "locality": locality,
-              "args": {k_: (str(v_) if isinstance(v_, Path) else v_) for k_, v_ in vars(args).items()}, "note": note}
+              "args": {k_: v_ for k_, v_ in vars(args).items() if k_ != "out_dir"}, "note": note}
     if not args.no_write:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         base = f"sparse_accuracy_{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}_{commit}"
