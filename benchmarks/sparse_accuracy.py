@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict:
         base = f"sparse_accuracy_{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}_{commit}"
         (args.out_dir / f"{base}.md").write_text(text + "\n")
         (args.out_dir / f"{base}.json").write_text(json.dumps(result, indent=1))
-        print(f"\nwrote results/{base}.md and .json", file=sys.stderr)
+        print(f"\nwrote {base}.md and .json in --out-dir", file=sys.stderr)
     return result
 
 
