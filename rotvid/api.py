@@ -27,6 +27,7 @@ def attention(
     block_m: int | None = None,
     block_n: int | None = None,
     rope=None,
+    block_map=None,
 ) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale) v`` in low precision, with the recipe and smoothing a pipeline would run here.
 
@@ -42,7 +43,8 @@ def attention(
     defaults to ``int4`` and whose smoothing switches are taken as given): ``q`` [B, H, N_q, D] (``"BHND"``) or
     [B, N_q, H, D] (``"BNHD"``), k and v likewise with N_kv keys, fp16 / bf16 / fp32 / fp64 on one device;
     ``backend`` ``auto`` (the CUDA kernel where it runs the call, else the reference), ``reference`` or ``cuda``;
-    ``kv_lens`` int [B] masks keys ``j >= kv_lens[b]``; ``rope`` a RoPE·R table applied to q and k first.
+    ``kv_lens`` int [B] masks keys ``j >= kv_lens[b]``; ``rope`` a RoPE·R table applied to q and k first;
+    ``block_map`` a :class:`rotvid.kernels.sparsity.BlockMap` (the key blocks each query tile visits) or None.
     Returns the output in q's shape, layout and dtype.
     """
     if recipe == AUTO:
@@ -50,5 +52,5 @@ def attention(
     smooth_q, smooth_v = get_recipe(recipe).smoothing(smooth_q, smooth_v)
     call = prepare_attention(q, k, v, recipe=recipe, layout=layout, backend=backend, kv_lens=kv_lens,
                              sm_scale=sm_scale, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v,
-                             block_m=block_m, block_n=block_n)
+                             block_m=block_m, block_n=block_n, block_map=block_map)
     return run_attention(call, q, k, v, rope=rope)

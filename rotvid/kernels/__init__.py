@@ -1,7 +1,8 @@
 """Quantized attention: the recipes, the PyTorch reference (any device), CUDA kernels, and the dispatcher.
 
 ``rotvid.kernels.attention`` is the one public entry point at the kernel level; see its docstring. The recipes and
-their registry: :mod:`rotvid.kernels.recipes`.
+their registry: :mod:`rotvid.kernels.recipes`; block-sparse maps and where they come from:
+:mod:`rotvid.kernels.sparsity`.
 """
 
 from rotvid.kernels.dispatch import (

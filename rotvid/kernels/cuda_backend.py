@@ -109,9 +109,9 @@ class CudaBackend:
         return entry is not None and entry.fuses_rope is not None and not entry.fuses_rope(q, k, rope, layout=layout)
 
     def run(self, q, k, v, *, recipe, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_q=False,
-            smooth_v=False, block_m=None, block_n=None, q_block=None, rope=None):
+            smooth_v=False, block_m=None, block_n=None, q_block=None, rope=None, block_map=None):
         why = self.unsupported_reason(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, smooth_q=smooth_q,
-                                      block_m=block_m, block_n=block_n, q_block=q_block)
+                                      block_m=block_m, block_n=block_n, q_block=q_block, block_map=block_map)
         if why is not None:
             raise ValueError(f"backend: 'cuda' cannot run this call: {why}")
         if rope is not None and not self.fuses_rope(q, k, rope, recipe=recipe, layout=layout):

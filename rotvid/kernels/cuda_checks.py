@@ -3,7 +3,7 @@
 A recipe's CUDA :class:`~rotvid.kernels.recipes.base.KernelEntry` lists the ones its kernel needs, in order, with its
 own; the first that returns a reason refuses the call (:func:`~rotvid.kernels.recipes.base.first_refusal`).
 Each takes ``(q, k, v, **opts)`` — the call's options: recipe, layout, kv_lens, smooth_q, q_block, block_m,
-block_n — and reads shapes, strides, dtypes and host facts only (a constant of a compiled graph).
+block_n, block_map (when the call has one) — and reads shapes, strides, dtypes and host facts only (a constant of a compiled graph).
 """
 
 from __future__ import annotations
@@ -15,13 +15,20 @@ from rotvid.kernels.cuda_layout import BLOCK_M, SUPPORTED_BLOCK_N, SUPPORTED_DTY
 
 __all__ = [
     "FIRST_CHECKS", "LAST_CHECKS", "alignment", "block_m", "block_n", "cuda_gpu", "device_index", "dtype", "gpu",
-    "head_dim", "inputs_on_cuda", "q_block", "strides",
+    "head_dim", "inputs_on_cuda", "no_block_map", "q_block", "strides",
 ]
 
 
 def device_index(q) -> int:
     """The CUDA device index of ``q`` (the current device when it has none)."""
     return q.device.index if q.device.index is not None else torch.cuda.current_device()
+
+
+def no_block_map(q, k, v, **opts) -> str | None:
+    """The kernel visits every key block (a kernel that takes a block map leaves this check out of its entry)."""
+    if opts.get("block_map") is not None:
+        return "block_map (block-sparse attention runs on the reference backend only for now)"
+    return None
 
 
 def cuda_gpu(q, k, v, **opts) -> str | None:

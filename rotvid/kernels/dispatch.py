@@ -24,6 +24,7 @@ from rotvid.kernels.cuda_backend import CudaBackend
 from rotvid.kernels.recipes import AUTO, get_recipe, int4
 from rotvid.kernels.recipes.auto import resolve_recipe
 from rotvid.kernels.rope_op import apply_generalized_rope
+from rotvid.kernels.sparsity import BlockMap
 from rotvid.rope.fused_table import GeneralizedRopeTable
 
 logger = logging.getLogger(__name__)
@@ -192,11 +193,13 @@ def prepare_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     q_block: int | None = None,
+    block_map: BlockMap | None = None,
 ) -> AttentionCall:
     """Validate a call of :func:`attention` (ValueError naming the argument) and choose its backend, once.
 
     ``recipe`` is a registered recipe (``"auto"`` resolved first: :func:`attention` does). Arguments as
-    :func:`attention`'s, but ``rope``, which :func:`run_attention` takes.
+    :func:`attention`'s, but ``rope``, which :func:`run_attention` takes. ``block_map`` is part of the backend choice
+    (a backend that cannot take a map refuses the call); a map built per call is given to :func:`run_attention`.
     """
     validate_attention_inputs(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
                               sm_scale=sm_scale, switches=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v))
@@ -210,20 +213,37 @@ def prepare_attention(
         if not smooth_q:
             raise ValueError(f"q_block: the Q-smoothing block size, only with smooth_q=True (got q_block={q_block})")
         opts["q_block"] = q_block
+    if block_map is not None:  # (only when given: a backend or recipe without maps never sees the option)
+        check_block_map(block_map, q, k, layout)
+        opts["block_map"] = block_map
     chosen, reason = select_backend(q, k, v, backend=backend, **opts)
     return AttentionCall(chosen, reason, opts)
 
 
+def check_block_map(block_map, q: torch.Tensor, k: torch.Tensor, layout: str) -> None:
+    """ValueError naming ``block_map`` unless it is a :class:`~rotvid.kernels.sparsity.BlockMap` that fits this
+    call's shapes (its values too, in eager mode) on q's device."""
+    if not isinstance(block_map, BlockMap):
+        raise ValueError(f"block_map: expected a rotvid.kernels.sparsity.BlockMap or None, got {type(block_map).__name__}")
+    block_map.check(q.shape, k.shape, layout=layout)
+    if block_map.device != q.device:
+        raise ValueError(f"block_map: on {block_map.device}, expected q's device {q.device}")
+
+
 def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str | None = None,
-                  kv_lens=None, rope=None) -> torch.Tensor:
+                  kv_lens=None, rope=None, block_map: BlockMap | None = None) -> torch.Tensor:
     """Run a prepared call on ``q, k, v`` (the tensors it was prepared with, or the same tensors in ``layout``, or,
-    inside a ``torch.cond`` branch, its operands; ``kv_lens`` likewise replaces the prepared one when given).
+    inside a ``torch.cond`` branch, its operands; ``kv_lens`` likewise replaces the prepared one when given, and
+    ``block_map`` the prepared map, e.g. one built per call: the backend refuses it if it takes no maps).
     ``rope``: as :func:`attention`'s."""
     opts = dict(call.opts)
     if layout is not None:
         opts["layout"] = layout
     if kv_lens is not None:
         opts["kv_lens"] = kv_lens
+    if block_map is not None:
+        check_block_map(block_map, q, k, opts["layout"])
+        opts["block_map"] = block_map
     if not torch.compiler.is_compiling():  # a logging call would break a compiled graph
         logger.debug("attention backend: %s", call.reason)
     if rope is not None:
@@ -252,6 +272,7 @@ def attention(
     block_n: int | None = None,
     q_block: int | None = None,
     rope=None,
+    block_map: BlockMap | None = None,
 ) -> torch.Tensor:
     """Quantized attention ``softmax(q kᵀ · sm_scale) v`` under a recipe, on a chosen backend.
 
@@ -282,6 +303,11 @@ def attention(
             The CUDA backend applies it inside the int8-fp8 pre-processing (same bits, no separate
             pass, :func:`rotvid.kernels.recipes.int8_fp8_ops.rope_fusion_unsupported` says when);
             otherwise q and k are rotated here first (:func:`rotvid.kernels.rope_op.apply_generalized_rope`).
+        block_map: a :class:`rotvid.kernels.sparsity.BlockMap` (the key blocks of 128 keys each query tile of 128
+            rows visits; :func:`rotvid.kernels.sparsity.build_block_map` builds one from a spec), or None (all).
+            A skipped block is exactly a block of ``-inf`` scores; a row that keeps no block gives 0. The
+            reference backend takes it; the CUDA backend refuses a map for now (``backend="auto"`` then runs the
+            reference, with the reason).
 
     Returns:
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in
@@ -291,7 +317,7 @@ def attention(
         recipe, _ = resolve_recipe(AUTO, q.device if isinstance(q, torch.Tensor) else None)
     call = prepare_attention(q, k, v, recipe=recipe, layout=layout, backend=backend, kv_lens=kv_lens, sm_scale=sm_scale,
                              smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m,
-                             block_n=block_n, q_block=q_block)
+                             block_n=block_n, q_block=q_block, block_map=block_map)
     return run_attention(call, q, k, v, rope=rope)
 
 

@@ -39,6 +39,14 @@ key block), ``int4-fp8`` (SageAttention2-4b: INT4 Q/K, FP8 P/V) and
 ``nvfp4`` (emulation: Q/K/P/V in e2m1 with 16-element e4m3 block scales; SageAttention3 /
 Attn-QAT).
 
+Block maps (:class:`~rotvid.kernels.sparsity.BlockMap`, ``block_map=`` of every function here that attends):
+the key blocks a query tile skips are exactly blocks of ``-inf`` scores for its rows (masked after the scores, as
+``kv_lens`` is), so the smoothing corrections, the per-block V scales and the row statistics ``m``, ``l`` stay exact
+over the kept keys, and a skipped block leaves ``(m, l, O)`` as they were. Key blocks are visited in ascending order
+whether a map is given or not, so a map of density 1 gives the dense call's bits. The map's blocks are 128 tokens;
+a key block of ``block_n`` keys takes each key's map block (``key // 128``). A query row whose tile keeps no key
+block (or none before ``kv_lens``) has ``l = 0``: its output is 0 (V's mean is not added there).
+
 Non-finite inputs are not checked here: a NaN or Inf in a head's Q, K or V propagates to NaN
 in (at least) the affected rows of that head's output, and other heads are unaffected.
 """
@@ -60,6 +68,7 @@ from rotvid.kernels.quantize import (
     quantize_per_token_int4,
     quantize_v_per_group_int4,
 )
+from rotvid.kernels.sparsity.block_map import MAP_BLOCK, BlockMap
 
 LOG2E = 1.4426950408889634
 
@@ -231,15 +240,27 @@ class _OnlineSoftmax:
         self.m = m_new
 
     def result(self) -> torch.Tensor:
-        return self.o / self.l
+        """``O / l``; 0 in the rows that kept no key (``l = 0``: a block map skipped all their blocks)."""
+        return torch.where(self.l == 0, torch.zeros_like(self.o), self.o / self.l)
+
+    def zero_empty_rows(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` with the rows that kept no key set to 0 (after V's mean was added)."""
+        return out.masked_fill(self.l == 0, 0)
 
 
-def _score_mask(s: torch.Tensor, start: int, kv_lens: torch.Tensor | None) -> torch.Tensor:
-    if kv_lens is None:
-        return s
+def _score_mask(s: torch.Tensor, start: int, kv_lens: torch.Tensor | None,
+                block_map: BlockMap | None = None) -> torch.Tensor:
+    """Scores ``s`` [B, H, Nq, n] of keys ``start .. start + n`` with ``-inf`` at keys ``j >= kv_lens[b]`` and in the
+    key blocks ``block_map`` skips for each row's query tile."""
     j = torch.arange(start, start + s.shape[-1], device=s.device)
-    valid = (j[None, :] < kv_lens.to(s.device)[:, None]).view(s.shape[0], 1, 1, -1)
-    return s.masked_fill(~valid, -math.inf)
+    if kv_lens is not None:
+        valid = (j[None, :] < kv_lens.to(s.device)[:, None]).view(s.shape[0], 1, 1, -1)
+        s = s.masked_fill(~valid, -math.inf)
+    if block_map is not None:
+        tiles = block_map.to_dense_mask()[..., j // MAP_BLOCK].to(s.device)  # [B', H', Tq, n]
+        kept = tiles.repeat_interleave(MAP_BLOCK, dim=-2)[..., : s.shape[-2], :]
+        s = s.masked_fill(~kept, -math.inf)
+    return s
 
 
 def _qk_scale(sm_scale: float, dtype: torch.dtype) -> torch.Tensor:
@@ -253,8 +274,10 @@ def attention_from_quantized(
     sm_scale: float | None = None,
     out_dtype: torch.dtype = torch.float32,
     layout: str = "BHND",
+    block_map: BlockMap | None = None,
 ) -> torch.Tensor:
-    """Steps 3-6 of the INT4 recipe on pre-processed operands; returns the output in ``layout``."""
+    """Steps 3-6 of the INT4 recipe on pre-processed operands; returns the output in ``layout``. ``block_map``: the
+    key blocks each query tile visits (module docstring; None: all)."""
     if p_mode not in ("range", "sym"):
         raise ValueError(f"p_mode must be 'range' or 'sym', got {p_mode!r}")
     dt = qkv.q_scale.dtype
@@ -272,7 +295,7 @@ def attention_from_quantized(
         if qkv.q_block_mean is not None:
             ds = torch.matmul(qkv.q_block_mean, qkv.k_smoothed[:, :, start:stop].transpose(-1, -2))
             s = s + ds * qk_scale
-        s = _score_mask(s, start, qkv.kv_lens)
+        s = _score_mask(s, start, qkv.kv_lens, block_map)
         m_blk, p, _ = state.block_probs(s)
         v_hat = qkv.v_hat[:, :, start:stop]
         if p_mode == "range":
@@ -287,7 +310,7 @@ def attention_from_quantized(
         state.update(m_blk, p_hat_sum.to(dt), pv)
     out = state.result()
     if qkv.v_mean is not None:
-        out = out + qkv.v_mean
+        out = state.zero_empty_rows(out + qkv.v_mean)
     return from_bhnd(out.to(out_dtype), layout)
 
 
@@ -303,13 +326,15 @@ def attention_int8fp8_from_quantized(
     kv_lens: torch.Tensor | None = None,
     block_n: int = 128,
     sm_scale: float | None = None,
+    block_map: BlockMap | None = None,
 ) -> torch.Tensor:
     """The int8-fp8 recipe from its quantized operands (the CUDA kernel's twin), all (B, H, N, D) order.
 
     ``q_hat``/``k_hat`` int8 with per-token scales [B, H, N, 1]; ``v8`` the e4m3 values of V̂ (any float dtype)
     [B, H, N_kv, D] with ``v_scale`` [B, H, 1, D]; ``v_mean`` [B, H, 1, D] or None. Per key block: exact integer
     q̂·k̂, ``s = float(q̂·k̂) * (s_q * qk_scale) * s_k``, ``p = exp2(s - m_blk)``, ``pv = e4m3(448 p) · V̂``
-    (fresh FP32 sum per block), ``l_blk = rowsum(448 p)``, online combine; ``out = O / l * v_scale (+ v_mean)``.
+    (fresh FP32 sum per block), ``l_blk = rowsum(448 p)``, online combine; ``out = O / l * v_scale (+ v_mean)``;
+    ``block_map``: the key blocks each query tile visits (module docstring; None: all).
     Equal to the ``int8-fp8`` branch of :func:`attention_reference` up to fp32 rounding (there Q̂/K̂ are
     dequantized before the product and V's scale is applied per block). The kernel differs from this twin by fp32
     rounding only: the order of its products, ``ex2.approx``, and at head_dim 64 one rounding per row and block
@@ -327,14 +352,14 @@ def attention_int8fp8_from_quantized(
         stop = min(start + block_n, n_kv)
         acc = _int_matmul(q_hat, k_hat[:, :, start:stop]).to(dt)
         s = (acc * sq) * k_scale[:, :, start:stop].to(dt).transpose(-1, -2)
-        s = _score_mask(s, start, kv_lens)
+        s = _score_mask(s, start, kv_lens, block_map)
         m_blk, p, _ = state.block_probs(s)
         p448 = p * FP8_E4M3_MAX
         pv = torch.matmul(quant_p_fp8(p).double(), v8[:, :, start:stop].double()).to(dt)
         state.update(m_blk, p448.sum(dim=-1, keepdim=True), pv)
     out = state.result() * v_scale.to(dt)
     if v_mean is not None:
-        out = out + v_mean.to(dt)
+        out = state.zero_empty_rows(out + v_mean.to(dt))
     return out
 
 
@@ -354,6 +379,7 @@ def attention_blockwise(
     smooth_q: bool = False,
     smooth_v: bool = False,
     q_block: int | None = None,
+    block_map: BlockMap | None = None,
 ) -> torch.Tensor:
     """Steps 1, 3, 4 and 6 with a recipe's own operands and P·V: every recipe but the INT4 ones (``fp16``,
     ``int8-fp8``, ``int4-fp8``, ``nvfp4``, each in its module of :mod:`rotvid.kernels.recipes`).
@@ -363,6 +389,7 @@ def attention_blockwise(
     ``block_pv`` needs besides (V's scale, or None). ``block_pv(p, vb, v_div) -> pv``: one key block's P·V from the
     block's probabilities ``p = exp2(s - m_blk)`` and V rows ``vb``; ``l_blk = rowsum(p)`` of the unquantized p.
     Output in q's shape, layout and dtype; ``block_m`` is the kernels' query tile (no effect on these numerics).
+    ``block_map``: the key blocks each query tile visits (module docstring; None: all).
     """
     q, k, v = to_bhnd(q, layout), to_bhnd(k, layout), to_bhnd(v, layout)
     out_dtype = q.dtype
@@ -382,12 +409,12 @@ def attention_blockwise(
         s = torch.matmul(qd, kd[:, :, start:stop].transpose(-1, -2)) * qk_scale
         if q_mean is not None:
             s = s + torch.matmul(q_mean, k_s[:, :, start:stop].transpose(-1, -2)) * qk_scale
-        s = _score_mask(s, start, kv_lens)
+        s = _score_mask(s, start, kv_lens, block_map)
         m_blk, p, l_blk = state.block_probs(s)
         state.update(m_blk, l_blk, block_pv(p, vd[:, :, start:stop], v_div))
     out = state.result()
     if v_mean is not None:
-        out = out + v_mean
+        out = state.zero_empty_rows(out + v_mean)
     return from_bhnd(out.to(out_dtype), layout)
 
 
@@ -406,13 +433,15 @@ def attention_int4(
     smooth_q: bool = False,
     smooth_v: bool = False,
     q_block: int | None = None,
+    block_map: BlockMap | None = None,
 ) -> torch.Tensor:
     """The INT4 recipes end to end (steps 1-6): ``p_mode`` ``"range"`` (``int4``) or ``"sym"`` (``int4-sym-p``).
-    Output in q's shape, layout and dtype."""
+    Output in q's shape, layout and dtype; ``block_map`` as :func:`attention_from_quantized`'s."""
     d = q.shape[-1]
     sm_scale = d**-0.5 if sm_scale is None else sm_scale
     qkv = preprocess_int4(
         q, k, v, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
         smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block,
     )
-    return attention_from_quantized(qkv, p_mode=p_mode, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout)
+    return attention_from_quantized(qkv, p_mode=p_mode, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout,
+                                    block_map=block_map)

@@ -3,8 +3,9 @@
 import torch
 
 
-def attention_fp64(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None):
-    """softmax(q kᵀ · scale) v in float64, masking keys j >= kv_lens[b]; returns layout of q."""
+def attention_fp64(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, block_map=None):
+    """softmax(q kᵀ · scale) v in float64, masking keys j >= kv_lens[b] and the key blocks ``block_map`` skips
+    (a row left with no key gives 0); returns layout of q."""
     if layout == "BNHD":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     q, k, v = q.double(), k.double(), v.double()
@@ -14,7 +15,10 @@ def attention_fp64(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None):
         j = torch.arange(k.shape[2])
         valid = (j[None, :] < kv_lens[:, None]).view(k.shape[0], 1, 1, -1)
         s = s.masked_fill(~valid, float("-inf"))
-    out = torch.softmax(s, dim=-1) @ v
+    if block_map is not None:
+        s = s.masked_fill(~block_map.token_mask(), float("-inf"))
+    empty = torch.isneginf(s).all(dim=-1, keepdim=True)
+    out = torch.softmax(s.masked_fill(empty, 0), dim=-1).masked_fill(empty, 0) @ v
     return out.transpose(1, 2) if layout == "BNHD" else out
 
 

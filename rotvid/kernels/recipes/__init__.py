@@ -34,6 +34,7 @@ from rotvid.kernels.recipes.registry import (
     unregister_recipe,
 )
 from rotvid.kernels.reference import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
+from rotvid.kernels.sparsity import BlockMap
 
 __all__ = [
     "AUTO", "KernelEntry", "Recipe", "RecipeLabels", "attention_reference", "first_refusal", "get_recipe",
@@ -56,6 +57,7 @@ def attention_reference(
     smooth_q: bool = False,
     smooth_v: bool = False,
     q_block: int | None = None,
+    block_map: BlockMap | None = None,
 ) -> torch.Tensor:
     """Attention of ``q`` [B, H, Nq, D] (or BNHD) over ``k``, ``v`` [.., N_kv, ..] under ``recipe``, on the PyTorch
     reference (:attr:`Recipe.reference`).
@@ -63,12 +65,15 @@ def attention_reference(
     Inputs are assumed validated (use :func:`rotvid.kernels.attention` for checked entry).
     Output has q's shape, layout and dtype. Computation is float32 (float64 for float64 inputs).
     ``block_m`` is the kernels' query tile (no effect on these numerics); ``q_block``: query rows per Q
-    smoothing mean (None: one per head, as the CUDA kernels).
+    smoothing mean (None: one per head, as the CUDA kernels). ``block_map``: the key blocks each query tile visits
+    (:class:`rotvid.kernels.sparsity.BlockMap`; skipped blocks are blocks of ``-inf`` scores, see
+    :mod:`rotvid.kernels.reference`); None: all of them.
     """
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    sparse = {} if block_map is None else {"block_map": block_map}
     return get_recipe(recipe).reference(
         q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, block_m=block_m, block_n=block_n,
-        smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block,
+        smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block, **sparse,
     )
 
 

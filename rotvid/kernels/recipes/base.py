@@ -85,7 +85,9 @@ class Recipe:
         smooth_q / smooth_v: the recipe's default Q / V smoothing (a config's ``None``); K is smoothed by default
             for every recipe (``RotvidConfig.smooth_k``).
         reference: ``reference(q, k, v, *, layout, kv_lens, sm_scale, block_m, block_n, smooth_k, smooth_q,
-            smooth_v, q_block)`` -> the output in q's shape, layout and dtype (``sm_scale`` already resolved).
+            smooth_v, q_block[, block_map])`` -> the output in q's shape, layout and dtype (``sm_scale`` already
+            resolved). ``block_map`` (a :class:`rotvid.kernels.sparsity.BlockMap`) is passed only when a call has
+            one; the built-in references all take it (:func:`rotvid.kernels.reference.attention_blockwise`).
         reference_block_n: the key-block size of the reference backend when a call gives none.
         kernels: backend name -> :class:`KernelEntry` (``"cuda"``: rotvid's CUDA kernels).
         auto_on: compute capability -> why ``recipe="auto"`` picks this recipe on that GPU.

@@ -51,7 +51,7 @@ def _cuda_kernel(p_mode: str) -> KernelEntry:
 
     return KernelEntry(
         run=run,
-        checks=(*cuda_checks.FIRST_CHECKS, *cuda_checks.LAST_CHECKS),
+        checks=(cuda_checks.no_block_map, *cuda_checks.FIRST_CHECKS, *cuda_checks.LAST_CHECKS),
         block_n=default_block_n,
         describe=_describe_cuda,
     )

@@ -91,7 +91,7 @@ def _describe_cuda() -> str:
 CUDA_KERNEL = KernelEntry(
     run=_run_cuda,
     checks=(
-        *cuda_checks.FIRST_CHECKS, int8fp8_gpu, cuda_checks.dtype, cuda_checks.head_dim, no_q_smoothing,
+        cuda_checks.no_block_map, *cuda_checks.FIRST_CHECKS, int8fp8_gpu, cuda_checks.dtype, cuda_checks.head_dim, no_q_smoothing,
         cuda_checks.q_block, cuda_checks.block_m, cuda_checks.block_n, key_block_128, cuda_checks.strides,
         cuda_checks.alignment,
     ),

@@ -1,0 +1,151 @@
+"""``topp``: a dynamic block map per call -- the key blocks that hold a fraction ``tau`` of each query tile's
+estimated attention mass, judged on block means, with the blocks a mean cannot stand for kept.
+
+For each (batch, head), with map blocks of 128 tokens (:mod:`rotvid.kernels.sparsity.block_map`):
+
+1. **Pooling.** ``q̄_i`` = the mean of query tile i's rows, ``k̄_j`` = the mean of key block j's *valid* keys
+   (``j < kv_lens[b]``); ``n_j`` = that count (a block wholly past ``kv_lens`` has ``n_j = 0``).
+2. **Block-level softmax estimate.** ``ŝ_ij = sm_scale · q̄_i·k̄_j + log(n_j)`` (``-inf`` where ``n_j = 0``) and
+   ``P̂_ij = softmax_j(ŝ_ij)``. If every key of block j scored ``sm_scale · q̄_i·k̄_j``, the block's share of the
+   row's softmax mass would be exactly ``P̂_ij``: the ``log(n_j)`` term makes the estimate one of *mass* (a partial
+   last block weighs less), not of a single key's probability.
+3. **Top-p.** Per query tile, key blocks in descending ``P̂`` are kept until the kept estimated mass reaches
+   ``tau`` (the smallest such set; blocks of estimated mass 0 never count).
+4. **Blocks a mean cannot stand for.** A block's self-similarity is the mean, over its (valid) tokens, of the
+   cosine between the token and the block mean. A query tile below ``sim`` keeps its whole row; a key block below
+   ``sim`` is kept in every row (its column). ``sim = -1`` turns this off.
+5. **The diagonal** block (i, i) is always kept.
+
+Output: a fixed-shape map (``Kmax = Tk``: sort, cumulative sums and masks only, no data-dependent shape), so the
+builder runs under ``torch.compile(fullgraph=True)``, and the estimated dropped mass per query tile
+``sum_j P̂_ij`` over the skipped blocks (for reports). Computed in float32 (float64 for float64 inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from rotvid.kernels.sparsity.block_map import MAP_BLOCK, BlockMap, blocks_for, indices_from_mask
+from rotvid.kernels.sparsity.spec import REQUIRED, MapParam, SparseMap, SparsityKind, SparsitySpec
+
+__all__ = ["DEFAULT_SIM", "KIND", "TopPEstimate", "topp_block_map", "topp_estimate"]
+
+# Self-similarity threshold when a spec gives none.
+DEFAULT_SIM = 0.5
+_EPS = 1e-12
+
+
+def _blocks(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """[B, H, N, D] -> [B, H, n_blocks, 128, D], zero-padded at the end."""
+    b, h, n, d = x.shape
+    return F.pad(x, (0, 0, 0, n_blocks * MAP_BLOCK - n)).view(b, h, n_blocks, MAP_BLOCK, d)
+
+
+def _pool(x: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Block means [B, H, T, D], valid counts [B', 1, T] and self-similarity [B, H, T] of x [B, H, T, 128, D] with
+    ``valid`` bool [B', 1, T, 128] (the tokens that count)."""
+    w = valid.to(x.dtype).unsqueeze(-1)
+    count = valid.sum(dim=-1)
+    mean = (x * w).sum(dim=-2) / count.clamp_min(1).unsqueeze(-1).to(x.dtype)
+    dot = (x * mean.unsqueeze(-2)).sum(dim=-1)
+    norms = x.norm(dim=-1) * mean.norm(dim=-1, keepdim=True)
+    cos = dot / norms.clamp_min(_EPS)
+    sim = (cos * w.squeeze(-1)).sum(dim=-1) / count.clamp_min(1).to(x.dtype)
+    return mean, count, sim
+
+
+class TopPEstimate(NamedTuple):
+    """What :func:`topp_estimate` computes, per (batch, head): ``keep`` bool [B, H, Tq, Tk], ``mass`` (the estimated
+    mass P̂) [B, H, Tq, Tk], ``dropped_mass`` [B, H, Tq], ``q_sim`` [B, H, Tq] and ``k_sim`` [B, H, Tk] (the blocks'
+    self-similarity)."""
+
+    keep: torch.Tensor
+    mass: torch.Tensor
+    dropped_mass: torch.Tensor
+    q_sim: torch.Tensor
+    k_sim: torch.Tensor
+
+
+def topp_estimate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    tau: float,
+    sim: float = DEFAULT_SIM,
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+) -> TopPEstimate:
+    """Steps 1-5 of the module docstring on ``q`` [B, H, N_q, D] and ``k`` [B, H, N_kv, D] (BHND)."""
+    b, h, nq, d = q.shape
+    nkv = k.shape[2]
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    sm_scale = d**-0.5 if sm_scale is None else sm_scale
+    tq, tk = blocks_for(nq), blocks_for(nkv)
+    q_valid = (torch.arange(tq * MAP_BLOCK, device=q.device) < nq).view(1, 1, tq, MAP_BLOCK)
+    j = torch.arange(tk * MAP_BLOCK, device=k.device).view(1, 1, tk, MAP_BLOCK)
+    lens = torch.full((1,), nkv, device=k.device) if kv_lens is None else kv_lens.to(k.device)
+    k_valid = j < lens.view(-1, 1, 1, 1)
+    q_mean, _, q_sim = _pool(_blocks(q.to(dt), tq), q_valid)
+    k_mean, k_count, k_sim = _pool(_blocks(k.to(dt), tk), k_valid)
+    k_live = (k_count > 0).unsqueeze(-2)  # [B', 1, 1, Tk]
+    log_n = torch.log(k_count.clamp_min(1).to(dt)).unsqueeze(-2)
+    scores = torch.matmul(q_mean, k_mean.transpose(-1, -2)) * sm_scale + log_n
+    scores = scores.masked_fill(~k_live, -math.inf)
+    mass = torch.softmax(scores, dim=-1)
+    ranked, order = torch.sort(mass, dim=-1, descending=True)
+    before = torch.cumsum(ranked, dim=-1) - ranked
+    keep = torch.zeros_like(mass, dtype=torch.bool).scatter(-1, order, (before < tau) & (ranked > 0))
+    keep = keep | (q_sim < sim).unsqueeze(-1) | ((k_sim < sim) & (k_count > 0)).unsqueeze(-2)
+    eye = torch.arange(tq, device=q.device).unsqueeze(-1) == torch.arange(tk, device=q.device)
+    keep = keep | eye
+    dropped = (mass * (~keep).to(dt)).sum(dim=-1)
+    return TopPEstimate(keep, mass, dropped, q_sim, k_sim.expand(b, h, tk))
+
+
+def topp_block_map(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    tau: float,
+    sim: float = DEFAULT_SIM,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+) -> SparseMap:
+    """The top-p map of a call on ``q``, ``k`` (``layout``), [B, H, Tq, Tk], with its estimated dropped mass
+    float [B, H, Tq] (module docstring). Fullgraph under ``torch.compile``."""
+    if layout == "BNHD":
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    est = topp_estimate(q, k, tau=tau, sim=sim, kv_lens=kv_lens, sm_scale=sm_scale)
+    indices, counts = indices_from_mask(est.keep)
+    return SparseMap(BlockMap(indices, counts, q.shape[2], k.shape[2]), est.dropped_mass.float())
+
+
+def _build(spec: SparsitySpec, q, k, *, layout="BHND", kv_lens=None, sm_scale=None, grid=None) -> SparseMap:
+    return topp_block_map(q, k, **spec.options, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale)
+
+
+def _tau(value) -> str:
+    return "" if 0 < value <= 1 else "in (0, 1]"
+
+
+def _sim(value) -> str:
+    return "" if -1 <= value <= 1 else "in [-1, 1] (-1: off)"
+
+
+KIND = SparsityKind(
+    name="topp",
+    summary="dynamic: per query tile, the key blocks holding a fraction tau of the estimated mass (block means), "
+    "non-self-similar blocks and the diagonal kept",
+    params=(
+        MapParam("tau", "float", REQUIRED, _tau, "estimated mass to keep per query tile"),
+        MapParam("sim", "float", DEFAULT_SIM, _sim, "blocks whose mean cosine to their mean is below it are kept"),
+    ),
+    positional="tau",
+    static=False,
+    build=_build,
+)
