@@ -10,12 +10,14 @@ Each tree's Hopper launchers (the ``.cu`` files of its csrc folder that include 
 are exactly the instantiations the launchers ship. Kernel names are demangled (``c++filt``) and matched across trees
 by what they compute -- numerics, head_dim, block_n, P mode, Q smoothing (:data:`FAMILIES`); the schedule column
 shows each tree's (stages, ping-pong, pipe). Dynamic shared memory is each tree's own constant (``Cfg::SMEM`` /
-``SmemLayout::SMEM``), printed by a small host program. SASS comes from ``cuobjdump -sass`` (on PATH, or the one
+``SmemLayout::SMEM``), printed by a small host program. "PTX numeric ops in the same order" compares the sequence of
+the instructions that decide the output's bits (:data:`NUMERIC_OPS`: float arithmetic, conversions, ex2, wgmma,
+shuffles, dp4a). SASS comes from ``cuobjdump -sass`` (on PATH, or the one
 triton ships); "SASS same" means the instruction sequences are equal, operands included; otherwise it counts the new
 listing's instructions outside the longest common opcode subsequence (moved or changed).
 
-Exits 1 when a kernel is missing from one tree or its registers, spills, stack or shared memory differ (spills
-that both trees have are shown, not failed); instruction-count deltas are printed (opcode: old -> new) for the
+Exits 1 when a kernel is missing from one tree, its registers, spills, stack or shared memory differ (spills that
+both trees have are shown, not failed) or its numeric ops differ in kind or order; instruction-count deltas are printed (opcode: old -> new) for the
 reader to explain.
 """
 
@@ -84,6 +86,7 @@ class Kernel:
     resources: dict = field(default_factory=dict)  # registers, spill_stores, spill_loads, stack, barriers
     smem: int | None = None
     ptx: collections.Counter = field(default_factory=collections.Counter)
+    numeric: list = field(default_factory=list)  # the PTX's NUMERIC_OPS in order
     sass: list = field(default_factory=list)  # instruction texts in order
 
 
@@ -116,14 +119,20 @@ def cuobjdump() -> str | None:
     return None
 
 
-def ptx_histograms(ptx: str) -> dict[str, collections.Counter]:
-    """Opcode counts (full opcode with its suffixes) per .entry of a PTX file."""
+# PTX instructions that decide the output's bits: float arithmetic, comparisons and conversions, ex2, the integer
+# max (int8-fp8's row max) and row sums (dp4a), shuffles, the tensor-core products
+NUMERIC_OPS = re.compile(r"^(fma|mul|add|sub|neg|abs|min|max|div|rcp|sqrt|selp|setp)\.(\w+\.)*f32|^(min|max)\.s32"
+                         r"|^(ex2|cvt\.rn|wgmma\.mma_async|shfl|dp4a)")
+
+
+def ptx_opcodes(ptx: str) -> dict[str, list[str]]:
+    """Opcodes (full, with their suffixes) in order per .entry of a PTX file."""
     heads = list(re.finditer(r"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$]+)\s*\(", ptx, re.M))
     out = {}
     for i, m in enumerate(heads):
         body = ptx[m.end(): heads[i + 1].start() if i + 1 < len(heads) else len(ptx)]
         body = body[body.index("{") + 1:] if "{" in body else body
-        hist = collections.Counter()
+        ops = []
         for line in body.splitlines():
             line = line.split("//")[0].strip()
             if not line or line[0] in ".{}()" or line.endswith(":"):
@@ -132,8 +141,8 @@ def ptx_histograms(ptx: str) -> dict[str, collections.Counter]:
             if tok[0].startswith("@"):
                 tok = tok[1:]
             if tok:
-                hist[tok[0].rstrip(";")] += 1
-        out[m.group(1)] = hist
+                ops.append(tok[0].rstrip(";"))
+        out[m.group(1)] = ops
     return out
 
 
@@ -198,7 +207,7 @@ def build_tree(csrc: Path, work: Path, objdump: str | None) -> dict[str, Kernel]
         log = run(["nvcc", *NVCC_FLAGS, "-Xptxas", "-v", "-c", str(src), "-o", str(obj)]).stderr
         mangled_res.update(parse_ptxas(log))
         run(["nvcc", *NVCC_FLAGS, "-ptx", str(src), "-o", str(ptx)])
-        mangled_ptx.update(ptx_histograms(ptx.read_text()))
+        mangled_ptx.update(ptx_opcodes(ptx.read_text()))
         if objdump:
             mangled_sass.update(sass_listings(run([objdump, "-sass", str(obj)]).stdout))
     names = demangle(sorted(set(mangled_res) | set(mangled_ptx)))
@@ -210,9 +219,10 @@ def build_tree(csrc: Path, work: Path, objdump: str | None) -> dict[str, Kernel]
             print(f"  (not compared: {pretty})")
             continue
         fam, m = found
+        ops = mangled_ptx.get(mangled, [])
         k = Kernel(pretty, fam.key.format(*m.groups()), fam.schedule.format(*m.groups()),
-                   mangled_res.get(mangled, {}), None, mangled_ptx.get(mangled, collections.Counter()),
-                   mangled_sass.get(mangled, []))
+                   mangled_res.get(mangled, {}), None, collections.Counter(ops),
+                   [op for op in ops if NUMERIC_OPS.match(op)], mangled_sass.get(mangled, []))
         kernels[k.key] = k
         if fam.smem:
             smem_exprs[k.key] = (fam.headers, fam.smem.format(*m.groups()))
@@ -264,12 +274,12 @@ def main() -> int:
     old, new = trees["old"], trees["new"]
     bad = False
     print("\n| kernel | schedule old / new | registers | spill st / ld | stack | barriers | dyn. smem B | "
-          "PTX instr. old / new | SASS instr. old / new | SASS same |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "PTX instr. old / new | PTX numeric ops in the same order | SASS instr. old / new | SASS same |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     details = []
     for key in sorted(set(old) | set(new)):
         if key not in old or key not in new:
-            print(f"| {key} | only in the {'new' if key in new else 'old'} tree | | | | | | | | |")
+            print(f"| {key} | only in the {'new' if key in new else 'old'} tree | | | | | | | | | |")
             bad = True
             continue
         o, n = old[key], new[key]
@@ -280,7 +290,7 @@ def main() -> int:
         ro, rn = o.resources, n.resources
         same_res = all(ro.get(f) == rn.get(f) for f in ("registers", "spill_stores", "spill_loads", "stack")) and \
             o.smem == n.smem
-        bad |= not same_res
+        bad |= not same_res or o.numeric != n.numeric
         if objdump is None:
             sass_same = "n/a (no cuobjdump)"
         elif o.sass == n.sass:
@@ -293,6 +303,7 @@ def main() -> int:
               f"{pair((ro.get('spill_stores'), ro.get('spill_loads')), (rn.get('spill_stores'), rn.get('spill_loads')))} | "
               f"{pair(ro.get('stack'), rn.get('stack'))} | {pair(ro.get('barriers'), rn.get('barriers'))} | "
               f"{pair(o.smem, n.smem)} | {sum(o.ptx.values())} / {sum(n.ptx.values())} | "
+              f"{'yes' if o.numeric == n.numeric else 'NO'} ({len(n.numeric)}) | "
               f"{len(o.sass)} / {len(n.sass)} | {sass_same} |")
         d_ptx = delta(o.ptx, n.ptx)
         d_sass = delta(collections.Counter(map(sass_opcode, o.sass)), collections.Counter(map(sass_opcode, n.sass)))

@@ -5,10 +5,11 @@ table ships (rotvid/kernels/csrc/hopper_schedule.cuh), attention only (pre-proce
     python benchmarks/kernel_variants.py --recipe int8-fp8 --schedules table 3,0,1 --shapes cogvideox5b
 
 How: the schedule is a compile-time choice (a release build reads no environment variable). For each setting the
-script runs itself in a child process with ``ROTVID_EXT_CUDA_FLAGS=-DROTVID_HOPPER_SCHEDULE=<setting>`` (every row
-of the table takes that stages,pingpong,pipe; the numerics stay the table's) and ``ROTVID_EXT_CACHE`` set to its own
-folder (``hopper-schedule-<setting>`` under the usual cache), so each setting is its own extension, built on first
-use (minutes) and reused afterwards; ``table`` is the shipping build, without the flag. Each child times its kernel
+script runs itself in a child process with ``ROTVID_EXT_CUDA_FLAGS="-DROTVID_HOPPER_STAGES=s -DROTVID_HOPPER_PINGPONG=p
+-DROTVID_HOPPER_PIPE=q"`` for the setting ``s,p,q`` (every row of the table takes that schedule; the numerics stay
+the table's) and ``ROTVID_EXT_CACHE`` set to its own folder (``hopper-schedule-s-p-q`` under the usual cache), so
+each setting is its own extension, built on first use (minutes) and reused afterwards; ``table`` is the shipping
+build, without the flags. Each child times its kernel
 and cuDNN in interleaved rounds (kernel_bench.time_interleaved) on the same seeded inputs as kernel_bench, and hashes
 its output. The table: ms, TOP/s, speed relative to that child's own cuDNN, and whether the output has the first
 setting's bits (a schedule does not change the numerics: expect yes). The settings run one after another, so compare
@@ -105,7 +106,9 @@ def main() -> None:
         env = dict(os.environ, ROTVID_EXT_CACHE=str(cache))
         env.pop("ROTVID_EXT_CUDA_FLAGS", None)
         if setting != "table":
-            env["ROTVID_EXT_CUDA_FLAGS"] = f"-DROTVID_HOPPER_SCHEDULE={setting}"
+            stages, pingpong, pipe = setting.split(",")
+            env["ROTVID_EXT_CUDA_FLAGS"] = (f"-DROTVID_HOPPER_STAGES={stages} -DROTVID_HOPPER_PINGPONG={pingpong} "
+                                            f"-DROTVID_HOPPER_PIPE={pipe}")
         out = cache / f"times-{args.recipe}.json"
         cmd = [sys.executable, __file__, "--child", setting, "--out", str(out), "--recipe", args.recipe,
                "--p-mode", args.p_mode, "--rounds", str(args.rounds), "--shapes", *args.shapes]

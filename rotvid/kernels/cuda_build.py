@@ -4,9 +4,9 @@ The CUDA sources live in ``rotvid/kernels/csrc`` and are compiled at first use w
 ``torch.utils.cpp_extension.load`` (ninja) into a cache directory (``$ROTVID_EXT_CACHE`` or
 ``~/.cache/rotvid/ext``), keyed by the sources, torch/CUDA versions and compute capability, and
 reused afterwards. ``$ROTVID_EXT_CUDA_FLAGS`` adds nvcc flags (part of the cache key), a tuning aid: e.g.
-``-DROTVID_HOPPER_SCHEDULE=stages,pingpong,pipe`` builds the Hopper kernel with that schedule in place of its table's
-(``csrc/hopper_schedule.cuh``; ``benchmarks/kernel_variants.py`` builds and times one extension per setting). A
-release build reads no environment variable in its kernels.
+``-DROTVID_HOPPER_STAGES=4 -DROTVID_HOPPER_PINGPONG=2 -DROTVID_HOPPER_PIPE=1`` builds the Hopper kernel with that
+schedule in place of its table's (``csrc/hopper_schedule.cuh``; ``benchmarks/kernel_variants.py`` builds and times one
+extension per setting). A release build reads no environment variable in its kernels.
 
 The arch table (:data:`ARCH_TABLE`, compute capability -> instruction path and nvcc target) says *how* a GPU runs
 the kernels (:mod:`rotvid.kernels.cuda_layout` describes the paths); which recipe ``auto`` picks on it is the
@@ -106,7 +106,7 @@ def _nvcc() -> str:
 
 
 def _extra_cuda_flags() -> list[str]:
-    """Extra nvcc flags from ``$ROTVID_EXT_CUDA_FLAGS`` (a tuning aid, e.g. ``-DROTVID_HOPPER_SCHEDULE=3,1,1``)."""
+    """Extra nvcc flags from ``$ROTVID_EXT_CUDA_FLAGS`` (a tuning aid, e.g. ``-DROTVID_HOPPER_STAGES=4``)."""
     return os.environ.get("ROTVID_EXT_CUDA_FLAGS", "").split()
 
 

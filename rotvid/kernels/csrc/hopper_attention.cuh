@@ -22,6 +22,20 @@
 //
 // Both the producer and the consumers walk the key blocks through KeyBlocks (key_blocks.cuh) and mask keys by
 // their absolute index, so a block-sparse walk replaces the dense one without touching the numerics.
+//
+// A numerics policy N provides (the two policies are the examples; a new numerics is one such struct, its rows in
+// hopper_schedule.cuh's table and an entry point like attn_hopper_int8fp8.cu):
+//   D, BN                 head_dim and keys per block (the K^ / V^T tiles: s8 K^, V^T bytes the e4m3 P.V reads)
+//   S_STARTS_AT_MAGIC     QK^T accumulates onto the bits of 1.5 * 2^23 (scores read as floats without an I2F)
+//   small_bytes(st), STAGE_SMALL_TX   shared memory of its per-stage operands for a ring of st stages; bytes per stage
+//   StageLoads(p, bh), .issue<ST>(small, s, blk, bar)   the producer thread's bulk copies of block blk's operands
+//   Rows(p, bh, row_base, g)   per-thread consumer state of rows row_base + g, + 8 (the row scales, the scores)
+//     .block_max<ST, PARTIAL>(sacc, smem, small_off, s, blk, kv_len, t, mblk)   scores, masking, block row max
+//     .p_fragments<PARTIAL>(sacc, mblk, blk, kv_len, t, c_fac, pf, l_run)   P as e4m3 A fragments, l += c rowsum
+//     .update_o<ST>(o, pacc, c_fac, smem, small_off, s, t)   O += c (P V) (times a per-block V scale, if any)
+//   store_rows(p, o, l_run, row_base, g, t, b, h), split_scale(p, bh)   the epilogue, the split partials' O scale
+// (smem + small_off + the policy's offset of stage s addresses its operands in the consumers; small is the same
+// region's shared address in the producer.)
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>

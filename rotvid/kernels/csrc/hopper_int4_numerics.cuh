@@ -44,20 +44,22 @@ struct Int4ValuedNumerics {
 
   // Producer (one thread): the block's k_scale, vparams (and k_bias) into stage s, after its K^ and V^T copies.
   struct StageLoads {
-    const float* ksg;
+    const AttnParams& p;
+    const int bh;
+    const float* ksg;  // this head's k_scale and vparams (k_bias is addressed per block, as the kernel measured)
     const float* vpg;
-    const float* dsg;
-    __device__ __forceinline__ StageLoads(const AttnParams& p, int bh)
-        : ksg(p.k_scale + (size_t)bh * p.Nkv_pad),
-          vpg(p.vparams + (size_t)bh * (p.Nkv_pad / BN) * D * 2),
-          dsg(SQ ? p.k_bias + (size_t)bh * p.Nkv_pad : nullptr) {}
+    __device__ __forceinline__ StageLoads(const AttnParams& p_, int bh_)
+        : p(p_), bh(bh_),
+          ksg(p_.k_scale + (size_t)bh_ * p_.Nkv_pad),
+          vpg(p_.vparams + (size_t)bh_ * (p_.Nkv_pad / BN) * D * 2) {}
     template <int ST>
     __device__ __forceinline__ void issue(uint32_t small, int s, int blk, uint32_t bar) const {
       const uint32_t sm = small + s * (KS_BYTES + VP_BYTES);
       sm90::bulk_load(sm, ksg + (size_t)blk * BN, KS_BYTES, bar);
       sm90::bulk_load(sm + KS_BYTES, vpg + (size_t)blk * D * 2, VP_BYTES, bar);
       if constexpr (SQ) {
-        sm90::bulk_load(small + ST * (KS_BYTES + VP_BYTES) + s * DS_BYTES, dsg + (size_t)blk * BN, DS_BYTES, bar);
+        const float* dsg = p.k_bias + (size_t)bh * p.Nkv_pad + (size_t)blk * BN;
+        sm90::bulk_load(small + ST * (KS_BYTES + VP_BYTES) + s * DS_BYTES, dsg, DS_BYTES, bar);
       }
     }
   };

@@ -1,7 +1,7 @@
 // The Hopper attention kernel's schedule per (numerics, head_dim, block_n): one table (hopper_attention.cuh says
-// what STAGES, PINGPONG and PIPE do). A tuning build overrides the stages / ping-pong / pipe of every row at
-// compile time with -DROTVID_HOPPER_SCHEDULE=stages,pingpong,pipe (benchmarks/kernel_variants.py builds one
-// extension per setting); a release build reads no environment.
+// what STAGES, PINGPONG and PIPE do). A tuning build overrides them in every row at compile time with
+// -DROTVID_HOPPER_STAGES=n, -DROTVID_HOPPER_PINGPONG=n, -DROTVID_HOPPER_PIPE=n (each alone or together;
+// benchmarks/kernel_variants.py builds one extension per setting); a release build reads no environment.
 #pragma once
 
 namespace rotvid {
@@ -50,13 +50,15 @@ constexpr Schedule hopper_schedule(Numerics numerics, int head_dim, int block_n)
   for (const ScheduleRow& row : kScheduleTable) {
     if (row.numerics == numerics && row.head_dim == head_dim && row.block_n == block_n) s = row.schedule;
   }
-#ifdef ROTVID_HOPPER_SCHEDULE
-  if (s.stages > 0) {
-    const int tuned[3] = {ROTVID_HOPPER_SCHEDULE};
-    s.stages = tuned[0];
-    s.pingpong = tuned[1];
-    s.pipe = tuned[2];
-  }
+  if (s.stages == 0) return s;
+#ifdef ROTVID_HOPPER_STAGES
+  s.stages = ROTVID_HOPPER_STAGES;
+#endif
+#ifdef ROTVID_HOPPER_PINGPONG
+  s.pingpong = ROTVID_HOPPER_PINGPONG;
+#endif
+#ifdef ROTVID_HOPPER_PIPE
+  s.pipe = ROTVID_HOPPER_PIPE;
 #endif
   return s;
 }

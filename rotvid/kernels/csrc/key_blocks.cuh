@@ -20,8 +20,9 @@ struct KeyBlocks {
   // Whether key block `blk` holds keys at or past kv_len (the one block that needs the key mask).
   __device__ __forceinline__ static bool partial(int blk, int bn, int kv_len) { return (blk + 1) * bn > kv_len; }
 
-  // All ceil(kv_len / bn) blocks, or split `part` of them split evenly over `splits` CTAs (block boundaries at
-  // nblk * part / splits); part < 0: a tile run whole (whatever `splits`).
+  // All ceil(kv_len / bn) blocks (part < 0: a tile run whole, whatever `splits`), or split `part`'s share when the
+  // tile is split evenly over `splits` CTAs (block boundaries at nblk * part / splits). (One branch on part: the
+  // form of the Hopper kernel's code as it was measured.)
   __device__ __forceinline__ static KeyBlocks dense(int kv_len, int bn, int part, int splits) {
     KeyBlocks kb{0, (kv_len + bn - 1) / bn};
     if (part >= 0) {
