@@ -34,8 +34,9 @@
 //     .p_fragments<PARTIAL>(sacc, mblk, blk, kv_len, t, c_fac, pf, l_run)   P as e4m3 A fragments, l += c rowsum
 //     .update_o<ST>(o, pacc, c_fac, smem, small_off, s, t)   O += c (P V) (times a per-block V scale, if any)
 //   store_rows(p, o, l_run, row_base, g, t, b, h), split_scale(p, bh)   the epilogue, the split partials' O scale
-// (smem + small_off + the policy's offset of stage s addresses its operands in the consumers; small is the same
-// region's shared address in the producer.)
+// (smem + small_off + the policy's offset of stage s addresses its operands in the consumers, as one offset sum;
+// small is the same region's shared address in the producer. The thread's column index t is passed, not kept in
+// Rows: both forms cost the kernel its measured code generation -- benchmarks/kernel_ptx_diff.py shows it.)
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
