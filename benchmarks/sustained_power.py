@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import statistics
 import subprocess
 import sys
@@ -60,15 +59,6 @@ def window_stats(samples, t0: dt.datetime, t1: dt.datetime) -> str:
     return f"{med(1):.0f} | {med(2):.0f} | {med(3):.0f}"
 
 
-def with_variant(variant: str, fn):
-    """``fn()`` with ``$ROTVID_INT8FP8_VARIANT`` set for that call only (the other rows run the default)."""
-    os.environ["ROTVID_INT8FP8_VARIANT"] = variant
-    try:
-        return fn()
-    finally:
-        del os.environ["ROTVID_INT8FP8_VARIANT"]
-
-
 def isolated_ms(fn, calls: int, sleep_s: float) -> float:
     times = []
     for _ in range(calls):
@@ -107,8 +97,6 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--sleep", type=float, default=0.5)
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--variants", nargs="*", default=[],
-                    help="int8-fp8 kernel variants to add (tuning build: -DROTVID_INT8FP8_VARIANTS)")
     ap.add_argument("--int4", action="store_true", help="also the INT4 recipe (Q/K/V smoothing, range P)")
     ap.add_argument("--cooldown", type=float, default=3.0, help="idle seconds between methods")
     args = ap.parse_args()
@@ -135,9 +123,6 @@ def main() -> None:
     qkv = cb.preprocess_int8fp8_cuda(q, k, v)
     methods["rotvid int8-fp8 (attn only)"] = lambda: cb.attention_int8fp8_quantized(qkv, n_q=n, n_kv=n, head_dim=d)
     methods["rotvid int8-fp8 (pre + attn)"] = lambda: cb.int8fp8_attention_cuda(q, k, v)
-    for var in args.variants:  # tuning build (-DROTVID_INT8FP8_VARIANTS): the variant is read per call
-        methods[f"rotvid int8-fp8 (attn only), variant {var}"] = lambda var=var: with_variant(
-            var, lambda: cb.attention_int8fp8_quantized(qkv, n_q=n, n_kv=n, head_dim=d))
     if args.int4:  # issue 12's recipe, as kernel_bench times it: Q, K, V smoothed, range P
         methods["rotvid int4 (pre + attn)"] = lambda: cb.int4_attention_cuda(q, k, v, smooth_v=True, smooth_q=True)
     for fn in methods.values():

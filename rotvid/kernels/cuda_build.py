@@ -3,9 +3,10 @@
 The CUDA sources live in ``rotvid/kernels/csrc`` and are compiled at first use with
 ``torch.utils.cpp_extension.load`` (ninja) into a cache directory (``$ROTVID_EXT_CACHE`` or
 ``~/.cache/rotvid/ext``), keyed by the sources, torch/CUDA versions and compute capability, and
-reused afterwards. ``$ROTVID_EXT_CUDA_FLAGS`` adds nvcc flags (part of the cache key), a tuning aid:
-``-DROTVID_ATTN_VARIANTS`` builds the kernel variants that ``$ROTVID_ATTN_VARIANT`` picks at run time
-(see ``csrc/int4_attention.cuh``).
+reused afterwards. ``$ROTVID_EXT_CUDA_FLAGS`` adds nvcc flags (part of the cache key), a tuning aid: e.g.
+``-DROTVID_HOPPER_STAGES=4 -DROTVID_HOPPER_PINGPONG=2 -DROTVID_HOPPER_PIPE=1`` builds the Hopper kernel with that
+schedule in place of its table's (``csrc/hopper_schedule.cuh``; ``benchmarks/kernel_variants.py`` builds and times one
+extension per setting). A release build reads no environment variable in its kernels.
 
 The arch table (:data:`ARCH_TABLE`, compute capability -> instruction path and nvcc target) says *how* a GPU runs
 the kernels (:mod:`rotvid.kernels.cuda_layout` describes the paths); which recipe ``auto`` picks on it is the
@@ -37,8 +38,9 @@ SOURCES = (
     "attn_s8_d128.cu",
     "attn_s4_d64.cu",
     "attn_s4_d128.cu",
-    "attn_wgmma.cu",
-    "attn_int8fp8_wgmma.cu",
+    "attn_hopper.cu",
+    "attn_hopper_int4.cu",
+    "attn_hopper_int8fp8.cu",
     "attn_int8fp8_mma.cu",
     "rope_table.cu",
 )
@@ -47,9 +49,14 @@ HEADERS = (
     "int4_rowmath.cuh",
     "rope_rows.cuh",
     "int4_attention.cuh",
-    "int4_attention_wgmma.cuh",
-    "int8fp8_attention_wgmma.cuh",
     "int8fp8_attention_mma.cuh",
+    "key_blocks.cuh",
+    "sm90_ops.cuh",
+    "hopper_attention.cuh",
+    "hopper_int4_numerics.cuh",
+    "hopper_int8fp8_numerics.cuh",
+    "hopper_schedule.cuh",
+    "hopper_launch.cuh",
     "tma_map.cuh",
 )
 
@@ -99,7 +106,7 @@ def _nvcc() -> str:
 
 
 def _extra_cuda_flags() -> list[str]:
-    """Extra nvcc flags from ``$ROTVID_EXT_CUDA_FLAGS`` (a tuning aid, e.g. ``-DROTVID_ATTN_VARIANTS``)."""
+    """Extra nvcc flags from ``$ROTVID_EXT_CUDA_FLAGS`` (a tuning aid, e.g. ``-DROTVID_HOPPER_STAGES=4``)."""
     return os.environ.get("ROTVID_EXT_CUDA_FLAGS", "").split()
 
 

@@ -8,10 +8,11 @@ Instruction paths, chosen by compute capability from :data:`ARCH_TABLE`:
   (identical integer products, so identical outputs).
 * ``"wgmma"`` (sm90, block_n 64 or 128): the same numbers on Hopper's warpgroup tensor cores
   (``wgmma.mma_async ... s8`` for QKᵀ, ``e4m3 x e4m3`` for P̂V̂ -- INT4 values are exact in e4m3 and the block's
-  sum is exact in the FP32 accumulator --, operands brought in by TMA; ``csrc/int4_attention_wgmma.cuh``). The s8
-  kernel layout, except ``vt``: uint8 sign-magnitude bytes. P̂ is rounded by the e4m3 conversion of a shifted
-  exponent, so a few outputs in 10⁴ differ from the s8 path's (rare ±1 flips of P̂ where ex2.approx rounds the
-  other way); the bound against the reference is the s8 path's.
+  sum is exact in the FP32 accumulator --, operands brought in by TMA; ``csrc/hopper_attention.cuh`` with the
+  numerics of ``csrc/hopper_int4_numerics.cuh``). The s8 kernel layout, except ``vt``: uint8 sign-magnitude
+  bytes. P̂ is rounded by the e4m3 conversion of a shifted exponent, so a few outputs in 10⁴ differ from the s8
+  path's (rare ±1 flips of P̂ where ex2.approx rounds the other way); the bound against the reference is the s8
+  path's.
 
 On sm90 the default is ``"wgmma"`` (block size :func:`default_block_n`); elsewhere the arch path.
 

@@ -338,7 +338,7 @@ def attention_int8fp8_from_quantized(
     Equal to the ``int8-fp8`` branch of :func:`attention_reference` up to fp32 rounding (there Q̂/K̂ are
     dequantized before the product and V's scale is applied per block). The kernel differs from this twin by fp32
     rounding only: the order of its products, ``ex2.approx``, and at head_dim 64 one rounding per row and block
-    of the exponent's constant (``MAGIC`` in ``int8fp8_attention_wgmma.cuh``). Returns float32 (B, H, Nq, D).
+    of the exponent's constant (``MAGIC`` in ``csrc/hopper_int8fp8_numerics.cuh``). Returns float32 (B, H, Nq, D).
     """
     dt = torch.float32
     d = q_hat.shape[-1]

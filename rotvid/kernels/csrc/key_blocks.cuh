@@ -20,13 +20,16 @@ struct KeyBlocks {
   // Whether key block `blk` holds keys at or past kv_len (the one block that needs the key mask).
   __device__ __forceinline__ static bool partial(int blk, int bn, int kv_len) { return (blk + 1) * bn > kv_len; }
 
-  // All ceil(kv_len / bn) blocks, split evenly over `splits` CTAs (block boundaries at nblk * part / splits).
+  // All ceil(kv_len / bn) blocks (part < 0: a tile run whole, whatever `splits`), or split `part`'s share when the
+  // tile is split evenly over `splits` CTAs (block boundaries at nblk * part / splits). (One branch on part: the
+  // form of the Hopper kernel's code as it was measured.)
   __device__ __forceinline__ static KeyBlocks dense(int kv_len, int bn, int part, int splits) {
-    const int nblk = (kv_len + bn - 1) / bn;
-    if (splits <= 1) return KeyBlocks{0, nblk};
-    const int b0 = (int)((long long)nblk * part / splits);
-    const int b1 = (int)((long long)nblk * (part + 1) / splits);
-    return KeyBlocks{b0, b1 - b0};
+    KeyBlocks kb{0, (kv_len + bn - 1) / bn};
+    if (part >= 0) {
+      kb.first = (int)((long long)kb.count * part / splits);
+      kb.count = (int)((long long)kb.count * (part + 1) / splits) - kb.first;
+    }
+    return kb;
   }
 };
 

@@ -1,0 +1,312 @@
+// The Hopper attention kernel (sm90a: wgmma, TMA, mbarriers), one CTA skeleton for every numerics. The numerics
+// is a policy N (hopper_int4_numerics.cuh, hopper_int8fp8_numerics.cuh): what each stage brings besides the K^ and
+// V^T tiles, the scores' conversion, scaling and block max, P's quantization and the row sums, the O update and the
+// output's scaling. This file holds what does not depend on it:
+//
+// - the tile schedule: a 1-D grid of 128-row query tiles (query block fastest, then head, then batch); tiles from
+//   p.split_from on (the last, partial wave) run as p.splits CTAs each, split `part` taking its share of the key
+//   blocks (KeyBlocks::dense) and writing (O, m, l) partials that combine_splits_kernel merges;
+// - the CTA: 3 warpgroups. Warpgroups 0 and 1 are consumers of 64 query rows each; warpgroup 2 is the producer
+//   (setmaxnreg gives its registers to the consumers): one thread issues TMA copies of the Q tile (once) and of
+//   each key block (K^ tile, V^T tile, then the numerics' small operands) into a ring of STAGES buffers, each
+//   guarded by a "full" mbarrier (transaction bytes) and an "empty" mbarrier (one arrival per consumer warp);
+// - the consumers' loop: S = wgmma m64nBNk32 s8 (A = Q^, B = K^ from 128/64-byte-swizzled shared memory); the
+//   numerics' softmax in registers; P.V = wgmma m64nDk32 e4m3 with A = P from registers (the accumulator layout of
+//   S is the A-fragment layout once V^T keys are permuted per 32, as the kernel layouts do) and B = V^T (K-major)
+//   from shared memory; the online combine with the lazy reference max (rowmath::online_combine);
+// - the overlap schedule (hopper_schedule.cuh picks it): PIPE 1 issues the next block's QK^T while P.V is in
+//   flight, PIPE 2 right after P.V completes (both overlap it with the O update), PIPE 0 after the O update;
+//   PINGPONG 1 makes the two consumer warpgroups take turns issuing the QK^T, PINGPONG 2 issuing P.V + the next
+//   QK^T (FlashAttention-3's order);
+// - the epilogue: the numerics' store of O / l, or the split's partials.
+//
+// Both the producer and the consumers walk the key blocks through KeyBlocks (key_blocks.cuh) and mask keys by
+// their absolute index, so a block-sparse walk replaces the dense one without touching the numerics.
+//
+// A numerics policy N provides (the two policies are the examples; a new numerics is one such struct, its rows in
+// hopper_schedule.cuh's table and an entry point like attn_hopper_int8fp8.cu):
+//   D, BN                 head_dim and keys per block (the K^ / V^T tiles: s8 K^, V^T bytes the e4m3 P.V reads)
+//   S_STARTS_AT_MAGIC     QK^T accumulates onto the bits of 1.5 * 2^23 (scores read as floats without an I2F)
+//   small_bytes(st), STAGE_SMALL_TX   shared memory of its per-stage operands for a ring of st stages; bytes per stage
+//   StageLoads(p, bh), .issue<ST>(small, s, blk, bar)   the producer thread's bulk copies of block blk's operands
+//   Rows(p, bh, row_base, g)   per-thread consumer state of rows row_base + g, + 8 (the row scales, the scores)
+//     .block_max<ST, PARTIAL>(sacc, smem, small_off, s, blk, kv_len, t, mblk)   scores, masking, block row max
+//     .p_fragments<PARTIAL>(sacc, mblk, blk, kv_len, t, c_fac, pf, l_run)   P as e4m3 A fragments, l += c rowsum
+//     .update_o<ST>(o, pacc, c_fac, smem, small_off, s, t)   O += c (P V) (times a per-block V scale, if any)
+//   store_rows(p, o, l_run, row_base, g, t, b, h), split_scale(p, bh)   the epilogue, the split partials' O scale
+// (smem + small_off + the policy's offset of stage s addresses its operands in the consumers, as one offset sum;
+// small is the same region's shared address in the producer. The thread's column index t is passed, not kept in
+// Rows: both forms cost the kernel its measured code generation -- benchmarks/kernel_ptx_diff.py shows it.)
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "int4_common.cuh"
+#include "int4_rowmath.cuh"
+#include "key_blocks.cuh"
+#include "sm90_ops.cuh"
+
+namespace rotvid {
+namespace hopper {
+
+constexpr int kBM = 128;        // query rows per CTA (two consumer warpgroups x 64)
+constexpr int kConsumerWarps = 8;
+constexpr int kThreads = (kConsumerWarps + 4) * 32;  // + a producer warpgroup (one thread issues the copies)
+// Registers are allocated per warpgroup on sm90 (cap 168 per thread for 3 warpgroups): the producer gives
+// its share to the consumers with setmaxnreg (24 x 128 + 240 x 256 <= 65536). (Three consumer warpgroups,
+// BM 192 at 160 registers, spilled ~1 KB per thread: not pursued.)
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+
+// Dynamic shared memory of numerics N with a ring of ST stages:
+// [Q][K0 V0][K1 V1]...[the numerics' small operands of all stages][barriers], the base rounded up to 1024.
+template <class N, int ST>
+struct SmemLayout {
+  static constexpr int Q_BYTES = kBM * N::D;       // Q^ tile, rows of D bytes (s8)
+  static constexpr int K_BYTES = N::BN * N::D;     // K^ tile
+  static constexpr int V_BYTES = N::D * N::BN;     // V^T tile: D rows of BN key bytes
+  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
+  static constexpr int TILES = Q_BYTES + ST * STAGE_BYTES;
+  static constexpr int SMALL = N::small_bytes(ST);
+  static constexpr int BARS = (2 * ST + 1) * 8;
+  static constexpr int SMEM = 1024 + TILES + SMALL + BARS;  // +1024: the base is rounded up to 1024
+  static constexpr int QK_SWIZZLE = N::D == 128 ? 128 : 64;  // bytes per Q/K row = swizzle span
+  static constexpr int V_SWIZZLE = N::BN;                    // bytes per V^T row of a block
+  static constexpr uint32_t TX = K_BYTES + V_BYTES + N::STAGE_SMALL_TX;  // bytes one stage's copies bring
+};
+
+template <class N, int STAGES, int PINGPONG, int PIPE>
+__global__ void __launch_bounds__(kThreads, 1)
+    hopper_attention_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap tm_q,
+                            const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#ifdef ROTVID_WGMMA_ENABLED
+  using namespace sm90;
+  static_assert(PINGPONG >= 0 && PINGPONG <= 2, "PINGPONG 0 (none), 1 (turn around QK^T) or 2 (around P.V + QK^T)");
+  static_assert(PIPE >= 0 && PIPE <= 2, "PIPE 0, 1 or 2");
+  constexpr int D = N::D;
+  constexpr int kBN = N::BN;
+  constexpr int ST = STAGES;
+  using C = SmemLayout<N, ST>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  const uint32_t s_q = base;
+  auto s_k = [&](int s) { return base + C::Q_BYTES + s * C::STAGE_BYTES; };
+  auto s_v = [&](int s) { return base + C::Q_BYTES + s * C::STAGE_BYTES + C::K_BYTES; };
+  const uint32_t bars = base + C::TILES + C::SMALL;
+  auto full_bar = [&](int s) { return bars + 8 * s; };
+  auto empty_bar = [&](int s) { return bars + 8 * (ST + s); };
+  const uint32_t q_bar = bars + 8 * 2 * ST;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // the tile schedule: tiles below split_from run whole (part -1); each later tile runs as p.splits CTAs
+  int tile = blockIdx.x, part = -1;
+  if (tile >= p.split_from) {
+    part = (tile - p.split_from) % p.splits;
+    tile = p.split_from + (tile - p.split_from) / p.splits;
+  }
+  const int n_qt = p.Nq_pad / kBM;
+  const int mb = tile % n_qt, h = (tile / n_qt) % p.H, b = tile / (n_qt * p.H);
+  const int bh = b * p.H + h;
+  int kv_len = p.Nkv;
+  if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
+  const KeyBlocks kb = KeyBlocks::dense(kv_len, kBN, part, p.splits);
+
+  if (tid == 0) {
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(full_bar(s), 1);
+      mbar_init(empty_bar(s), kConsumerWarps);
+    }
+    mbar_init(q_bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= kConsumerWarps) {  // ---- producer warpgroup ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp == kConsumerWarps && lane == 0) {
+      mbar_expect_tx(q_bar, C::Q_BYTES);
+      tma_load_2d(s_q, &tm_q, 0, bh * p.Nq_pad + mb * kBM, q_bar);
+      const typename N::StageLoads loads(p, bh);
+      const uint32_t small = base + C::TILES;
+      for (int i = 0; i < kb.count; ++i) {
+        const int s = i % ST, blk = kb.block(i);
+        mbar_wait(empty_bar(s), ((i / ST) & 1) ^ 1);
+        mbar_expect_tx(full_bar(s), C::TX);
+        tma_load_2d(s_k(s), &tm_k, 0, bh * p.Nkv_pad + blk * kBN, full_bar(s));
+        tma_load_2d(s_v(s), &tm_v, blk * kBN, bh * D, full_bar(s));
+        loads.template issue<ST>(small, s, blk, full_bar(s));
+      }
+    }
+  } else {  // ---- consumers (one branch of the if/else, so setmaxnreg applies) ----
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  // (indices from the unsigned thread index: the measured kernel's code; the signed warp / lane forms compile
+  // to different SASS, and this kernel's speed moves with its code generation -- RESULTS.md)
+  const uint32_t utid = (uint32_t)tid;
+  const int wg = (int)(utid >> 7), wi = (int)((utid >> 5) & 3);
+  const int g = (int)((utid >> 2) & 7), t = (int)(utid & 3);
+  const int row_base = mb * kBM + wg * 64 + wi * 16;
+  typename N::Rows rows(p, bh, row_base, g);  // the numerics' state of this thread's rows g, g + 8
+  const uint64_t desc_q = smem_desc(s_q + wg * 64 * D, C::QK_SWIZZLE);
+
+  constexpr int DT = D / 8;     // output n-tiles
+  constexpr int QKS = D / 32;   // k-steps of QK^T
+  constexpr int PKS = kBN / 32; // k-steps of P.V
+  float o[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+
+  uint32_t sacc[kBN / 2];  // S of the current key block
+  float pacc[D / 2];       // P V of the current key block
+  uint32_t pf[PKS][4];     // P A fragments of the current key block
+  float c_fac[2];          // block factors c of the current key block
+
+  // S = Q^ K^T of the block in stage s (committed as one wgmma group, not waited for)
+  auto issue_qk = [&](const int s) {
+    if constexpr (N::S_STARTS_AT_MAGIC) {  // the numerics reads the scores as floats (1.5 * 2^23 + S)
+#pragma unroll
+      for (int i = 0; i < kBN / 2; ++i) sacc[i] = (uint32_t)kMagicI;
+    }
+    wgmma_fence();
+    const uint64_t desc_k = smem_desc(s_k(s), C::QK_SWIZZLE);
+    wgmma_qk<kBN, N::S_STARTS_AT_MAGIC ? 1 : 0>(sacc, desc_q, desc_k);  // scale-d 0: starts at zero
+#pragma unroll
+    for (int ks = 1; ks < QKS; ++ks) wgmma_qk<kBN, 1>(sacc, desc_q + 2 * ks, desc_k + 2 * ks);
+    wgmma_commit();
+  };
+
+  // P.V of the block in stage s (one wgmma group)
+  auto issue_pv = [&](const int s) {
+    const uint64_t desc_v = smem_desc(s_v(s), C::V_SWIZZLE);
+    wgmma_fence();
+    wgmma_pv_e4m3<D, 0>(pacc, pf[0], desc_v);  // scale-d 0: a fresh sum per block
+#pragma unroll
+    for (int k = 1; k < PKS; ++k) wgmma_pv_e4m3<D, 1>(pacc, pf[k], desc_v + 2 * k);
+    wgmma_commit();
+  };
+
+  // PINGPONG: the two warpgroups take turns issuing matrix products (named barriers 1 + wg), so that one
+  // warpgroup's softmax runs while the other's products occupy the tensor cores.
+  auto turn_wait = [&]() {
+    if constexpr (PINGPONG != 0) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+  };
+  auto turn_pass = [&](bool last) {
+    if constexpr (PINGPONG != 0) {
+      if (!(last && wg == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
+    }
+  };
+  if (PINGPONG != 0 && wg == 1 && kb.count > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 first
+
+  // The numerics' softmax of block blk (stage s): block max, online combine, P fragments and l; then the P.V
+  // wgmma group (committed, not waited for). PARTIAL: the block holds keys at or past kv_len.
+  auto softmax_issue_pv = [&](const int blk, const int s, auto partial_tag) {
+    constexpr bool PARTIAL = decltype(partial_tag)::value;
+    float mblk[2];  // block row maxima, in the exponent's units
+    rows.template block_max<ST, PARTIAL>(sacc, smem, C::TILES, s, blk, kv_len, t, mblk);
+    rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
+    rows.template p_fragments<PARTIAL>(sacc, mblk, blk, kv_len, t, c_fac, pf, l_run);
+    if constexpr (PINGPONG == 2) turn_wait();
+    issue_pv(s);
+  };
+
+  // O = O a + c (the block's P V, scaled as the numerics says), then the stage goes back to the producer
+  auto update_o = [&](const int s) {
+    rows.template update_o<ST>(o, pacc, c_fac, smem, C::TILES, s, t);
+    __syncwarp();
+    if ((utid & 31) == 0) mbar_arrive(empty_bar(s));
+  };
+
+  mbar_wait(q_bar, 0);
+  if (kb.count > 0) {
+    mbar_wait(full_bar(0), 0);
+    if constexpr (PINGPONG == 1) turn_wait();
+    issue_qk(0);
+    if constexpr (PINGPONG == 1) turn_pass(kb.count == 1);
+  }
+  for (int i = 0; i < kb.count; ++i) {
+    const int blk = kb.block(i);
+    const int s = i % ST;
+    const int s1 = (i + 1) % ST;
+    const bool has_next = i + 1 < kb.count;
+    wgmma_wait<0>();  // S of block blk
+    if (KeyBlocks::partial(blk, kBN, kv_len)) {
+      softmax_issue_pv(blk, s, std::true_type{});
+    } else {
+      softmax_issue_pv(blk, s, std::false_type{});
+    }
+    if (PIPE == 1 && has_next) {
+      mbar_wait(full_bar(s1), ((i + 1) / ST) & 1);
+      if constexpr (PINGPONG == 1) turn_wait();
+      issue_qk(s1);
+      if constexpr (PINGPONG == 1) turn_pass(i + 2 == kb.count);
+      if constexpr (PINGPONG == 2) turn_pass(false);
+      wgmma_wait<1>();
+    } else {
+      if constexpr (PINGPONG == 2) turn_pass(!has_next);
+      wgmma_wait<0>();
+      if (PIPE == 2 && has_next) {
+        mbar_wait(full_bar(s1), ((i + 1) / ST) & 1);
+        if constexpr (PINGPONG == 1) turn_wait();
+        issue_qk(s1);
+        if constexpr (PINGPONG == 1) turn_pass(i + 2 == kb.count);
+      }
+    }
+    update_o(s);
+    if (PIPE == 0 && has_next) {
+      mbar_wait(full_bar(s1), ((i + 1) / ST) & 1);
+      if constexpr (PINGPONG == 1) turn_wait();
+      issue_qk(s1);
+      if constexpr (PINGPONG == 1) turn_pass(i + 2 == kb.count);
+    }
+  }
+
+  if (part < 0) {
+    N::store_rows(p, o, l_run, row_base, g, t, b, h);
+  } else {  // partials of this split: O (relative to m_run; times the numerics' split scale), m_run, l per row
+    float* w = p.ws + ((size_t)(tile - p.split_from) * p.splits + part) * kBM * (D + 2);
+    rowmath::store_split_partials<D>(w, o, m_run, l_run, row_base - mb * kBM + g, t, N::split_scale(p, bh));
+  }
+  }  // consumers
+#endif  // ROTVID_WGMMA_ENABLED
+}
+
+// The tail split's second pass: one warp per row of a split tile merges the splits' (O, m, l) -- weights
+// exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows. Grid (split tiles, kBM / 8), 256 threads.
+template <int D>
+__global__ void __launch_bounds__(256) combine_splits_kernel(const AttnParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tile = p.split_from + blockIdx.x;
+  const int n_qt = p.Nq_pad / kBM;
+  const int mb = tile % n_qt, h = (tile / n_qt) % p.H, b = tile / (n_qt * p.H);
+  const int r = blockIdx.y * 8 + warp, row = mb * kBM + r;
+  if (row >= p.Nq) return;
+  const float* w = p.ws + (size_t)blockIdx.x * p.splits * kBM * (D + 2) + (size_t)r * (D + 2);
+  const size_t split_stride = (size_t)kBM * (D + 2);
+  float m_max = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) m_max = fmaxf(m_max, w[s * split_stride + D]);
+  constexpr int EPL = D / 32;  // columns per lane
+  float acc[EPL], l = 0.f;
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) acc[i] = 0.f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float* ws = w + s * split_stride;
+    const float f = exp2f(ws[D] - m_max);
+    l = fmaf(f, ws[D + 1], l);
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) acc[i] = fmaf(f, ws[lane * EPL + i], acc[i]);
+  }
+  const float* vm = p.v_mean != nullptr ? p.v_mean + ((size_t)b * p.H + h) * D : nullptr;
+  const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+  for (int i = 0; i < EPL; i += 2) rowmath::store_pair(p, off, lane * EPL + i, acc[i] / l, acc[i + 1] / l, vm);
+}
+
+}  // namespace hopper
+}  // namespace rotvid

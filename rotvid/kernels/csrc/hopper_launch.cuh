@@ -1,0 +1,43 @@
+// Host side of the Hopper attention kernel (hopper_attention.cuh): TMA tensor maps, the launch of numerics N at
+// the schedule table's row (hopper_schedule.cuh), and the split-combine pass. The device code exists only in an
+// sm90a build; the entry points (attn_hopper_*.cu) report cudaErrorNotSupported elsewhere.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "hopper_attention.cuh"
+#include "hopper_schedule.cuh"
+#include "tma_map.cuh"
+
+namespace rotvid {
+namespace hopper {
+
+template <class N, int STAGES, int PINGPONG, int PIPE>
+cudaError_t launch_attention(const AttnParams& p, cudaStream_t stream) {
+  using C = SmemLayout<N, STAGES>;
+  constexpr int D = N::D, BN = N::BN;
+  const uint64_t bh = (uint64_t)p.B * p.H;
+  CUtensorMap tm_q, tm_k, tm_v;
+  if (!tma::make_map(&tm_q, p.q, bh * p.Nq_pad, D, kBM, D, C::QK_SWIZZLE) ||
+      !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
+      !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
+    return cudaErrorInvalidValue;
+  auto kernel = hopper_attention_kernel<N, STAGES, PINGPONG, PIPE>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+  if (err != cudaSuccess) return err;
+  const long long tiles = (long long)(p.Nq_pad / kBM) * p.H * p.B;
+  const long long ctas = p.split_from + (tiles - p.split_from) * p.splits;
+  // (the kernel treats every tile from split_from on as split: without splits, split_from must be the tile count)
+  if (p.splits < 1 || p.split_from > tiles || (p.splits == 1 && p.split_from != tiles) ||
+      (p.splits > 1 && p.ws == nullptr) || ctas > 0x7fffffffLL)
+    return cudaErrorInvalidValue;
+  kernel<<<dim3((unsigned)ctas), kThreads, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
+  if (p.splits > 1 && tiles > p.split_from) {
+    const dim3 cgrid((unsigned)(tiles - p.split_from), kBM / 8);
+    combine_splits_kernel<D><<<cgrid, 256, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace hopper
+}  // namespace rotvid
