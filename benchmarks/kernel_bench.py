@@ -307,6 +307,8 @@ def main() -> None:
     ap.add_argument("--rotvid-only", action="store_true", help="time only rotvid (cuDNN once, for the ratio)")
     ap.add_argument("--markdown-out", type=Path, help="write the markdown section to this file")
     ap.add_argument("--append", type=Path, help="append the markdown section to this results file")
+    ap.add_argument("--rows-json", type=Path, default=None,
+                    help="also write every row of the table (method, ms, ...) to this JSON file (for A/B runs)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved timing rounds per shape (default 3; every method once per round, the order "
                          "rotating; a method's time is the median of its round medians)")
@@ -335,6 +337,9 @@ def main() -> None:
         tmp = args.json_out.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(results_json(rows), indent=2) + "\n")
         tmp.replace(args.json_out)  # atomic: a reader never sees half a file
+    if args.rows_json:
+        args.rows_json.parent.mkdir(parents=True, exist_ok=True)
+        args.rows_json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1) + "\n")
     if args.append:
         with args.append.open("a") as fh:
             fh.write("\n" + md)
