@@ -4,8 +4,8 @@ The CUDA sources live in ``rotvid/kernels/csrc`` and are compiled at first use w
 ``torch.utils.cpp_extension.load`` (ninja) into a cache directory (``$ROTVID_EXT_CACHE`` or
 ``~/.cache/rotvid/ext``), keyed by the sources, torch/CUDA versions and compute capability, and
 reused afterwards. ``$ROTVID_EXT_CUDA_FLAGS`` adds nvcc flags (part of the cache key), a tuning aid:
-``-DROTVID_ATTN_VARIANTS`` builds the kernel variants that ``$ROTVID_ATTN_VARIANT`` picks at run time
-(see ``csrc/int4_attention.cuh``).
+``-DROTVID_MMA_STAGES=3`` (``_NW``, ``_MINB``, ``_LEAN``) overrides the mma.sync kernel's schedule table at build
+time (see ``csrc/mma_schedule.cuh``).
 
 The arch table (:data:`ARCH_TABLE`, compute capability -> instruction path and nvcc target) says *how* a GPU runs
 the kernels (:mod:`rotvid.kernels.cuda_layout` describes the paths); which recipe ``auto`` picks on it is the
@@ -46,10 +46,13 @@ HEADERS = (
     "int4_common.cuh",
     "int4_rowmath.cuh",
     "rope_rows.cuh",
-    "int4_attention.cuh",
+    "key_blocks.cuh",
+    "mma_attention.cuh",
+    "mma_numerics_int4.cuh",
+    "mma_numerics_int8fp8.cuh",
+    "mma_schedule.cuh",
     "int4_attention_wgmma.cuh",
     "int8fp8_attention_wgmma.cuh",
-    "int8fp8_attention_mma.cuh",
     "tma_map.cuh",
 )
 
@@ -99,7 +102,7 @@ def _nvcc() -> str:
 
 
 def _extra_cuda_flags() -> list[str]:
-    """Extra nvcc flags from ``$ROTVID_EXT_CUDA_FLAGS`` (a tuning aid, e.g. ``-DROTVID_ATTN_VARIANTS``)."""
+    """Extra nvcc flags from ``$ROTVID_EXT_CUDA_FLAGS`` (a tuning aid, e.g. ``-DROTVID_MMA_STAGES=3``)."""
     return os.environ.get("ROTVID_EXT_CUDA_FLAGS", "").split()
 
 
