@@ -4,11 +4,12 @@ mangled names renumbered, so 0 means the same code).
 
     python benchmarks/kernel_ptx_diff_mma.py --old aa5d692 [--new ROOT] [--archs 80,86,89,90a] [--sass]
 
-``--old`` is a git revision (its ``rotvid/kernels/csrc`` is exported with ``git archive``); ``--new`` the working tree
-(default). Every launcher source (``attn_s4_d64.cu`` ...) is compiled with the flags of ``.ci/compile_cuda``, once
-with ``-ptx`` and once to an object with ``-Xptxas -v``; kernels of old and new are paired by :func:`kernel_key` (numerics,
-head_dim, block_n, path, P mode and schedule), so a kernel without a partner means the schedule changed. SASS needs
-``cuobjdump`` on PATH or in ``$CUOBJDUMP``. Exit status 1 when any pair differs in resources or opcode histogram.
+``--old`` is a git revision (its ``rotvid/kernels/csrc`` is exported with ``git archive``); ``--new`` the working
+tree (default). Every launcher source (``attn_s4_d64.cu`` ...) is compiled with the flags of ``.ci/compile_cuda``,
+once with ``-ptx`` and once to an object with ``-Xptxas -v``; kernels of old and new are paired by :func:`kernel_key`
+(numerics, head_dim, block_n, path, P mode and schedule), so a kernel without a partner means the schedule changed.
+SASS needs ``cuobjdump`` on PATH or in ``$CUOBJDUMP``. Exit status 1 when any pair differs in resources or in an
+opcode histogram; "(order)" after a count of differing lines: the same lines, some in another order.
 
 The functions (``compile_unit``, ``ptx_entries``, ``opcode_histogram``, ``sass_entries``) take no kernel-specific
 argument: :data:`KEYS` is the only part that knows the mma.sync kernels' names.
@@ -222,9 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         old_csrc = export_tree(args.old, work / "old")
         new_csrc = Path(args.new) / CSRC
-        print("| arch | unit | kernel | regs/spill/stack old | new | PTX instr old/new | PTX histogram (new - old) "
-              "| PTX lines differing | SASS instr old/new | SASS histogram (new - old) | SASS lines differing |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        head = ["arch", "unit", "kernel", "regs/spill/stack old", "new"]
+        for kind in ("PTX", "SASS") if cuobjdump else ("PTX",):
+            head += [f"{kind} instr old/new", f"{kind} histogram (new - old)", f"{kind} lines differing"]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
         for arch in args.archs.split(","):
             for unit in args.units.split(","):
                 old = compile_unit(old_csrc, unit, arch, work, cuobjdump)
@@ -235,11 +238,11 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"| sm_{arch} | {unit} | {key} | only in {'old' if key in old else 'new'} |")
                         continue
                     row = compare(old[key], new[key])
-                    failed |= row["res_old"] != row["res_new"] or any(row[k]["delta"] for k in ("ptx", "sass") if k in row)
+                    kinds = [row[k] for k in ("ptx", "sass") if k in row]
+                    failed |= row["res_old"] != row["res_new"] or any(r["delta"] for r in kinds)
                     cells = []
-                    for kind in ("ptx", "sass"):
-                        r = row.get(kind)
-                        cells += [f"{r['n'][0]}/{r['n'][1]}", str(r["delta"] or "same"), str(r["diff_lines"])] if r else ["-"] * 3
+                    for r in kinds:
+                        cells += [f"{r['n'][0]}/{r['n'][1]}", str(r["delta"] or "same"), r["diff_lines"]]
                     print(f"| sm_{arch} | {unit} | {key} | {_fmt_res(row['res_old'])} | {_fmt_res(row['res_new'])} | "
                           + " | ".join(cells) + " |")
     return 1 if failed else 0

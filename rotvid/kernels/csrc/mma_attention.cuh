@@ -21,17 +21,19 @@
 //   BlockScales(p, bh), .load<NTH>(dst, blk, tid)   cp.async of key block blk's scale data into a stage;
 //   N(p, bh, row_base, g)                    the per-row state (score scales, Q smoothing), after Q^ is loaded;
 //   View view(scales, t)                     what this thread reads of a stage's scale data (before Q^K^T);
-//   Scores; block_max(sacc, view, blk, kv_len, partial, t, sc, mblk)
+//   Scores                                   the block's per-thread arrays (the skeleton declares one per block);
+//   block_max(sacc, view, blk, kv_len, partial, t, sc, mblk)
 //   p_fragments(sacc, sc, mblk, blk, kv_len, partial, t, c_fac, l_run, pf)
 //   pv_tile<LEAN>(o[j], pf, b, view, j, t, c_fac)
 //   static store(p, o, l_run, row_base, g, t, b, h)
 //
-// Bits and instructions: the numerics' arithmetic is the kernels' of before (int4_attention.cuh,
-// int8fp8_attention_mma.cuh at aa5d692) in the same order; benchmarks/kernel_ptx_diff_mma.py compares the builds.
-// The source order below is part of that: the dense walk is written out (KeyBlocks{0, nblk}, the partial-block test
-// inline) because KeyBlocks::dense / partial, called with block_n as an argument, change the integer code
-// (the widening multiply of the block index, the loop guard, the mask predicates); and O, m, l are declared before
-// Q^, which keeps their loop registers in the old order (else ptxas moves registers around on some instantiations).
+// Bits and instructions: the policies do the floating-point operations of the two kernels this one replaced, in the
+// same order; benchmarks/kernel_ptx_diff_mma.py compares builds of two commits. The source order below is part of
+// that: the dense walk is written out (KeyBlocks{0, nblk}, the partial-block test inline) because KeyBlocks::dense /
+// partial, called with block_n as an argument, change the integer code (the widening multiply of the block index,
+// the loop guard, the mask predicates); O, m, l are declared before Q^ and the policies' arrays in N::Scores (not
+// as locals of their functions, which the inliner hoists to the kernel's entry), which keeps the loop registers in
+// the order of before (else ptxas moves registers around on some instantiations).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -66,9 +66,12 @@ struct Int4Numerics {
 
   __device__ __forceinline__ View view(const float* scales, int) const { return View{scales, scales + BN}; }
 
-  // The block's scores as floats (k_scale, Q smoothing's bias, masked keys -inf) between block_max and p_fragments.
+  // The block's per-thread arrays, declared by the skeleton (where an array is declared decides the order of the
+  // compiler's registers, and so the instructions: kernel_ptx_diff_mma.py): the scores as floats (k_scale, Q
+  // smoothing's bias, masked keys -inf) from block_max to p_fragments, and the P words there.
   struct Scores {
     float x[T::NT][4];
+    uint32_t pw[T::NT][4];  // float bits; low byte / nibble = P~
   };
 
   // Scores, key mask, the block's row max m_blk (log2 domain, times sq)
@@ -108,16 +111,16 @@ struct Int4Numerics {
   }
 
   // The P levels and their row counts (l += c rowsum(P^)), P~'s A fragments
-  __device__ __forceinline__ void p_fragments(const uint32_t (&)[T::NT][4], const Scores& sc, const float (&mblk)[2],
+  __device__ __forceinline__ void p_fragments(const uint32_t (&)[T::NT][4], Scores& sc, const float (&mblk)[2],
                                               int blk, int kv_len, bool partial, int t, const float (&c_fac)[2],
                                               float (&l_run)[2], uint32_t (&pf)[T::PKS][4]) const {
     const float (&x)[T::NT][4] = sc.x;
+    uint32_t (&pw)[T::NT][4] = sc.pw;
     // row sums of P^ = P~ (+ 8): the words MAGIC_I + P~ summed as integers (mod 2^32), the MAGIC_I terms removed
     // after the loop -- exact, so equal to the wgmma kernel's byte sums
     uint32_t p_sum[2] = {0u, 0u};
     constexpr float kPMul = PMODE == kPRange ? 15.f : 7.f;
     constexpr float kPAdd = PMODE == kPRange ? kMagicF - 8.f : kMagicF;
-    uint32_t pw[T::NT][4];  // float bits; low byte / nibble = P~
 #pragma unroll
     for (int j = 0; j < T::NT; ++j) {
 #pragma unroll

@@ -66,9 +66,13 @@ struct Int8Fp8Numerics {
 
   __device__ __forceinline__ View view(const float* scales, int t) const { return View{scales[t]}; }
 
-  // sq ks of rows g, g + 8 (the score scale of this thread's keys) between block_max and p_fragments
+  // The block's per-thread arrays, declared by the skeleton (where an array is declared decides the order of the
+  // compiler's registers: kernel_ptx_diff_mma.py): sq ks of rows g, g + 8 from block_max to p_fragments, the scores
+  // of one n-tile as integers (block_max), 448 p of one k-step (p_fragments).
   struct Scores {
     float sqk[2];
+    int a[4];
+    float pe[4][4];
   };
 
   // The block's row max on the integers (masked keys excluded), times sq ks
@@ -79,7 +83,7 @@ struct Int8Fp8Numerics {
     for (int i = 0; i < 4; ++i) mi[i][0] = mi[i][1] = INT_MIN;
 #pragma unroll
     for (int j = 0; j < T::NT; ++j) {
-      int a[4];
+      int (&a)[4] = sc.a;
 #pragma unroll
       for (int e = 0; e < 4; ++e) a[e] = (int)sacc[j][e];
       if (partial) {
@@ -103,7 +107,7 @@ struct Int8Fp8Numerics {
   }
 
   // 448 p = ex2(S sq ks - (m_blk - log2 448)), l += c rowsum(448 p) (unquantized), the P8 A fragments
-  __device__ __forceinline__ void p_fragments(const uint32_t (&sacc)[T::NT][4], const Scores& sc,
+  __device__ __forceinline__ void p_fragments(const uint32_t (&sacc)[T::NT][4], Scores& sc,
                                               const float (&mblk)[2], int blk, int kv_len, bool partial, int t,
                                               const float (&c_fac)[2], float (&l_run)[2],
                                               uint32_t (&pf)[T::PKS][4]) const {
@@ -112,7 +116,7 @@ struct Int8Fp8Numerics {
     float ls[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
     for (int s = 0; s < T::PKS; ++s) {
-      float pe[4][4];  // n-tiles 4s..4s+3 = the 32 key positions of k-step s
+      float (&pe)[4][4] = sc.pe;  // n-tiles 4s..4s+3 = the 32 key positions of k-step s
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int j = 4 * s + jj;
