@@ -109,7 +109,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     part = (tile - p.split_from) % p.splits;
     tile = p.split_from + (tile - p.split_from) / p.splits;
   }
-  const int n_qt = p.Nq_pad / kBM;
+  // (Nq_pad is a multiple of kBM, so both forms give the same count; each numerics keeps the form its kernel was tuned
+  // in: the other one reorders ~200 SASS instructions of the int4 kernels, and of the int8-fp8 one at head_dim 64,
+  // which then ran 3.4% slower, CogVideoX-5B, H200)
+  const int n_qt = N::TILE_COUNT_ROUNDED_UP ? (p.Nq_pad + kBM - 1) / kBM : p.Nq_pad / kBM;
   const int mb = tile % n_qt, h = (tile / n_qt) % p.H, b = tile / (n_qt * p.H);
   const int bh = b * p.H + h;
   int kv_len = p.Nkv;
@@ -206,12 +209,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The numerics' softmax of block blk (stage s): block max, online combine, P fragments and l; then the P.V
   // wgmma group (committed, not waited for). PARTIAL: the block holds keys at or past kv_len.
+  const int kv_mask = kb.mask_len(kv_len, kBN);  // keys >= kv_mask of the walk are masked
   auto softmax_issue_pv = [&](const int blk, const int s, auto partial_tag) {
     constexpr bool PARTIAL = decltype(partial_tag)::value;
     float mblk[2];  // block row maxima, in the exponent's units
-    rows.template block_max<ST, PARTIAL>(sacc, smem, C::TILES, s, blk, kv_len, t, mblk);
+    rows.template block_max<ST, PARTIAL>(sacc, smem, C::TILES, s, blk, kv_mask, t, mblk);
     rowmath::online_combine(mblk, m_run, l_run, o, c_fac);
-    rows.template p_fragments<PARTIAL>(sacc, mblk, blk, kv_len, t, c_fac, pf, l_run);
+    rows.template p_fragments<PARTIAL>(sacc, mblk, blk, kv_mask, t, c_fac, pf, l_run);
     if constexpr (PINGPONG == 2) turn_wait();
     issue_pv(s);
   };
@@ -231,12 +235,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (PINGPONG == 1) turn_pass(kb.count == 1);
   }
   for (int i = 0; i < kb.count; ++i) {
-    const int blk = kb.block(i);
+    const int blk = kb.mask_block(i);  // (the block as the key mask counts it: KeyBlocks::mask_block)
     const int s = i % ST;
     const int s1 = (i + 1) % ST;
     const bool has_next = i + 1 < kb.count;
     wgmma_wait<0>();  // S of block blk
-    if (KeyBlocks::partial(blk, kBN, kv_len)) {
+    if (KeyBlocks::partial(blk, kBN, kv_mask)) {
       softmax_issue_pv(blk, s, std::true_type{});
     } else {
       softmax_issue_pv(blk, s, std::false_type{});

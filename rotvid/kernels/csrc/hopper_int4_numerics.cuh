@@ -31,6 +31,7 @@ namespace hopper {
 template <int D_, int BN_, int PMODE, bool SQ>
 struct Int4ValuedNumerics {
   static constexpr int D = D_;
+  static constexpr bool TILE_COUNT_ROUNDED_UP = false;  // the tile decode's code form (hopper_attention.cuh)
   static constexpr int BN = BN_;
   static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
   static constexpr bool S_STARTS_AT_MAGIC = false;  // scores converted by I2F

@@ -32,6 +32,7 @@ namespace hopper {
 template <int D_, bool MAGIC>
 struct Int8Fp8Numerics {
   static constexpr int D = D_;
+  static constexpr bool TILE_COUNT_ROUNDED_UP = true;  // the tile decode's code form (hopper_attention.cuh)
   static constexpr int BN = 128;
   static constexpr bool S_STARTS_AT_MAGIC = MAGIC;
 

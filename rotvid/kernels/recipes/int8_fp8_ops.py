@@ -8,7 +8,7 @@ s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]). Two kernels of the sa
 
 * ``"wgmma"`` (sm90, the default there; ``csrc/hopper_attention.cuh`` with the numerics of
   ``csrc/hopper_int8fp8_numerics.cuh``): s8 and e4m3 wgmma, TMA.
-* ``"mma"`` (sm89 and sm90; ``csrc/int8fp8_attention_mma.cuh``): ``mma.sync.m16n8k32`` s8 for QKᵀ and e4m3 for
+* ``"mma"`` (sm89 and sm90; ``csrc/mma_numerics_int8fp8.cuh``): ``mma.sync.m16n8k32`` s8 for QKᵀ and e4m3 for
   P·V (e4m3 mma.sync needs sm89) -- the Ada kernel, testable on an H100 with ``path="mma"``. Its speed on Ada is
   unmeasured (no Ada GPU was available).
 """
