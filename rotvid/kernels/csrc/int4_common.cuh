@@ -135,7 +135,8 @@ struct Int8Fp8PreParams {
 cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, cudaStream_t stream);
 cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stream);
 // Attention on those operands: AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
-// bytes, vparams = v_scale [BH, D], block_n 128.
+// bytes, vparams = v_scale [BH, D], block_n 128. The wgmma launchers run the block-sparse kernel when p.map_count is
+// set (AttnParams.map_*); the mma.sync launchers ignore a map (the binding refuses one for them).
 cudaError_t launch_int8fp8_attention_wgmma(const AttnParams& p, int head_dim, cudaStream_t stream);
 // The same numerics on mma.sync (s8 for Q^K^T, e4m3 for P.V; int8fp8_attention_mma.cuh), same operands;
 // cudaErrorNotSupported where the build has no e4m3 mma.sync (below sm89).
