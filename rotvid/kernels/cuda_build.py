@@ -6,7 +6,8 @@ The CUDA sources live in ``rotvid/kernels/csrc`` and are compiled at first use w
 reused afterwards. ``$ROTVID_EXT_CUDA_FLAGS`` adds nvcc flags (part of the cache key), a tuning aid: e.g.
 ``-DROTVID_HOPPER_STAGES=4 -DROTVID_HOPPER_PINGPONG=2 -DROTVID_HOPPER_PIPE=1`` builds the Hopper kernel with that
 schedule in place of its table's (``csrc/hopper_schedule.cuh``; ``benchmarks/kernel_variants.py`` builds and times one
-extension per setting). A release build reads no environment variable in its kernels.
+extension per setting), and ``-DROTVID_MMA_STAGES=3`` (``_NW``, ``_MINB``, ``_LEAN``) overrides the mma.sync kernel's
+table (``csrc/mma_schedule.cuh``). A release build reads no environment variable in its kernels.
 
 The arch table (:data:`ARCH_TABLE`, compute capability -> instruction path and nvcc target) says *how* a GPU runs
 the kernels (:mod:`rotvid.kernels.cuda_layout` describes the paths); which recipe ``auto`` picks on it is the
@@ -48,8 +49,6 @@ HEADERS = (
     "int4_common.cuh",
     "int4_rowmath.cuh",
     "rope_rows.cuh",
-    "int4_attention.cuh",
-    "int8fp8_attention_mma.cuh",
     "key_blocks.cuh",
     "sm90_ops.cuh",
     "hopper_attention.cuh",
@@ -57,8 +56,13 @@ HEADERS = (
     "hopper_int8fp8_numerics.cuh",
     "hopper_schedule.cuh",
     "hopper_launch.cuh",
+    "mma_attention.cuh",
+    "mma_numerics_int4.cuh",
+    "mma_numerics_int8fp8.cuh",
+    "mma_schedule.cuh",
     "tma_map.cuh",
 )
+
 
 @dataclass(frozen=True)
 class ArchEntry:

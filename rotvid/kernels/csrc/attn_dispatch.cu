@@ -1,4 +1,4 @@
-// Picks the instantiation of the INT4 attention kernel (instruction path, head_dim).
+// Picks the instantiation of the mma.sync attention kernel with INT4-valued numerics (instruction path, head_dim).
 #include "int4_common.cuh"
 
 namespace rotvid {
