@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int s = i % ST;
     const int s1 = (i + 1) % ST;
     const bool has_next = i + 1 < kb.count;
-    wgmma_wait<0>();  // S of block blk
+    wgmma_wait<0>();  // S of the walk's i-th block
     bool masked;
     if constexpr (SPARSE) {
       masked = kb.partial_at(i);
