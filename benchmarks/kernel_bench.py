@@ -13,9 +13,22 @@ channel bias shared by all tokens (what K smoothing is for). Accuracy: cosine ag
 was not timed keeps its entry with nulls and a ``note``); a partial run writes JSON only to ``--json-out``. The
 commit is ``$ROTVID_COMMIT`` when set (set it on a machine whose git checkout may be stale), else ``git rev-parse``.
 
+``--sparse`` (sm90) adds block-sparse attention at each density d of :data:`SPARSE_DENSITIES`: a random map per
+head with the diagonal kept (each query tile keeps its diagonal block and ``round(d · Tk) - 1`` others, drawn
+uniformly; the row ``density`` is the map's measured one), run by the int8-fp8 kernel (``rotvid-int8-fp8-sparse-dD``,
+pre-processing included, and its kernel alone beside the dense kernel's time: the issue's bar is kernel time
+<= (d + 0.05) x dense) and by FlexAttention (``flexattention-bf16-sparse-dD``: bf16, ``torch.compile``'d
+``flex_attention`` with a ``BlockMask`` of the same map, its blocks given as full blocks). Their TOP/s count the dense
+attention's operations (the speed a dense call would need to match); cos is against float64 attention under the map.
+The cost of building a map at the shape: ``topp:0.9`` (GPU, ``torch.compile`` fullgraph, per call; its share of the
+dense int8-fp8 call) and ``radial`` (CPU, uncached: once per resolution, then cached), each with its density. In the
+JSON: the sparse and FlexAttention methods per shape (with ``density``; the rotvid rows also ``kernel_vs_dense`` and
+``vs_flex``), and ``map_build`` per shape.
+
     python benchmarks/kernel_bench.py                     # all shapes, print the table
     python benchmarks/kernel_bench.py --shapes wan1.3b-480p --markdown-out section.md
     python benchmarks/kernel_bench.py --append benchmarks/RESULTS.md
+    python benchmarks/kernel_bench.py --sparse --shapes wan1.3b-480p wan14b-720p --json-out sparse.json
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +51,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rotvid.kernels import cuda_backend  # noqa: E402
+from rotvid.kernels.sparsity import MAP_BLOCK, BlockMap, TokenGrid  # noqa: E402
+from rotvid.kernels.sparsity.block_map import blocks_for  # noqa: E402
+from rotvid.kernels.sparsity.radial import radial_block_mask  # noqa: E402
+from rotvid.kernels.sparsity.topp import topp_block_map  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -47,19 +65,66 @@ class Shape:
     n: int
     d: int
     kv_len: int | None = None  # valid keys (HunyuanVideo pads its text keys)
+    grid: TokenGrid | None = None  # the token grid after patchifying (the static map's input)
 
 
 SHAPES = {
     s.name: s
     for s in (
-        Shape("wan1.3b-480p", 1, 12, 32760, 128),
-        Shape("wan14b-480p", 1, 40, 32760, 128),
-        Shape("wan14b-720p", 1, 40, 75600, 128),
+        Shape("wan1.3b-480p", 1, 12, 32760, 128, grid=TokenGrid(21, 30, 52)),
+        Shape("wan14b-480p", 1, 40, 32760, 128, grid=TokenGrid(21, 30, 52)),
+        Shape("wan14b-720p", 1, 40, 75600, 128, grid=TokenGrid(21, 45, 80)),
         # 118800 video tokens + 256 text keys of which 136 are padding
-        Shape("hunyuan-720p", 1, 24, 119056, 128, kv_len=118920),
-        Shape("cogvideox5b", 1, 48, 17776, 64),
+        Shape("hunyuan-720p", 1, 24, 119056, 128, kv_len=118920, grid=TokenGrid(33, 45, 80, suffix=256)),
+        Shape("cogvideox5b", 1, 48, 17776, 64, grid=TokenGrid(13, 30, 45, prefix=226)),
     )
 }
+SPARSE_DENSITIES = (0.2, 0.35, 0.5, 0.75)
+TOPP_SPEC_TAU = 0.9  # the dynamic map whose building is timed
+
+
+def random_block_map(heads: int, n: int, density: float, seed: int, device) -> BlockMap:
+    """A random map per head with the diagonal kept: each query tile keeps its diagonal block and
+    ``round(density · Tk) - 1`` other key blocks drawn uniformly ([1, heads, Tq, Tk], self-attention over n tokens)."""
+    t = blocks_for(n)
+    keep = max(1, round(density * t))
+    gen = torch.Generator().manual_seed(seed)
+    draw = torch.rand(1, heads, t, t, generator=gen)
+    draw[..., torch.arange(t), torch.arange(t)] = -1.0  # the diagonal ranks first
+    rank = draw.argsort(dim=-1).argsort(dim=-1)
+    return BlockMap.from_mask((rank < keep).to(device), n_q=n, n_kv=n)
+
+
+def flex_block_mask(bm: BlockMap):
+    """FlexAttention's ``BlockMask`` of the same map: every kept block a full block (no mask_mod evaluated), blocks
+    of 128 queries and keys, the map's batch / head broadcast kept."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    idx = bm.indices
+    if idx.shape[-1] < bm.kv_blocks:  # (flex wants one slot per key block)
+        idx = torch.cat([idx, idx[..., :1].expand(*idx.shape[:-1], bm.kv_blocks - idx.shape[-1])], dim=-1)
+    idx = idx.contiguous()
+    return BlockMask.from_kv_blocks(torch.zeros_like(bm.counts), torch.zeros_like(idx), bm.counts.contiguous(), idx,
+                                    BLOCK_SIZE=MAP_BLOCK, seq_lengths=(bm.n_q, bm.n_kv))
+
+
+_FLEX = None
+
+
+def compiled_flex():
+    """``torch.compile(flex_attention)``, compiled once per process."""
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    return _FLEX
+
+
+def map_token_mask(bm: BlockMap, head: int, rows: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """bool [len(rows), n_kv]: the keys the map lets query rows ``rows`` of head ``head`` see."""
+    dense = bm.to_dense_mask()[0, head if bm.counts.shape[1] > 1 else 0]  # [Tq, Tk]
+    return dense[rows // MAP_BLOCK].repeat_interleave(MAP_BLOCK, dim=-1)[:, :n_kv]
 
 
 def time_ms(fn, *, min_reps=3, budget_ms=1500.0) -> float:
@@ -92,13 +157,17 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a @ b) / (a.norm() * b.norm()))
 
 
-def cos_fp64_rows(out: torch.Tensor, q, k, v, rows: torch.Tensor, kv_len: int | None) -> float:
-    """Cosine of ``out`` [B, H, N, D] against float64 attention on the query rows ``rows``."""
+def cos_fp64_rows(out: torch.Tensor, q, k, v, rows: torch.Tensor, kv_len: int | None,
+                  block_map: BlockMap | None = None) -> float:
+    """Cosine of ``out`` [B, H, N, D] against float64 attention (under ``block_map`` when given) on the query rows
+    ``rows``."""
     num = den_a = den_b = 0.0
     n_kv = k.shape[2] if kv_len is None else kv_len
     for hh in range(q.shape[1]):
         qs = q[:, hh, rows].double()
         s = qs @ k[:, hh, :n_kv].double().transpose(-1, -2) * q.shape[-1] ** -0.5
+        if block_map is not None:  # (the diagonal is kept: no row is left without keys)
+            s = s.masked_fill(~map_token_mask(block_map, hh, rows, k.shape[2])[:, :n_kv], float("-inf"))
         truth = torch.softmax(s, dim=-1) @ v[:, hh, :n_kv].double()
         got = out[:, hh, rows].double()
         num += float((truth * got).sum())
@@ -136,7 +205,7 @@ def _under(backend, fn):
 
 
 def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool = False, also_s8: bool = False,
-                with_flash: bool = False, rounds: int = 3) -> list[dict]:
+                with_flash: bool = False, rounds: int = 3, sparse: bool = False) -> list[dict]:
     torch.manual_seed(0)
     b, h, n, d = shape.b, shape.h, shape.n, shape.d
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -148,7 +217,8 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
     # 1. every method as a closure (operands prepared now), 2. timed together in interleaved rounds, 3. rows in
     # the table's order, each output computed once more for its cosine against float64
     timers: dict = {}
-    plan: list[tuple] = []  # (method, timer key, output fn or None, note or a callable of the times)
+    # (method, timer key, output fn or None, note or a callable of the times[, the block map of a sparse row])
+    plan: list[tuple] = []
 
     cudnn = _under(SDPBackend.CUDNN_ATTENTION, lambda: F.scaled_dot_product_attention(q, k, v))
     timers["cudnn"] = (cudnn, 1, 1.0) if rotvid_only else cudnn
@@ -208,50 +278,141 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
         plan.append(("rotvid-int8-fp8 [wgmma] (attn only)", "int8-att", None, ""))
         plan.append(("rotvid-int8-fp8", "int8-full", full8,
                      lambda t: f"[wgmma] pre {t['pre8']:.2f} ms = {100 * t['pre8'] / t['int8-att']:.1f}% of attn"))
+        if sparse:
+            plan_sparse(shape, q, k, v, kv_lens, qkv8, timers, plan)
+    builds = map_builds(shape, q, k, timers) if sparse else {}
 
     times = time_interleaved(timers, rounds)
     rows = []
-    for method, key, out_fn, note in plan:
+    for method, key, out_fn, note, *bm in plan:
+        bm = bm[0] if bm else None
         ms = times[key]
         # (the methods that ran unmasked on a masked shape against the attention they computed: unmasked float64)
-        kv_len = None if method in UNMASKED_METHODS else shape.kv_len
-        cos = cos_fp64_rows(out_fn(), q, k, v, rows_idx, kv_len) if out_fn is not None else None
-        rows.append(dict(shape=shape.name, method=method, ms=ms, tops=flops / ms / 1e9, cos=cos,
-                         note=note(times) if callable(note) else note))
+        kv_len = None if unmasked(method) else shape.kv_len
+        cos = cos_fp64_rows(out_fn(), q, k, v, rows_idx, kv_len, bm) if out_fn is not None else None
+        row = dict(shape=shape.name, method=method, ms=ms, tops=flops / ms / 1e9, cos=cos,
+                   note=note(times) if callable(note) else note)
+        if bm is not None:
+            row["density"] = float(bm.density())
+            if method.startswith("rotvid-int8-fp8-sparse-d") and key.endswith("-full"):
+                row["kernel_vs_dense"] = times[key.replace("-full", "-att")] / times["int8-att"]
+                row["vs_flex"] = times[key.replace("int8s", "flex").replace("-full", "")] / ms
+        rows.append(row)
         if method == "sdpa-cudnn" and (sage_missing is not None or (not with_sage and not rotvid_only)):
             # the peer's row stays in the table and the JSON, with why it was not timed
             rows.append(dict(shape=shape.name, method="sageattention2-8b", ms=None, tops=None, cos=None,
                              note=sage_missing or "not timed (--no-sage)"))
+    for spec, build in builds.items():
+        ms = times[f"build-{spec}"] if build["on_gpu"] else build["ms"]
+        rows.append(dict(shape=shape.name, method=f"map build {spec}", ms=ms, tops=None, cos=None,
+                         density=build["density"], vs_dense_call=ms / times["int8-full"] if "int8-full" in times else None,
+                         note=build["note"]))
     del q, k, v
     torch.cuda.empty_cache()
     return rows
 
 
+def plan_sparse(shape: Shape, q, k, v, kv_lens, qkv8, timers: dict, plan: list) -> None:
+    """The block-sparse rows of a shape (module docstring): per density, rotvid int8-fp8 with the map (kernel alone,
+    and with its pre-processing) and FlexAttention with the same map."""
+    h, n, d = shape.h, shape.n, shape.d
+    flex = compiled_flex()
+    for i, density in enumerate(SPARSE_DENSITIES):
+        bm = random_block_map(h, n, density, seed=1000 + i, device=q.device)
+        tag = f"d{density:g}"
+        timers[f"int8s-{tag}-att"] = lambda bm=bm: cuda_backend.attention_int8fp8_quantized(
+            qkv8, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype, block_map=bm)
+        full = lambda bm=bm: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False,  # noqa: E731
+                                                                 block_map=bm)
+        timers[f"int8s-{tag}-full"] = full
+        mask = flex_block_mask(bm)
+        flex_fn = lambda mask=mask: flex(q, k, v, block_mask=mask)  # noqa: E731
+        timers[f"flex-{tag}"] = flex_fn
+        bar = density + 0.05
+        plan.append((f"rotvid-int8-fp8-sparse-{tag} [wgmma] (attn only)", f"int8s-{tag}-att", None,
+                     lambda t, a=f"int8s-{tag}-att", bar=bar: f"{t[a] / t['int8-att']:.3f}x the dense kernel "
+                     f"(bar <= {bar:.2f})", bm))
+        plan.append((f"rotvid-int8-fp8-sparse-{tag}", f"int8s-{tag}-full", full,
+                     lambda t, a=f"int8s-{tag}-full", f=f"flex-{tag}": f"{t[f] / t[a]:.2f}x FlexAttention", bm))
+        plan.append((f"flexattention-bf16-sparse-{tag}", f"flex-{tag}", flex_fn, "torch.compile'd, full blocks", bm))
+
+
+def map_builds(shape: Shape, q, k, timers: dict) -> dict:
+    """The map builders timed at the shape: ``topp`` (GPU, compiled fullgraph; a timer) and ``radial`` (CPU,
+    uncached, timed once here). Returns spec -> {on_gpu, ms (CPU builds), density, note}."""
+    builds = {}
+
+    def topp(q, k):
+        out = topp_block_map(q, k, tau=TOPP_SPEC_TAU)
+        return out.block_map.indices, out.block_map.counts
+
+    topp_c = torch.compile(topp, fullgraph=True)
+    _, counts = topp_c(q, k)
+    spec = f"topp:{TOPP_SPEC_TAU:g}"
+    timers[f"build-{spec}"] = lambda: topp_c(q, k)
+    builds[spec] = dict(on_gpu=True, ms=None, density=float(counts.sum(dtype=torch.float64)) / counts.numel()
+                        / blocks_for(shape.n), note="GPU, torch.compile fullgraph, per call")
+    if shape.grid is not None and shape.grid.num_tokens == shape.n:
+        start = time.perf_counter()
+        mask = radial_block_mask(shape.grid)
+        bm = BlockMap.from_mask(mask.to(q.device), n_q=shape.n, n_kv=shape.n)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - start) * 1e3
+        builds["radial"] = dict(on_gpu=False, ms=ms, density=float(bm.density()),
+                                note=f"CPU, once per resolution (cached after), grid {shape.grid}")
+    return builds
+
+
 UNMASKED_METHODS = ("sdpa-cudnn", "sdpa-flash", "sageattention2-8b")  # run without kv_lens (no masking API used)
 JSON_METHODS = ("sdpa-cudnn", "sageattention2-8b", "rotvid-int4", "rotvid-int4-sym-p", "rotvid-int8-fp8")
+# (the block-sparse methods of --sparse go in too: rotvid-int8-fp8-sparse-dD, flexattention-bf16-sparse-dD)
+SPARSE_JSON_PREFIXES = ("rotvid-int8-fp8-sparse-d", "flexattention-bf16-sparse-d")
+
+
+def unmasked(method: str) -> bool:
+    """Methods that run without kv_lens (no masking API used): cos against the attention they computed."""
+    return method in UNMASKED_METHODS or method.startswith("flexattention")
+
+
+def json_method(method: str) -> bool:
+    return method in JSON_METHODS or (method.startswith(SPARSE_JSON_PREFIXES) and " " not in method)
 
 
 def results_json(rows: list[dict]) -> dict:
-    """The machine-readable result: the methods of :data:`JSON_METHODS` per shape (pre-processing included)."""
+    """The machine-readable result: the methods of :data:`JSON_METHODS` and the block-sparse ones per shape
+    (pre-processing included), and the map builds per shape (``map_build``) when timed."""
     base = {r["shape"]: r["ms"] for r in rows if r["method"] == "sdpa-cudnn"}
     shapes: dict = {}
+    builds: dict = {}
     for r in rows:
-        if r["method"] not in JSON_METHODS:
+        if r["method"].startswith("map build "):
+            builds.setdefault(r["shape"], {})[r["method"][len("map build "):]] = {
+                "ms": round(r["ms"], 3), "density": round(r["density"], 4),
+                "vs_dense_call": None if r["vs_dense_call"] is None else round(r["vs_dense_call"], 4),
+                "note": r["note"]}
+            continue
+        if not json_method(r["method"]):
             continue
         if r["ms"] is None:  # not timed (e.g. the peer not importable): kept, with why
             shapes.setdefault(r["shape"], {})[r["method"]] = {"tops": None, "vs_cudnn": None, "cos_fp64": None,
                                                               "note": r["note"]}
             continue
-        shapes.setdefault(r["shape"], {})[r["method"]] = {
+        entry = shapes.setdefault(r["shape"], {})[r["method"]] = {
             "tops": round(r["tops"], 1), "vs_cudnn": round(base[r["shape"]] / r["ms"], 4),
             "cos_fp64": None if r["cos"] is None else round(r["cos"], 6),
         }
-    return {
+        for extra in ("density", "kernel_vs_dense", "vs_flex"):
+            if extra in r:
+                entry[extra] = round(r[extra], 4)
+    out = {
         "device": torch.cuda.get_device_name(),
         "commit": os.environ.get("ROTVID_COMMIT") or _git_commit(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "shapes": shapes,
     }
+    if builds:
+        out["map_build"] = builds
+    return out
 
 
 def markdown(rows: list[dict], block_n: int) -> str:
@@ -275,9 +436,16 @@ def markdown(rows: list[dict], block_n: int) -> str:
         if r["ms"] is None:
             lines.append(f"| {r['shape']} | {r['method']} | — | — | — | — | {r['note']} |")
             continue
+        note = r["note"]
+        if "density" in r:
+            note = f"density {r['density']:.3f}" + (f"; {note}" if note else "")
+        if r["tops"] is None:  # a map build: its time and share of the dense int8-fp8 call
+            share = f"{100 * r['vs_dense_call']:.1f}% of the dense int8-fp8 call; " if r.get("vs_dense_call") else ""
+            lines.append(f"| {r['shape']} | {r['method']} | {r['ms']:.2f} | — | — | | {share}{note} |")
+            continue
         ratio = base[r["shape"]] / r["ms"]
         cos = f"{r['cos']:.5f}" if r["cos"] is not None else ""
-        lines.append(f"| {r['shape']} | {r['method']} | {r['ms']:.2f} | {r['tops']:.0f} | {ratio:.2f}× | {cos} | {r['note']} |")
+        lines.append(f"| {r['shape']} | {r['method']} | {r['ms']:.2f} | {r['tops']:.0f} | {ratio:.2f}× | {cos} | {note} |")
     return "\n".join(lines) + "\n"
 
 
@@ -309,6 +477,10 @@ def main() -> None:
     ap.add_argument("--append", type=Path, help="append the markdown section to this results file")
     ap.add_argument("--rows-json", type=Path, default=None,
                     help="also write every row of the table (method, ms, ...) to this JSON file (for A/B runs)")
+    ap.add_argument("--sparse", action="store_true",
+                    help="also time block-sparse attention (sm90): rotvid int8-fp8 and FlexAttention with the same "
+                         f"random maps (diagonal kept) at densities {', '.join(map(str, SPARSE_DENSITIES))}, and the "
+                         "map builders (topp, radial) at each shape")
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved timing rounds per shape (default 3; every method once per round, the order "
                          "rotating; a method's time is the median of its round medians)")
@@ -320,7 +492,7 @@ def main() -> None:
         args.block_n = cuda_backend.default_block_n()
     for name in args.shapes:
         rows += bench_shape(SHAPES[name], args.block_n, not args.no_sage, args.rotvid_only, args.also_s8, args.flash,
-                            args.rounds)
+                            args.rounds, args.sparse)
         print(markdown([r for r in rows if r["shape"] == name], args.block_n).split("\n", 6)[-1], flush=True)
     md = markdown(rows, args.block_n)
     print(md)

@@ -16,9 +16,10 @@ shuffles, dp4a). SASS comes from ``cuobjdump -sass`` (on PATH, or the one
 triton ships); "SASS same" means the instruction sequences are equal, operands included; otherwise it counts the new
 listing's instructions outside the longest common opcode subsequence (moved or changed).
 
-Exits 1 when a kernel is missing from one tree, its registers, spills, stack or shared memory differ (spills that
-both trees have are shown, not failed) or its numeric ops differ in kind or order; instruction-count deltas are printed (opcode: old -> new) for the
-reader to explain.
+Exits 1 when a kernel of the old tree is missing from the new one, its registers, spills, stack or shared memory
+differ (spills that both trees have are shown, not failed) or its numeric ops differ in kind or order;
+instruction-count deltas are printed (opcode: old -> new) for the reader to explain. A kernel only the new tree has
+(the block-sparse instantiations, ``SPARSE = true``, keyed "... sparse") is listed with its own resources.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ class Family:
     schedule: str  # format of the match's groups: the kernel's (stages, ping-pong, pipe)
     headers: tuple[str, ...]  # headers that define the shared-memory constant
     smem: str | None  # C++ expression of the dynamic shared memory, formatted with the match's groups
+    sparse_group: int | None = None  # the group of the SPARSE template flag ("true": key + " sparse"; absent or
+    # "false": the dense kernel, the same key as a tree from before the flag)
+
+    def key_of(self, m: re.Match) -> str:
+        key = self.key.format(*m.groups())
+        if self.sparse_group is not None and m.group(self.sparse_group) == "true":
+            key += " sparse"
+        return key
 
 
 _B = r"(true|false)"
@@ -64,17 +73,19 @@ FAMILIES = (
     Family(re.compile(r"rotvid::wg8::int8fp8_attention_wgmma_kernel<(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)>"),
            "int8fp8 d{0} bn{1}", "{2},{3},{4} magic={6}", ("int8fp8_attention_wgmma.cuh",),
            "rotvid::wg8::Cfg<{0}, {2}, {1}, {5}>::SMEM"),
-    # hopper_attention_kernel<Int4ValuedNumerics<D, BN, PMODE, SQ>, STAGES, PINGPONG, PIPE>
+    # hopper_attention_kernel<Int4ValuedNumerics<D, BN, PMODE, SQ>, STAGES, PINGPONG, PIPE[, SPARSE]>
     Family(re.compile(r"rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int4ValuedNumerics<(\d+), (\d+), "
-                      r"(\d+), " + _B + r">, (\d+), (\d+), (\d+)>"),
+                      r"(\d+), " + _B + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?>"),
            "int4 d{0} bn{1} pmode{2} sq={3}", "{4},{5},{6}", ("hopper_attention.cuh", "hopper_int4_numerics.cuh"),
-           "rotvid::hopper::SmemLayout<rotvid::hopper::Int4ValuedNumerics<{0}, {1}, {2}, {3}>, {4}>::SMEM"),
-    # hopper_attention_kernel<Int8Fp8Numerics<D, MAGIC>, STAGES, PINGPONG, PIPE>
+           "rotvid::hopper::SmemLayout<rotvid::hopper::Int4ValuedNumerics<{0}, {1}, {2}, {3}>, {4}>::SMEM", 8),
+    # hopper_attention_kernel<Int8Fp8Numerics<D, MAGIC>, STAGES, PINGPONG, PIPE[, SPARSE]>
     Family(re.compile(r"rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int8Fp8Numerics<(\d+), " + _B
-                      + r">, (\d+), (\d+), (\d+)>"),
+                      + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?>"),
            "int8fp8 d{0} bn128", "{2},{3},{4} magic={1}", ("hopper_attention.cuh", "hopper_int8fp8_numerics.cuh"),
-           "rotvid::hopper::SmemLayout<rotvid::hopper::Int8Fp8Numerics<{0}, {1}>, {2}>::SMEM"),
-    Family(re.compile(r"rotvid::(?:wg|hopper)::combine_splits_kernel<(\d+)>"), "combine d{0}", "", (), None),
+           "rotvid::hopper::SmemLayout<rotvid::hopper::Int8Fp8Numerics<{0}, {1}>, {2}>::SMEM", 6),
+    # combine_splits_kernel<D[, SPARSE]>
+    Family(re.compile(r"rotvid::(?:wg|hopper)::combine_splits_kernel<(\d+)(?:, " + _B + r")?>"), "combine d{0}", "",
+           (), None, 2),
 )
 
 
@@ -220,7 +231,7 @@ def build_tree(csrc: Path, work: Path, objdump: str | None) -> dict[str, Kernel]
             continue
         fam, m = found
         ops = mangled_ptx.get(mangled, [])
-        k = Kernel(pretty, fam.key.format(*m.groups()), fam.schedule.format(*m.groups()),
+        k = Kernel(pretty, fam.key_of(m), fam.schedule.format(*m.groups()),
                    mangled_res.get(mangled, {}), None, collections.Counter(ops),
                    [op for op in ops if NUMERIC_OPS.match(op)], mangled_sass.get(mangled, []))
         kernels[k.key] = k
@@ -278,9 +289,16 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     details = []
     for key in sorted(set(old) | set(new)):
-        if key not in old or key not in new:
-            print(f"| {key} | only in the {'new' if key in new else 'old'} tree | | | | | | | | | |")
+        if key not in new:
+            print(f"| {key} | only in the old tree | | | | | | | | | |")
             bad = True
+            continue
+        if key not in old:  # a kernel the new tree adds (e.g. the block-sparse instantiations): nothing to compare
+            r = new[key].resources
+            print(f"| {key} | new: {new[key].schedule} | {r.get('registers')} | "
+                  f"{(r.get('spill_stores'), r.get('spill_loads'))} | {r.get('stack')} | {r.get('barriers')} | "
+                  f"{new[key].smem} | {sum(new[key].ptx.values())} | ({len(new[key].numeric)}) | "
+                  f"{len(new[key].sass)} | |")
             continue
         o, n = old[key], new[key]
 

@@ -72,7 +72,7 @@ NAME = "cuda"
 class CudaBackend:
     """``backend="cuda"`` of :func:`rotvid.kernels.attention`: every registered recipe with a ``"cuda"`` kernel
     entry (the INT4 recipes, and int8-fp8 on sm89 / sm90, with the arch default kernel: wgmma on sm90, mma.sync on
-    sm89)."""
+    sm89). Block maps run on sm90 (the wgmma kernels); elsewhere the backend refuses them."""
 
     name = NAME
 
@@ -119,6 +119,6 @@ class CudaBackend:
                              "(rotate q and k first: rotvid.kernels.rope_op.apply_generalized_rope)")
         return get_recipe(recipe).kernel(NAME).run(
             q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k, smooth_q=smooth_q,
-            smooth_v=smooth_v, block_m=block_m, block_n=block_n, q_block=q_block, rope=rope,
+            smooth_v=smooth_v, block_m=block_m, block_n=block_n, q_block=q_block, rope=rope, block_map=block_map,
         )
 

@@ -45,6 +45,7 @@ from typing import NamedTuple
 import torch
 
 from rotvid.kernels.reference import INT8FP8_BLOCK_N, LOG2E, QuantizedQKV, to_bhnd
+from rotvid.kernels.sparsity.block_map import BlockMap
 
 BLOCK_M = 128
 SUPPORTED_BLOCK_N = (64, 128)
@@ -113,6 +114,28 @@ def check_output_args(out_dtype: torch.dtype, head_dim: int, layout: str) -> Non
         raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
     if layout not in ("BHND", "BNHD"):
         raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
+
+
+def block_map_operands(block_map, *, batch: int, heads: int, n_q: int, n_kv: int, device: torch.device):
+    """``(map_index, map_count)``: a :class:`~rotvid.kernels.sparsity.BlockMap` as the Hopper kernel reads it
+    (contiguous int32 [B', H', Tq, Kmax] and [B', H', Tq]), or ``(None, None)`` without a map. ValueError naming
+    ``block_map`` unless it is a map for ``n_q`` queries and ``n_kv`` keys, its batch / head dimensions 1 or
+    ``batch`` / ``heads``, on ``device``. Shapes only: the values (ascending indices in [0, Tk), counts in
+    [0, Kmax]) are trusted here -- :meth:`BlockMap.check` checks them, as the dispatcher does in eager mode."""
+    if block_map is None:
+        return None, None
+    if not isinstance(block_map, BlockMap):
+        raise ValueError(f"block_map: expected a rotvid.kernels.sparsity.BlockMap or None, got {type(block_map).__name__}")
+    if (block_map.n_q, block_map.n_kv) != (n_q, n_kv):
+        raise ValueError(f"block_map: a map for {block_map.n_q} queries and {block_map.n_kv} keys, the call has "
+                         f"{n_q} queries and {n_kv} keys")
+    mb, mh = block_map.counts.shape[:2]
+    if mb not in (1, batch) or mh not in (1, heads):
+        raise ValueError(f"block_map: batch and head dimensions ({mb}, {mh}), expected 1 or the call's "
+                         f"({batch}, {heads}) each")
+    if block_map.device != torch.device(device):
+        raise ValueError(f"block_map: on {block_map.device}, expected the operands' device {device}")
+    return block_map.indices.contiguous(), block_map.counts.contiguous()
 
 
 def kv_lens_int32(kv_lens, device):

@@ -1,13 +1,12 @@
 """The reference twin under a block map: density 1 is the dense call bit for bit, skipped blocks are -inf scores
 (exact in float64), empty rows give 0, kv_lens inside kept blocks; the dispatcher's map argument and the CUDA
-backend's refusal."""
+backend's map check (the Hopper kernels take maps: tests/kernels/test_cuda_sparse.py)."""
 
 import pytest
 import torch
 
-from rotvid.kernels import attention, dispatch, metrics, prepare_attention, run_attention
-from rotvid.kernels.cuda_backend import CudaBackend
-from rotvid.kernels.recipes import recipe_names
+from rotvid.kernels import attention, cuda_checks, dispatch, metrics, prepare_attention, run_attention
+from rotvid.kernels.recipes import get_recipe, recipe_names
 from rotvid.kernels.reference import attention_int8fp8_from_quantized, to_bhnd
 from rotvid.kernels.quantize import quantize_k_groups_int8, quantize_per_channel_fp8, quantize_per_token_int8
 from rotvid.kernels.sparsity import BlockMap
@@ -101,17 +100,22 @@ def test_nan_still_propagates_under_a_map():
     assert torch.isnan(out[0, 1, 5]).all() and torch.isfinite(out[0, 0]).all()
 
 
-def test_dispatcher_checks_the_map_and_the_cuda_backend_refuses_it():
+def test_dispatcher_checks_the_map_and_the_cuda_backend_takes_it_on_hopper_only(monkeypatch):
     q, k, v = random_qkv(2, 2, 200, 64, n_kv=300, seed=15)
     bm = BlockMap.dense(200, 300)
-    assert dispatch.refusing_check("cuda", q, k, v, recipe="int8-fp8", block_map=bm)[0] == "no_block_map"
-    assert dispatch.refusing_check("cuda", q, k, v, recipe="int4", block_map=bm)[0] == "no_block_map"
-    with pytest.raises(ValueError, match="backend: 'cuda' cannot run this call: block_map"):
-        attention(q, k, v, recipe="int8-fp8", backend="cuda", block_map=bm)
-    with pytest.raises(ValueError, match="block_map"):
-        CudaBackend().run(q, k, v, recipe="int8-fp8", block_map=bm)
+    # the CUDA backend's map check: a map needs the Hopper (wgmma) kernel; no map, no question asked (GPU 0 stands in
+    # for the inputs' device: the check runs after the backend's device checks)
+    monkeypatch.setattr(cuda_checks, "device_index", lambda q: 0)
+    monkeypatch.setattr(cuda_checks, "hopper_kernel_here", lambda index: False)
+    assert "mma.sync kernels take no block map" in cuda_checks.block_map_kernel(q, k, v, block_map=bm)
+    assert cuda_checks.block_map_kernel(q, k, v, block_map=None) is None
+    monkeypatch.setattr(cuda_checks, "hopper_kernel_here", lambda index: True)
+    assert cuda_checks.block_map_kernel(q, k, v, block_map=bm) is None
+    for recipe in ("int8-fp8", "int4", "int4-sym-p"):  # every CUDA kernel entry asks it
+        assert cuda_checks.block_map_kernel in get_recipe(recipe).kernel("cuda").checks
+    monkeypatch.undo()
     chosen, reason = dispatch.select_backend(q, k, v, recipe="int4", layout="BHND", kv_lens=None, block_map=bm)
-    assert chosen.name == "reference" and "block_map" in reason
+    assert chosen.name == "reference"  # (CPU tensors: the CUDA backend refuses them before the map)
     with pytest.raises(ValueError, match="block_map: a map for 200 queries and 300 keys, the call has 200 queries and 299"):
         attention(q, k[:, :, :299], v[:, :, :299], recipe="int4", block_map=bm)
     with pytest.raises(ValueError, match="block_map: expected a rotvid.kernels.sparsity.BlockMap or None, got Tensor"):

@@ -188,13 +188,42 @@ at::Tensor plan_tail_split(rotvid::AttnParams& p, bool split, int64_t block_n, i
   return ws;
 }
 
+// The block map of a call (rotvid/kernels/sparsity/block_map.py) into p: map_index int32 [B', H', Tq, Kmax] and
+// map_count int32 [B', H', Tq] on q_hat's device, B' in {1, B}, H' in {1, H}, Tq = Nq_pad / 128, 1 <= Kmax <=
+// ceil(n_kv / 128) (values -- indices ascending in [0, Tk), counts in [0, Kmax] -- are the caller's: BlockMap.check).
+// Both absent: p stays dense.
+void set_block_map(rotvid::AttnParams& p, const c10::optional<at::Tensor>& map_index,
+                   const c10::optional<at::Tensor>& map_count, const at::Tensor& q_hat) {
+  TORCH_CHECK(map_index.has_value() == map_count.has_value(), "block_map: map_index and map_count go together");
+  if (!map_index.has_value()) return;
+  const at::Tensor &idx = *map_index, &cnt = *map_count;
+  for (const at::Tensor* t : {&idx, &cnt})
+    TORCH_CHECK(t->is_cuda() && t->device() == q_hat.device() && t->scalar_type() == at::kInt && t->is_contiguous(),
+                "block_map: contiguous int32 tensors on the operands' device");
+  const int64_t tq = p.Nq_pad / rotvid::kBlockM, tk = (p.Nkv + 127) / 128;
+  TORCH_CHECK(idx.dim() == 4 && cnt.dim() == 3 && idx.size(0) == cnt.size(0) && idx.size(1) == cnt.size(1) &&
+                  idx.size(2) == cnt.size(2),
+              "block_map: map_index [B', H', Tq, Kmax] and map_count [B', H', Tq]");
+  TORCH_CHECK((cnt.size(0) == 1 || cnt.size(0) == p.B) && (cnt.size(1) == 1 || cnt.size(1) == p.H),
+              "block_map: batch and head dimensions 1 or the call's B and H");
+  TORCH_CHECK(cnt.size(2) == tq, "block_map: Tq = ceil(n_q / 128) query tiles");
+  TORCH_CHECK(idx.size(3) >= 1 && idx.size(3) <= tk, "block_map: 1 <= Kmax <= ceil(n_kv / 128)");
+  TORCH_CHECK(idx.numel() < (int64_t{1} << 31), "block_map: fewer than 2^31 index entries");
+  p.map_index = idx.data_ptr<int>();
+  p.map_count = cnt.data_ptr<int>();
+  p.map_sh = cnt.size(1) == 1 ? 0 : (int)tq;
+  p.map_sb = cnt.size(0) == 1 ? 0 : (int)(cnt.size(1) * tq);
+  p.map_kmax = (int)idx.size(3);
+}
+
 at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, const at::Tensor& k_hat,
                           const at::Tensor& k_scale, const at::Tensor& vt, const at::Tensor& vparams,
                           const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
                           int64_t n_kv, int64_t head_dim, int64_t block_n, bool s4, bool wgmma, int64_t p_mode,
                           double qk_scale,
                           bool out_bf16, bool bnhd, const c10::optional<at::Tensor>& out_opt, bool split_tail,
-                          const at::Tensor& k_bias) {
+                          const at::Tensor& k_bias, const c10::optional<at::Tensor>& map_index,
+                          const c10::optional<at::Tensor>& map_count) {
   TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,DB]");
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
   TORCH_CHECK(block_n == 64 || block_n == 128, "block_n: 64 or 128");
@@ -258,6 +287,8 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   p.Nkv_pad = (int)nkv_pad;
   p.qk_scale = (float)qk_scale;  // float32(sm_scale * log2(e)), computed by the caller in double
   p.out_bf16 = out_bf16 ? 1 : 0;
+  set_block_map(p, map_index, map_count, q_hat);
+  TORCH_CHECK(p.map_count == nullptr || wgmma, "block_map: only the wgmma (Hopper) kernel takes a block map");
   if (n_q > 0 && wgmma) {
     TORCH_CHECK(!s4, "the wgmma kernel takes the s8 layout");
     TORCH_CHECK(rotvid::wgmma_kernel_available(),
@@ -365,7 +396,8 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
                              const at::Tensor& k_scale, const at::Tensor& vt, const at::Tensor& v_scale,
                              const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
                              int64_t n_kv, int64_t head_dim, double qk_scale, bool out_bf16, bool bnhd,
-                             const c10::optional<at::Tensor>& out_opt, bool mma, bool split_tail) {
+                             const c10::optional<at::Tensor>& out_opt, bool mma, bool split_tail,
+                             const c10::optional<at::Tensor>& map_index, const c10::optional<at::Tensor>& map_count) {
   TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,D]");
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
   const c10::cuda::CUDAGuard guard(q_hat.device());
@@ -424,6 +456,8 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   p.Nkv_pad = (int)nkv_pad;
   p.qk_scale = (float)qk_scale;
   p.out_bf16 = out_bf16 ? 1 : 0;
+  set_block_map(p, map_index, map_count, q_hat);
+  TORCH_CHECK(p.map_count == nullptr || !mma, "block_map: only the wgmma (Hopper) kernel takes a block map");
   const at::Tensor ws = plan_tail_split(p, split_tail && !mma, 128, D, q_hat.options());  // (wgmma path only)
   if (n_q > 0 && mma) {
     const cudaError_t err = rotvid::launch_int8fp8_attention_mma(p, (int)D, c10::cuda::getCurrentCUDAStream());
@@ -469,10 +503,12 @@ at::Tensor generalized_rope(const at::Tensor& x, const at::Tensor& coef, const a
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("preprocess_int4", &preprocess_int4, "INT4 pre-processing (smoothing, quantization, V^T layout)");
-  m.def("attention_int4", &attention_int4, "INT4 attention on quantized inputs");
+  m.def("attention_int4", &attention_int4, "INT4 attention on quantized inputs (map_index / map_count: a block map, "
+        "wgmma kernel only)");
   m.def("preprocess_int8fp8", &preprocess_int8fp8, "int8-fp8 pre-processing (INT8 Q/K per token, FP8 V per channel)");
   m.def("attention_int8fp8", &attention_int8fp8,
-        "int8-fp8 attention on quantized inputs (mma=false: the sm90 wgmma kernel; true: the sm89+ mma.sync kernel)");
+        "int8-fp8 attention on quantized inputs (mma=false: the sm90 wgmma kernel; true: the sm89+ mma.sync kernel; "
+        "map_index / map_count: a block map, wgmma kernel only)");
   m.def("generalized_rope", &generalized_rope,
         "RoPE·R by the generalized table shared by the heads (one pass; hadamard: then the Walsh-Hadamard transform)",
         py::arg("x"), py::arg("coef"), py::arg("index"), py::arg("out") = py::none(), py::arg("hadamard") = false);

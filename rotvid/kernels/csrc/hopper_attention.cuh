@@ -5,7 +5,8 @@
 //
 // - the tile schedule: a 1-D grid of 128-row query tiles (query block fastest, then head, then batch); tiles from
 //   p.split_from on (the last, partial wave) run as p.splits CTAs each, split `part` taking its share of the key
-//   blocks (KeyBlocks::dense) and writing (O, m, l) partials that combine_splits_kernel merges;
+//   blocks (KeyBlocks::dense, MapKeyBlocks::of_row) and writing (O, m, l) partials that combine_splits_kernel
+//   merges;
 // - the CTA: 3 warpgroups. Warpgroups 0 and 1 are consumers of 64 query rows each; warpgroup 2 is the producer
 //   (setmaxnreg gives its registers to the consumers): one thread issues TMA copies of the Q tile (once) and of
 //   each key block (K^ tile, V^T tile, then the numerics' small operands) into a ring of STAGES buffers, each
@@ -21,7 +22,12 @@
 // - the epilogue: the numerics' store of O / l, or the split's partials.
 //
 // Both the producer and the consumers walk the key blocks through KeyBlocks (key_blocks.cuh) and mask keys by
-// their absolute index, so a block-sparse walk replaces the dense one without touching the numerics.
+// their absolute index, so a block-sparse walk replaces the dense one without touching the numerics. SPARSE (a
+// template flag: the dense instantiations are the kernel as it was, code included) walks the CTA's row of the
+// block map (AttnParams.map_*: query tile = map row) with MapKeyBlocks: a skipped block is never loaded (no TMA),
+// multiplied or exponentiated. A tile whose row keeps no block before kv_len writes 0 (no V mean: l = 0 there,
+// as the reference); a split that keeps none writes the partials (O 0, m -inf, l 0), which the combine weighs 0,
+// and a row all of whose splits are empty is written 0 by the combine.
 //
 // A numerics policy N provides (the two policies are the examples; a new numerics is one such struct, its rows in
 // hopper_schedule.cuh's table and an entry point like attn_hopper_int8fp8.cu):
@@ -78,7 +84,19 @@ struct SmemLayout {
   static constexpr uint32_t TX = K_BYTES + V_BYTES + N::STAGE_SMALL_TX;  // bytes one stage's copies bring
 };
 
-template <class N, int STAGES, int PINGPONG, int PIPE>
+// The CTA's key-block walk: the dense one, or (SPARSE) its row of the block map.
+template <bool SPARSE, int BN>
+__device__ __forceinline__ auto key_walk(const AttnParams& p, int b, int h, int mb, int kv_len, int part) {
+  if constexpr (SPARSE) {
+    const int row = b * p.map_sb + h * p.map_sh + mb;
+    return MapKeyBlocks<BN>::of_row(p.map_index + (size_t)row * p.map_kmax, __ldg(p.map_count + row), kv_len, p.Nkv,
+                                    part, p.splits);
+  } else {
+    return KeyBlocks::dense(kv_len, BN, part, p.splits);
+  }
+}
+
+template <class N, int STAGES, int PINGPONG, int PIPE, bool SPARSE>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                             const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -117,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int bh = b * p.H + h;
   int kv_len = p.Nkv;
   if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
-  const KeyBlocks kb = KeyBlocks::dense(kv_len, kBN, part, p.splits);
+  const auto kb = key_walk<SPARSE, kBN>(p, b, h, mb, kv_len, part);
 
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
@@ -235,13 +253,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (PINGPONG == 1) turn_pass(kb.count == 1);
   }
   for (int i = 0; i < kb.count; ++i) {
-    const int blk = kb.mask_block(i);  // (the block as the key mask counts it: KeyBlocks::mask_block)
+    // the key block as the key mask counts it (KeyBlocks::mask_block; SPARSE: a map entry is a load, read only for
+    // the block that needs the key mask -- the only use of its index here)
+    const int blk = SPARSE ? 0 : kb.mask_block(i);
     const int s = i % ST;
     const int s1 = (i + 1) % ST;
     const bool has_next = i + 1 < kb.count;
-    wgmma_wait<0>();  // S of block blk
-    if (KeyBlocks::partial(blk, kBN, kv_mask)) {
-      softmax_issue_pv(blk, s, std::true_type{});
+    wgmma_wait<0>();  // S of the walk's i-th block
+    bool masked;
+    if constexpr (SPARSE) {
+      masked = kb.partial_at(i);
+    } else {
+      masked = KeyBlocks::partial(blk, kBN, kv_mask);
+    }
+    if (masked) {
+      softmax_issue_pv(SPARSE ? kb.block(i) : blk, s, std::true_type{});
     } else {
       softmax_issue_pv(blk, s, std::false_type{});
     }
@@ -272,7 +298,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   if (part < 0) {
-    N::store_rows(p, o, l_run, row_base, g, t, b, h);
+    if constexpr (SPARSE) {
+      if (kb.count == 0) {  // the map keeps no key of this tile: 0, without the V mean
+        rowmath::store_zero_rows<D>(p, row_base, g, t, b, h);
+      } else {
+        N::store_rows(p, o, l_run, row_base, g, t, b, h);
+      }
+    } else {
+      N::store_rows(p, o, l_run, row_base, g, t, b, h);
+    }
   } else {  // partials of this split: O (relative to m_run; times the numerics' split scale), m_run, l per row
     float* w = p.ws + ((size_t)(tile - p.split_from) * p.splits + part) * kBM * (D + 2);
     rowmath::store_split_partials<D>(w, o, m_run, l_run, row_base - mb * kBM + g, t, N::split_scale(p, bh));
@@ -283,7 +317,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // The tail split's second pass: one warp per row of a split tile merges the splits' (O, m, l) -- weights
 // exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows. Grid (split tiles, kBM / 8), 256 threads.
-template <int D>
+// SPARSE: a row whose splits all kept no key (every m -inf) is written 0, without the V mean.
+template <int D, bool SPARSE>
 __global__ void __launch_bounds__(256) combine_splits_kernel(const AttnParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tile = p.split_from + blockIdx.x;
@@ -296,6 +331,14 @@ __global__ void __launch_bounds__(256) combine_splits_kernel(const AttnParams p)
   float m_max = -INFINITY;
   for (int s = 0; s < p.splits; ++s) m_max = fmaxf(m_max, w[s * split_stride + D]);
   constexpr int EPL = D / 32;  // columns per lane
+  if constexpr (SPARSE) {
+    if (m_max == -INFINITY) {
+      const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+      for (int i = 0; i < EPL; i += 2) rowmath::store_pair(p, off, lane * EPL + i, 0.f, 0.f, nullptr);
+      return;
+    }
+  }
   float acc[EPL], l = 0.f;
 #pragma unroll
   for (int i = 0; i < EPL; ++i) acc[i] = 0.f;

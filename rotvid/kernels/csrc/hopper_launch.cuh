@@ -1,5 +1,5 @@
 // Host side of the Hopper attention kernel (hopper_attention.cuh): TMA tensor maps, the launch of numerics N at
-// the schedule table's row (hopper_schedule.cuh), and the split-combine pass. The device code exists only in an
+// the schedule table's row (hopper_schedule.cuh), dense or block-sparse, and the split-combine pass. The device code exists only in an
 // sm90a build; the entry points (attn_hopper_*.cu) report cudaErrorNotSupported elsewhere.
 #pragma once
 #include <cuda.h>
@@ -12,8 +12,8 @@
 namespace rotvid {
 namespace hopper {
 
-template <class N, int STAGES, int PINGPONG, int PIPE>
-cudaError_t launch_attention(const AttnParams& p, cudaStream_t stream) {
+template <class N, int STAGES, int PINGPONG, int PIPE, bool SPARSE>
+cudaError_t launch_walk(const AttnParams& p, cudaStream_t stream) {
   using C = SmemLayout<N, STAGES>;
   constexpr int D = N::D, BN = N::BN;
   const uint64_t bh = (uint64_t)p.B * p.H;
@@ -22,7 +22,7 @@ cudaError_t launch_attention(const AttnParams& p, cudaStream_t stream) {
       !tma::make_map(&tm_k, p.k, bh * p.Nkv_pad, D, BN, D, C::QK_SWIZZLE) ||
       !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
-  auto kernel = hopper_attention_kernel<N, STAGES, PINGPONG, PIPE>;
+  auto kernel = hopper_attention_kernel<N, STAGES, PINGPONG, PIPE, SPARSE>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)(p.Nq_pad / kBM) * p.H * p.B;
@@ -34,9 +34,19 @@ cudaError_t launch_attention(const AttnParams& p, cudaStream_t stream) {
   kernel<<<dim3((unsigned)ctas), kThreads, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
   if (p.splits > 1 && tiles > p.split_from) {
     const dim3 cgrid((unsigned)(tiles - p.split_from), kBM / 8);
-    combine_splits_kernel<D><<<cgrid, 256, 0, stream>>>(p);
+    combine_splits_kernel<D, SPARSE><<<cgrid, 256, 0, stream>>>(p);
   }
   return cudaGetLastError();
+}
+
+// Numerics N at a schedule: the dense kernel, or the block-sparse one when p carries a map (p.map_count).
+template <class N, int STAGES, int PINGPONG, int PIPE>
+cudaError_t launch_attention(const AttnParams& p, cudaStream_t stream) {
+  if (p.map_count != nullptr) {
+    if (p.map_index == nullptr || p.map_kmax < 1 || p.map_sb < 0 || p.map_sh < 0) return cudaErrorInvalidValue;
+    return launch_walk<N, STAGES, PINGPONG, PIPE, true>(p, stream);
+  }
+  return launch_walk<N, STAGES, PINGPONG, PIPE, false>(p, stream);
 }
 
 }  // namespace hopper

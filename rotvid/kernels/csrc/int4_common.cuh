@@ -50,7 +50,17 @@ struct AttnParams {
   int split_from;       // number of tiles run whole (= all tiles when splits == 1)
   int splits;           // 1: no split
   float* ws;            // [(tiles - split_from) * splits, kBlockM, D + 2] fp32 partials, or nullptr
+  // Block-sparse attention (the Hopper kernel's sparse instantiations; map_count nullptr: every key block): query
+  // tile mb of (b, h) visits the key blocks of 128 keys listed in map_index[r * map_kmax ..], ascending, with
+  // r = b * map_sb + h * map_sh + mb and map_count[r] of them (rotvid/kernels/sparsity/block_map.py).
+  // (These fields end the struct within the 192 bytes before the kernel's 64-byte-aligned tensor-map parameters,
+  // so the dense kernels' parameter offsets, and their code, stay as they were: benchmarks/kernel_ptx_diff.py.)
+  const int* map_index; // [B', H', Tq, Kmax] int32 (B' in {1, B}, H' in {1, H}, Tq = Nq_pad / 128), or nullptr
+  const int* map_count; // [B', H', Tq] int32, or nullptr
+  int map_sb, map_sh;   // rows of the map per batch / per head (0: one map row for every batch / head)
+  int map_kmax;         // Kmax
 };
+static_assert(sizeof(AttnParams) <= 192, "AttnParams: the Hopper kernel's tensor maps follow at offset 192");
 
 // Key offset (inside its chunk of CHK positions) stored at position p of the V^T layout.
 __host__ __device__ constexpr int vt_key_of_position(int p, int chk) {
@@ -125,7 +135,8 @@ struct Int8Fp8PreParams {
 cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, cudaStream_t stream);
 cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stream);
 // Attention on those operands: AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
-// bytes, vparams = v_scale [BH, D], block_n 128.
+// bytes, vparams = v_scale [BH, D], block_n 128. The wgmma launchers run the block-sparse kernel when p.map_count is
+// set (AttnParams.map_*); the mma.sync launchers ignore a map (the binding refuses one for them).
 cudaError_t launch_int8fp8_attention_wgmma(const AttnParams& p, int head_dim, cudaStream_t stream);
 // The same numerics on mma.sync (s8 for Q^K^T, e4m3 for P.V; int8fp8_attention_mma.cuh), same operands;
 // cudaErrorNotSupported where the build has no e4m3 mma.sync (below sm89).

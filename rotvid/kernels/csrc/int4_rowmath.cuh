@@ -124,6 +124,20 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, float (&o)[D / 8
   }
 }
 
+// Epilogue of a tile that attends to no key (a block map keeps none of its blocks before kv_len): 0 for rows
+// row0 + g (+ 8), without the V mean (l = 0 there; the reference's empty rows); rows >= Nq skipped.
+template <int D>
+__device__ __forceinline__ void store_zero_rows(const AttnParams& p, int row0, int g, int t, int b, int h) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + g + 8 * r;
+    if (row >= p.Nq) continue;
+    const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) store_pair(p, off, 8 * j + 2 * t, 0.f, 0.f, nullptr);
+  }
+}
+
 // Epilogue of the int8-fp8 kernels: out = O / l * v_scale (+ v_mean) for rows row0 + g (+ 8), v_scale per channel in
 // p.vparams [BH, D] (it factors out of the sum over keys, so it is applied once here); rows >= Nq skipped.
 template <int D>

@@ -39,8 +39,9 @@ class KernelEntry:
     """A recipe's kernel on one backend.
 
     Attributes:
-        run: ``run(q, k, v, *, layout, kv_lens, sm_scale, smooth_k, smooth_q, smooth_v, block_n, rope)`` -> the
-            output in q's shape, layout and dtype (only called after every check accepted the call).
+        run: ``run(q, k, v, *, layout, kv_lens, sm_scale, smooth_k, smooth_q, smooth_v, block_n, rope, block_map)``
+            -> the output in q's shape, layout and dtype (only called after every check accepted the call; a kernel
+            that takes no block map refuses one in its checks).
         checks: the support checks, in order (:func:`first_refusal`).
         block_n: the key-block size it uses when a call gives none, as a function of the device.
         fuses_rope: ``fuses_rope(q, k, rope, layout=...)`` -> "" when ``run`` applies a RoPE·R table itself

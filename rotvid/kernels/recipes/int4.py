@@ -45,13 +45,14 @@ SMOOTHING = dict(smooth_q=True, smooth_v=True)
 
 def _cuda_kernel(p_mode: str) -> KernelEntry:
     def run(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_q=False, smooth_v=False,
-            block_n=None, **_):
+            block_n=None, block_map=None, **_):
         return int4_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
-                                   smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n, smooth_q=smooth_q)
+                                   smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n, smooth_q=smooth_q,
+                                   block_map=block_map)
 
     return KernelEntry(
         run=run,
-        checks=(cuda_checks.no_block_map, *cuda_checks.FIRST_CHECKS, *cuda_checks.LAST_CHECKS),
+        checks=(*cuda_checks.FIRST_CHECKS, *cuda_checks.LAST_CHECKS),
         block_n=default_block_n,
         describe=_describe_cuda,
     )

@@ -2,7 +2,8 @@
 ``rotvid::int4_attention`` with their fake (shape-only) implementations, and the public functions on them.
 
 Paths and operand layout: :mod:`rotvid.kernels.cuda_layout`. On sm90 the default kernel is ``"wgmma"`` (block size
-:func:`default_block_n`); elsewhere the arch table's path.
+:func:`default_block_n`); elsewhere the arch table's path. A block map (``block_map=``) runs on the ``"wgmma"`` kernel
+(at block_n 64 each map block of 128 keys is walked as two kernel blocks); the mma.sync paths refuse one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rotvid.kernels.cuda_layout import (
     PATHS,
     SUPPORTED_BLOCK_N,
     KernelQKV,
+    block_map_operands,
     check_inputs,
     check_output_args,
     kv_lens_int32,
@@ -23,6 +25,7 @@ from rotvid.kernels.cuda_layout import (
     vt_dtype,
 )
 from rotvid.kernels.reference import LOG2E, check_sm_scale
+from rotvid.kernels.sparsity.block_map import BlockMap
 
 
 @torch.library.custom_op("rotvid::int4_preprocess", mutates_args=())
@@ -93,18 +96,20 @@ def _int4_attention_op(
     bnhd: bool,
     split_tail: bool,
     k_bias: torch.Tensor,
+    map_index: torch.Tensor | None = None,
+    map_count: torch.Tensor | None = None,
 ) -> torch.Tensor:
     ext = cuda_build.load_extension(q_hat.device)
     kernel = _resolve_path(path, q_hat.device)
     return ext.attention_int4(
         q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, kernel == "s4",
-        kernel == "wgmma", p_mode, qk_scale, out_bf16, bnhd, None, split_tail, k_bias,
+        kernel == "wgmma", p_mode, qk_scale, out_bf16, bnhd, None, split_tail, k_bias, map_index, map_count,
     )
 
 
 @_int4_attention_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, path, p_mode,
-      qk_scale, out_bf16, bnhd, split_tail, k_bias):
+      qk_scale, out_bf16, bnhd, split_tail, k_bias, map_index=None, map_count=None):
     b, h = q_hat.shape[0], q_hat.shape[1]
     shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
     return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
@@ -197,6 +202,7 @@ def attention_int4_quantized(
     layout: str = "BHND",
     out: torch.Tensor | None = None,
     split_tail: bool = True,
+    block_map: BlockMap | None = None,
 ) -> torch.Tensor:
     """Steps 3-6 of the INT4 recipe (the attention kernel) on operands in the kernel layout.
 
@@ -207,7 +213,9 @@ def attention_int4_quantized(
     last wave of SMs, the tiles of that wave run split over the keys (2-4 CTAs each, merged by a
     second kernel) -- same maths, fp32 summation order of O and l changed for those rows only;
     False keeps every row's order (the mma.sync path's summation order; the wgmma kernel's P̂ may still differ
-    from that path's at rare scores, see the module docstring).
+    from that path's at rare scores, see the module docstring). ``block_map``: the key blocks each query tile visits
+    (``"wgmma"`` kernel only; as :func:`rotvid.kernels.recipes.int8_fp8_ops.attention_int8fp8_quantized`'s: a
+    skipped block is a block of ``-inf`` scores, a tile that keeps none gives 0, the values are not checked here).
     """
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
@@ -224,6 +232,11 @@ def attention_int4_quantized(
                          f"pack_reference_quantized with path={path!r})")
     check_sm_scale(sm_scale)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    if block_map is not None and kernel != "wgmma":
+        raise ValueError(f"block_map: only the 'wgmma' (Hopper) kernel takes a block map, not the {kernel!r} path")
+    b, h = qkv.q_hat.shape[:2]
+    map_index, map_count = block_map_operands(block_map, batch=b, heads=h, n_q=n_q, n_kv=n_kv,
+                                              device=qkv.q_hat.device)
     k_bias = qkv.k_bias if qkv.k_bias is not None else qkv.q_scale.new_empty((0,))
     args = (
         qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
@@ -231,12 +244,12 @@ def attention_int4_quantized(
         float(sm_scale * LOG2E), out_dtype == torch.bfloat16, layout == "BNHD",
     )
     if out is None:
-        return _int4_attention_op(*args, bool(split_tail), k_bias)
+        return _int4_attention_op(*args, bool(split_tail), k_bias, map_index, map_count)
     # Writing into a caller's tensor (tests poison it first): the raw extension, outside the custom op.
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
     cuda_build.load_extension(qkv.q_hat.device).attention_int4(
-        *args[:12], kernel == "s4", kernel == "wgmma", *args[13:], out, bool(split_tail), k_bias
+        *args[:12], kernel == "s4", kernel == "wgmma", *args[13:], out, bool(split_tail), k_bias, map_index, map_count
     )
     return out
 
@@ -255,15 +268,22 @@ def int4_attention_cuda(
     block_n: int | None = None,
     path: str | None = None,
     smooth_q: bool = False,
+    block_map: BlockMap | None = None,
 ) -> torch.Tensor:
-    """Pre-processing + INT4 attention on the GPU; output has q's shape, layout and dtype."""
+    """Pre-processing + INT4 attention on the GPU; output has q's shape, layout and dtype (``block_map`` as
+    :func:`attention_int4_quantized`'s)."""
     block_n = default_block_n(q.device) if block_n is None else block_n
     qb, qh, qn, qd, kn = check_inputs(q, k, v, layout, kv_lens, block_n)
+    if block_map is not None:  # (before the pre-processing runs)
+        kernel = _resolve_path(_check_path(path, q.device), q.device)
+        if kernel != "wgmma":
+            raise ValueError(f"block_map: only the 'wgmma' (Hopper) kernel takes a block map, not the {kernel!r} path")
+        block_map_operands(block_map, batch=qb, heads=qh, n_q=qn, n_kv=kn, device=q.device)
     qkv = preprocess_int4_cuda(
         q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k, smooth_v=smooth_v,
         p_mode=p_mode, path=path, smooth_q=smooth_q, sm_scale=sm_scale,
     )
     return attention_int4_quantized(
         qkv, n_q=qn, n_kv=kn, head_dim=qd, block_n=block_n, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
-        path=path, out_dtype=q.dtype, layout=layout,
+        path=path, out_dtype=q.dtype, layout=layout, block_map=block_map,
     )

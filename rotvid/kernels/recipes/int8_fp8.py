@@ -3,7 +3,8 @@ kernel thread holds), P and V in FP8 e4m3 with V per channel and P scaled by 448
 
 CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma, the default there): :mod:`rotvid.kernels.recipes.int8_fp8_ops`;
 they do not smooth Q and use key blocks of 128 on every backend (the reference's default for this recipe too, so a
-fallback keeps their numerics). Their pre-processing can apply a RoPE·R table itself.
+fallback keeps their numerics). Their pre-processing can apply a RoPE·R table itself; the sm90 kernel takes a block
+map (block-sparse attention).
 """
 
 from __future__ import annotations
@@ -75,9 +76,10 @@ def key_block_128(q, k, v, **opts) -> str | None:
     return None
 
 
-def _run_cuda(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_v=False, rope=None, **_):
+def _run_cuda(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_v=False, rope=None,
+              block_map=None, **_):
     return int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
-                                  smooth_v=smooth_v, rope=rope)
+                                  smooth_v=smooth_v, rope=rope, block_map=block_map)
 
 
 def _describe_cuda() -> str:
@@ -91,7 +93,7 @@ def _describe_cuda() -> str:
 CUDA_KERNEL = KernelEntry(
     run=_run_cuda,
     checks=(
-        cuda_checks.no_block_map, *cuda_checks.FIRST_CHECKS, int8fp8_gpu, cuda_checks.dtype, cuda_checks.head_dim, no_q_smoothing,
+        *cuda_checks.FIRST_CHECKS, int8fp8_gpu, cuda_checks.dtype, cuda_checks.head_dim, no_q_smoothing,
         cuda_checks.q_block, cuda_checks.block_m, cuda_checks.block_n, key_block_128, cuda_checks.strides,
         cuda_checks.alignment,
     ),

@@ -11,6 +11,11 @@ s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]). Two kernels of the sa
 * ``"mma"`` (sm89 and sm90; ``csrc/mma_numerics_int8fp8.cuh``): ``mma.sync.m16n8k32`` s8 for QKᵀ and e4m3 for
   P·V (e4m3 mma.sync needs sm89) -- the Ada kernel, testable on an H100 with ``path="mma"``. Its speed on Ada is
   unmeasured (no Ada GPU was available).
+
+A block map (``block_map=``, :class:`~rotvid.kernels.sparsity.BlockMap`) runs on the ``"wgmma"`` kernel: each query
+tile visits only its row's key blocks (the skipped ones are never loaded), with the numerics of
+:func:`rotvid.kernels.reference.attention_int8fp8_from_quantized` under the same map; the ``"mma"`` kernel visits
+every key block and refuses a map.
 """
 
 from __future__ import annotations
@@ -20,9 +25,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from rotvid.kernels import cuda_build
-from rotvid.kernels.cuda_layout import KernelQKV, check_inputs, check_output_args, kv_lens_int32, pads
+from rotvid.kernels.cuda_layout import (
+    KernelQKV,
+    block_map_operands,
+    check_inputs,
+    check_output_args,
+    kv_lens_int32,
+    pads,
+)
 from rotvid.kernels.reference import INT8FP8_BLOCK_N, LOG2E, check_sm_scale
 from rotvid.kernels.rope_op import ROPE_HEAD_DIMS
+from rotvid.kernels.sparsity.block_map import BlockMap
 
 if TYPE_CHECKING:
     from rotvid.rope.fused_table import GeneralizedRopeTable
@@ -88,17 +101,19 @@ def _int8fp8_attention_op(
     bnhd: bool,
     path: str,
     split_tail: bool,
+    map_index: torch.Tensor | None = None,
+    map_count: torch.Tensor | None = None,
 ) -> torch.Tensor:
     ext = cuda_build.load_extension(q_hat.device)
     return ext.attention_int8fp8(
         q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd, None,
-        path == "mma", split_tail,
+        path == "mma", split_tail, map_index, map_count,
     )
 
 
 @_int8fp8_attention_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
-      path, split_tail):
+      path, split_tail, map_index=None, map_count=None):
     b, h = q_hat.shape[0], q_hat.shape[1]
     shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
     return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
@@ -212,6 +227,7 @@ def attention_int8fp8_quantized(
     out: torch.Tensor | None = None,
     path: str | None = None,
     split_tail: bool = True,
+    block_map: BlockMap | None = None,
 ) -> torch.Tensor:
     """The int8-fp8 attention kernel (sm89 / sm90) on operands from :func:`preprocess_int8fp8_cuda`.
 
@@ -220,22 +236,33 @@ def attention_int8fp8_quantized(
     (sm90) or ``"mma"`` (mma.sync, sm89 and sm90); None: the arch default (:func:`int8fp8_path_for`).
     ``split_tail`` (wgmma path): the query tiles of a last, partial wave of SMs run split over the keys (2-4 CTAs
     each, merged by a second kernel), as the INT4 kernel's -- same maths, fp32 summation order of O and l changed
-    for those rows only; False keeps every row's order.
+    for those rows only; False keeps every row's order (with a map too: a split takes an even share of its row's
+    kept blocks).
+    ``block_map``: the key blocks each query tile visits (:class:`~rotvid.kernels.sparsity.BlockMap` for ``n_q``
+    queries and ``n_kv`` keys on the operands' device; ``"wgmma"`` path only): a skipped block is a block of
+    ``-inf`` scores, and a query tile that keeps no block before ``kv_lens`` gives 0 (no V mean). Its values are
+    not checked here (:meth:`BlockMap.check`; the dispatcher checks them in eager mode).
     """
     check_output_args(out_dtype, head_dim, layout)
     path = _check_int8fp8_device(qkv.q_hat.device, path)
     check_sm_scale(sm_scale)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    if block_map is not None and path != "wgmma":
+        raise ValueError(f"block_map: only the 'wgmma' (Hopper) int8-fp8 kernel takes a block map, not {path!r}")
+    b, h = qkv.q_hat.shape[:2]
+    map_index, map_count = block_map_operands(block_map, batch=b, heads=h, n_q=n_q, n_kv=n_kv,
+                                              device=qkv.q_hat.device)
     args = (
         qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
         kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, float(sm_scale * LOG2E),
         out_dtype == torch.bfloat16, layout == "BNHD",
     )
     if out is None:
-        return _int8fp8_attention_op(*args, path, bool(split_tail))
+        return _int8fp8_attention_op(*args, path, bool(split_tail), map_index, map_count)
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
-    cuda_build.load_extension(qkv.q_hat.device).attention_int8fp8(*args, out, path == "mma", bool(split_tail))
+    cuda_build.load_extension(qkv.q_hat.device).attention_int8fp8(*args, out, path == "mma", bool(split_tail),
+                                                                  map_index, map_count)
     return out
 
 
@@ -251,18 +278,22 @@ def int8fp8_attention_cuda(
     smooth_v: bool = False,
     path: str | None = None,
     rope: GeneralizedRopeTable | None = None,
+    block_map: BlockMap | None = None,
 ) -> torch.Tensor:
-    """Pre-processing + int8-fp8 attention on an sm89 / sm90 GPU (``path`` as :func:`attention_int8fp8_quantized`,
-    ``rope``: RoPE·R applied to q and k inside the pre-processing, as :func:`preprocess_int8fp8_cuda`); output has
-    q's shape, layout and dtype."""
+    """Pre-processing + int8-fp8 attention on an sm89 / sm90 GPU (``path`` and ``block_map`` as
+    :func:`attention_int8fp8_quantized`, ``rope``: RoPE·R applied to q and k inside the pre-processing, as
+    :func:`preprocess_int8fp8_cuda`); output has q's shape, layout and dtype."""
     qb, qh, qn, qd, kn = check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     path = _check_int8fp8_device(q.device, path)
+    if block_map is not None and path != "wgmma":  # (before the pre-processing runs)
+        raise ValueError(f"block_map: only the 'wgmma' (Hopper) int8-fp8 kernel takes a block map, not {path!r}")
+    block_map_operands(block_map, batch=qb, heads=qh, n_q=qn, n_kv=kn, device=q.device)
     qkv = preprocess_int8fp8_cuda(
         q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v, rope=rope
     )
     return attention_int8fp8_quantized(
         qkv, n_q=qn, n_kv=kn, head_dim=qd, kv_lens=kv_lens, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout,
-        path=path,
+        path=path, block_map=block_map,
     )
 
 
