@@ -24,6 +24,7 @@ from rotvid.kernels import metrics
 from rotvid.pipelines.adaptive_schedule import AccuracyTable
 from rotvid.kernels.recipes import get_recipe, int4
 from rotvid.pipelines.runtime import AttentionSite
+from rotvid.pipelines.token_grid import patch_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +54,7 @@ def latent_grid(pipe, transformer, *, height: int, width: int, frames: int) -> t
     factors), then the transformer's patch sizes (Wan: ``patch_size`` (t, h, w); HunyuanVideo and
     CogVideoX: ``patch_size`` and ``patch_size_t``).
     """
-    cfg = transformer.config
-    patch = cfg.get("patch_size")
-    if isinstance(patch, (list, tuple)):
-        pt, ph, pw = (int(x) for x in patch)
-    else:
-        pt, ph, pw = int(cfg.get("patch_size_t") or 1), int(patch), int(patch)
+    pt, ph, pw = patch_sizes(transformer)
     t_lat = (frames - 1) // int(pipe.vae_scale_factor_temporal) + 1
     sp = int(pipe.vae_scale_factor_spatial)
     return -(-t_lat // pt), height // sp // ph, width // sp // pw
