@@ -64,9 +64,10 @@ With a block map configured (``RotvidConfig(sparsity=...)``, or a block's own sp
 ``block_sparsity``) a call the plan quantizes also looks up its *sparse plan* entry: the spec it runs under, or
 ``None`` when the schedule's sparsity rules keep it dense (:meth:`~rotvid.pipelines.schedule.Schedule.sparsity_at`).
 An FP16 call never gets a map. The sparse plan is computed with the plan, outside the graph, and interned the same
-way; it changes with the step only through ``dense_first_steps``, so a run has at most two of them (and
-``torch.compile`` guards on it as on the plan: distinct (plan, sparse plan) pairs count toward
-:data:`MAX_PLANS_PER_RUN`).
+way; it changes with the step only through ``dense_first_steps`` and the plan (the entries of the calls the plan keeps FP16
+are ``None``), so it adds at most one graph per plan (``torch.compile`` guards on it as on the plan: distinct (plan,
+sparse plan) pairs count toward :data:`MAX_PLANS_PER_RUN`; with the plan as data, the sparse plan keeps every entry,
+and the graphs are one per distinct sparse plan -- at most two).
 
 * A **static** map (``radial``) depends on the token grid alone. The forward guard (outside the graph) computes
   the grid of each transformer forward from its inputs (:func:`rotvid.pipelines.token_grid.forward_token_grid`) and
@@ -332,16 +333,21 @@ class Runtime:
         except StepUnknownError as err:
             # outside a tracked run: the block rules only (module docstring)
             self.plan_problem = str(err)
-            self.plan, self.plan_reasons, self.sparse_plan = self._untracked_plan()
+            plan, reasons, sparse = self._untracked_plan()
+            self.plan, self.plan_reasons = plan, reasons
+            self.sparse_plan = sparse if self.plan_as_data else self._quantized_only(plan, sparse)
             if self.plan_as_data:
                 for site in self.sites:
                     self.counters[site.key].set_planned(self.plan[site.transformer][site.block])
             return
         if self._run_plans is None or self._run_plans[:2] != (num_steps, len(self.sites)):
             plans = [self._plan_at(s, num_steps) for s in range(num_steps)]
-            self._run_plans = (num_steps, len(self.sites), plans)
-            distinct = len({(id(plan), id(sparse)) for plan, _, sparse in plans})
+            # a graph needs the map entries of its quantized calls only: FP16 cells' entries dropped, fewer graphs
+            # (not when the plan goes to the graph as data: one graph then serves every FP16 plan)
+            tight = [(plan, reasons, self._quantized_only(plan, sparse)) for plan, reasons, sparse in plans]
+            distinct = len({(id(plan), id(sparse)) for plan, _, sparse in tight})
             self.plan_as_data = distinct > MAX_PLANS_PER_RUN
+            self._run_plans = (num_steps, len(self.sites), plans if self.plan_as_data else tight)
             if self.plan_as_data:
                 logger.info("rotvid: %d distinct plans in this %d-step run (> %d): compiled graphs read the plan "
                             "as data", distinct, num_steps, MAX_PLANS_PER_RUN)
@@ -384,6 +390,13 @@ class Runtime:
             plan[name] = self._interned.setdefault(key, key)
         key = ("plan",) + tuple(sorted(plan.items()))
         return self._interned.setdefault(key, plan), {name: tuple(reasons) for name, reasons in per.items()}
+
+    def _quantized_only(self, plan: dict, sparse: dict | None) -> dict | None:
+        """The interned sparse plan with ``None`` for the calls ``plan`` keeps FP16 (they never get a map)."""
+        if sparse is None:
+            return None
+        return self._intern_sparse({name: [None if fp16 else spec for fp16, spec in zip(plan[name], specs)]
+                                    for name, specs in sparse.items()})
 
     def _intern_sparse(self, per: dict[str, list[SparsitySpec | None]]) -> dict:
         plan = {}

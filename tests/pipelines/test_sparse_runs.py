@@ -176,3 +176,31 @@ def test_each_map_kind_compiles_fullgraph_and_equals_eager(tiny, family, sparsit
     assert report.to_dict()["sparsity"] == eager_report.to_dict()["sparsity"]
     assert report.mean_density < 1
     assert (report.mean_dropped_mass is None) == sparsity.startswith("radial")
+
+
+@pytest.mark.parametrize(
+    "schedule, graphs",
+    [
+        # plans: all FP16 (steps 0, 4), block 0 FP16 (1-3); maps from step 2. The FP16 cells' map entries are
+        # dropped, so step 0 and step 4 share a graph: 3 graphs, not 4
+        (dict(fp16_first_steps=1, fp16_last_steps=1, fp16_first_blocks=1, dense_first_steps=2), 3),
+        # 5 distinct (plan, sparse plan) pairs (> MAX_PLANS_PER_RUN): the plan goes to the graph as data
+        # (torch.cond around each call and its map); one graph per sparse plan: dense step 0, maps after
+        (dict(fp16_cells=((2, 0), (3, 1), (4, 0), (4, 1)), dense_first_steps=1), 2),
+    ],
+)
+def test_compiled_graphs_per_plan_with_a_map(tiny, schedule, graphs):
+    pipe = tiny("wan", num_layers=2)
+    cfg = config("topp:0.6,sim=-1", **schedule)
+    eager, eager_report = run_applied(pipe, "wan", cfg, steps=5)
+    counter = GraphCounter()
+    handle = apply(pipe, cfg, compile={"backend": counter})
+    try:
+        compiled = run(pipe, "wan", steps=5)
+        report, as_data = handle.report, handle.runtime.plan_as_data
+    finally:
+        remove(pipe)
+    assert as_data == (graphs == 2)
+    assert torch.equal(compiled, eager) and counter.graphs == graphs
+    assert report.to_dict()["sparsity"] == eager_report.to_dict()["sparsity"] and report.sparse_calls > 0
+    assert report.to_dict()["per_block"] == eager_report.to_dict()["per_block"]
