@@ -566,10 +566,10 @@ class _ConfigFactory:
                         if v is not None}
         self.dense = dict(dense or {})
         self.untouched = base is None and _runs_model_attention(recipe) and rotation is None
-        if self.untouched and (sparsity is not None or self.dense):
+        if sparsity is not None and _runs_model_attention(recipe):
             from rotvid.kernels.sparsity import parse_sparsity
 
-            if sparsity is not None and parse_sparsity(sparsity).enabled:
+            if parse_sparsity(sparsity).enabled:
                 raise ValueError(f"--sparsity {sparsity}: --recipe {recipe} runs the model's own attention, which "
                                  "takes no block map (a map applies to quantized calls only)")
         if rotation is not None:

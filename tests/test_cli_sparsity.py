@@ -38,6 +38,8 @@ def test_sparsity_options_bad_input(tiny_wan, tmp_path):  # noqa: F811
     assert_fails(run(*base, "--sparsity", "topp:0.9", "--dense-blocks", "0,x"), "--dense-blocks: expected")
     assert_fails(run(*base, "--sparsity", "topp:0.9", "--dense-first-steps", "-1"), "--dense-first-steps")
     assert_fails(run(*base, "--recipe", "fp16", "--sparsity", "topp:0.9"), "--sparsity topp:0.9: --recipe fp16")
+    assert_fails(run(*base, "--recipe", "fp16", "--rotation", "half", "--sparsity", "radial"),
+                 "--sparsity radial: --recipe fp16 runs the model's own attention")
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\n")
     ev = ["eval", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--out", tmp_path / "ev"]
@@ -67,7 +69,8 @@ def test_eval_compares_a_sparse_variant_with_fp16_and_with_its_dense_twin(tiny_w
     assert twin["mean"]["mse"] > 0  # the map changed the video
     report = (out / "report.md").read_text()
     assert "Density" in report and "## Sparse variants against their dense twin" in report
-    side = json.loads((out / "videos" / "int8-fp8_half_radial+band=0+window=0").glob("*.json").__next__().read_text())
+    (sidecar,) = (out / "videos" / "int8-fp8_half_radial+band=0+window=0").glob("*.json")
+    side = json.loads(sidecar.read_text())
     assert side["sparsity"] == BAND_ONLY and side["eval_variant"] == "int8-fp8_half_radial+band=0+window=0"
 
 

@@ -247,8 +247,8 @@ def calibrate(
     recipe, recipe_reason = resolve_recipe(opts.recipe, _execution_device(pipe, transformers))
     say(f"probe recipe: {recipe} ({recipe_reason})")
     probe = AccuracyProbe(recipe=recipe, backend=opts.backend, taus=opts.taus)
-    config = RotvidConfig(recipe=fp16.RECIPE.name, rotation=f"learned:{rot_path}", vo_hadamard=True, backend=opts.backend,
-                          sparsity=opts.sparsity, schedule=opts.sparsity_schedule())
+    config = RotvidConfig(recipe=fp16.RECIPE.name, rotation=f"learned:{rot_path}", vo_hadamard=True,
+                          backend=opts.backend, sparsity=opts.sparsity, schedule=opts.sparsity_schedule())
     if opts.sparsity.enabled:
         taus = f" (tau per block among {', '.join(map(str, opts.taus))})" if opts.taus else ""
         say(f"probe block map: {opts.sparsity}{taus}")

@@ -106,7 +106,8 @@ class SiteCounters:
         return cls(key, module)
 
     def uninstall(self) -> None:
-        for name in (COUNTS_BUFFER, PLANNED_BUFFER, SPARSE_BUFFER):  # (as register_buffer left them: the module as before)
+        # (as register_buffer left them: the module as before)
+        for name in (COUNTS_BUFFER, PLANNED_BUFFER, SPARSE_BUFFER):
             self.module._buffers.pop(name, None)
             self.module._non_persistent_buffers_set.discard(name)
 

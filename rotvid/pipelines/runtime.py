@@ -64,10 +64,10 @@ With a block map configured (``RotvidConfig(sparsity=...)``, or a block's own sp
 ``block_sparsity``) a call the plan quantizes also looks up its *sparse plan* entry: the spec it runs under, or
 ``None`` when the schedule's sparsity rules keep it dense (:meth:`~rotvid.pipelines.schedule.Schedule.sparsity_at`).
 An FP16 call never gets a map. The sparse plan is computed with the plan, outside the graph, and interned the same
-way; it changes with the step only through ``dense_first_steps`` and the plan (the entries of the calls the plan keeps FP16
-are ``None``), so it adds at most one graph per plan (``torch.compile`` guards on it as on the plan: distinct (plan,
-sparse plan) pairs count toward :data:`MAX_PLANS_PER_RUN`; with the plan as data, the sparse plan keeps every entry,
-and the graphs are one per distinct sparse plan -- at most two).
+way; it changes with the step only through ``dense_first_steps`` and the plan (the entries of the calls the plan
+keeps FP16 are ``None``), so it adds at most one graph per plan (``torch.compile`` guards on it as on the plan:
+distinct (plan, sparse plan) pairs count toward :data:`MAX_PLANS_PER_RUN`; with the plan as data, the sparse plan
+keeps every entry, and the graphs are one per distinct sparse plan -- at most two).
 
 * A **static** map (``radial``) depends on the token grid alone. The forward guard (outside the graph) computes
   the grid of each transformer forward from its inputs (:func:`rotvid.pipelines.token_grid.forward_token_grid`) and
