@@ -11,7 +11,8 @@ conditioning tokens before (``prefix``) and after (``suffix``) them. The facts c
 * the text tokens of a joint sequence: the length of the family's ``text_argument`` (``encoder_hidden_states``),
   a suffix for ``token_order`` ``"video,text"`` (HunyuanVideo), a prefix for ``"text,video"`` (CogVideoX);
 * an image-to-video pipeline (``first_frame_pipelines``: Wan2.x I2V) makes its first latent frame conditioning:
-  its ``height * width`` tokens join the prefix, and the grid has one frame less.
+  its ``height * width`` tokens join the prefix, and the grid has one frame less. rotvid applied to a bare
+  transformer knows no pipeline: its first frame counts as video.
 """
 
 from __future__ import annotations
