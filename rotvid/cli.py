@@ -190,6 +190,21 @@ def _schedule(value: str | None, steps: int | None = None):
     return Schedule.from_dict(data)
 
 
+def _dense_rules(dense_first_steps: int | None, dense_blocks: str | None) -> dict:
+    """The schedule's sparsity rules given on the command line (``{}`` for none)."""
+    rules: dict = {}
+    if dense_first_steps is not None:
+        if dense_first_steps < 0:
+            raise ValueError(f"--dense-first-steps: expected a count >= 0, got {dense_first_steps}")
+        rules["dense_first_steps"] = dense_first_steps
+    if dense_blocks is not None:
+        try:
+            rules["dense_blocks"] = tuple(int(x) for x in dense_blocks.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"--dense-blocks: expected comma-separated block indices, got {dense_blocks!r}") from None
+    return rules
+
+
 def _base_config(config_file: Path | None):
     from rotvid.pipelines.config import RotvidConfig
 
@@ -320,6 +335,16 @@ SmoothVOpt = Annotated[Optional[bool], typer.Option("--smooth-v/--no-smooth-v", 
                                                     help="Subtract the mean value, added back to the output "
                                                     "(default: the recipe's: on for int4 / int4-sym-p, off for "
                                                     "the FP8-V recipes int8-fp8 / int4-fp8).")]
+SparsityOpt = Annotated[Optional[str], typer.Option("--sparsity", help="Block map of the quantized calls: none "
+                                                    "(every key block; the default), radial[:band=INT,window=INT,"
+                                                    "decay=FLOAT] (static, from the token grid), or topp:TAU[,sim="
+                                                    "FLOAT] (per call, from Q and K). Only calls the schedule "
+                                                    "quantizes get a map.")]
+DenseFirstStepsOpt = Annotated[Optional[int], typer.Option("--dense-first-steps", help="With a block map: the first N "
+                                                           "denoising steps run dense (no map).")]
+DenseBlocksOpt = Annotated[Optional[str], typer.Option("--dense-blocks", help="With a block map: comma-separated "
+                                                       "blocks (global index, negative from the end) that run dense, "
+                                                       "e.g. 0,1,-1.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace existing outputs.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary (for scripts).")]
 GpusOpt = Annotated[int, typer.Option("--gpus", help="Processes to spread each forward over (Ulysses context "
@@ -388,7 +413,8 @@ def generate(
     model: ModelOpt = DEFAULT_MODEL,
     image: ImageOpt = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="A RotvidConfig JSON (e.g. from rotvid "
-                                                   "calibrate); --recipe/--rotation/--schedule/--smooth-* override it.")] = None,
+                                                   "calibrate); --recipe/--rotation/--schedule/--smooth-*/--sparsity "
+                                                   "override it.")] = None,
     recipe: Annotated[Optional[str], typer.Option(help="Attention recipe: auto (per GPU: int8-fp8 on Hopper, int4 "
                                                   "on Ampere/Ada and the CPU; `rotvid backends` shows the choice), "
                                                   "int4, int4-sym-p, int8-fp8, int4-fp8, nvfp4, or fp16 (untouched "
@@ -417,6 +443,9 @@ def generate(
     quiet: QuietOpt = False,
     gpus: GpusOpt = 1,
     compile: CompileOpt = False,
+    sparsity: SparsityOpt = None,
+    dense_first_steps: DenseFirstStepsOpt = None,
+    dense_blocks: DenseBlocksOpt = None,
 ) -> None:
     """Generate video(s) with quantized self-attention (recipe auto: this GPU's); writes an H.264 mp4 and a JSON
     sidecar per prompt."""
@@ -452,7 +481,8 @@ def generate(
             check_outputs(o, overwrite=overwrite)
         factory = _ConfigFactory(model, base=_base_config(config), recipe=recipe, rotation=rotation,
                                  schedule=_schedule(schedule, steps), backend=backend,
-                                 smoothing=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v))
+                                 smoothing=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v),
+                                 sparsity=sparsity, dense=_dense_rules(dense_first_steps, dense_blocks))
         cfg = factory.check()
         _check_request_before_loading(model, replace(template, prompt=prompts[0]))
         if _launch_workers(ctx, gpus, device):
@@ -518,22 +548,48 @@ def _runs_model_attention(recipe: str | None) -> bool:
 
 
 class _ConfigFactory:
-    """Builds the RotvidConfig of a run from --config, --recipe, --rotation, --schedule, --backend and
-    --smooth-k/q/v (``smoothing``: ``{"smooth_k": bool or None, ...}``, None = not given).
+    """Builds the RotvidConfig of a run from --config, --recipe, --rotation, --schedule, --backend,
+    --smooth-k/q/v (``smoothing``: ``{"smooth_k": bool or None, ...}``, None = not given), --sparsity and the
+    schedule's sparsity rules --dense-first-steps / --dense-blocks (``dense``: the given ones, applied to whichever
+    schedule the run gets).
 
     ``--recipe fp16`` without ``--rotation`` and without ``--config`` means the untouched pipeline
     (the FP16 reference): :meth:`check` and :meth:`build` return None. Without ``--schedule`` or
     ``--config`` the schedule is the paper's for the model's family.
     """
 
-    def __init__(self, model, *, base=None, recipe=None, rotation=None, schedule=None, backend=None, smoothing=None):
+    def __init__(self, model, *, base=None, recipe=None, rotation=None, schedule=None, backend=None, smoothing=None,
+                 sparsity=None, dense=None):
         self.model, self.base, self.schedule = model, base, schedule
         self.changes = {k: v for k, v in (("recipe", recipe), ("rotation", rotation), ("backend", backend),
-                                          *(smoothing or {}).items())
+                                          ("sparsity", sparsity), *(smoothing or {}).items())
                         if v is not None}
+        self.dense = dict(dense or {})
         self.untouched = base is None and _runs_model_attention(recipe) and rotation is None
+        if sparsity is not None and _runs_model_attention(recipe):
+            from rotvid.kernels.sparsity import parse_sparsity
+
+            if parse_sparsity(sparsity).enabled:
+                raise ValueError(f"--sparsity {sparsity}: --recipe {recipe} runs the model's own attention, which "
+                                 "takes no block map (a map applies to quantized calls only)")
         if rotation is not None:
             _check_learned_file("--rotation", rotation)
+
+    def _with_dense(self, cfg, *, strict: bool = True):
+        """``cfg`` with the --dense-* rules on its schedule when it has a block map; without one, a ValueError
+        (``strict``: a single run) or ``cfg`` as it is (an eval's dense variants)."""
+        if not self.dense:
+            return cfg
+        if not cfg.sparsity.enabled and not cfg.schedule.block_sparsity:
+            if not strict:
+                return cfg
+            raise ValueError(f"{self.dense_flags}: sparsity rules without a block map (pass --sparsity radial or "
+                             "topp:TAU)")
+        return cfg.with_(schedule=replace(cfg.schedule, **self.dense))
+
+    @property
+    def dense_flags(self) -> str:
+        return ", ".join("--" + k.replace("_", "-") for k in self.dense)
 
     def check(self):
         """Validate without loading anything (default schedule); None for the untouched pipeline."""
@@ -541,7 +597,16 @@ class _ConfigFactory:
 
         if self.untouched:
             return None
-        return (self.base or RotvidConfig()).with_(**self.changes)
+        cfg = (self.base or RotvidConfig()).with_(**self.changes)
+        return self._with_dense(cfg if self.schedule is None else cfg.with_(schedule=self.schedule))
+
+    def check_variant(self, recipe, rotation, sparsity):
+        """Validate one eval variant's config without loading anything (default schedule)."""
+        from rotvid.pipelines.config import RotvidConfig
+
+        cfg = (self.base or RotvidConfig()).with_(**{**self.changes, "recipe": recipe, "rotation": rotation,
+                                                      "sparsity": sparsity})
+        return self._with_dense(cfg, strict=False)
 
     def build(self, pipe=None, **overrides):
         """The config; ``overrides`` (recipe, rotation) win over the options. ValueError when the
@@ -560,7 +625,7 @@ class _ConfigFactory:
             self.schedule = schedule_preset(name)
         if self.schedule is not None:
             changes["schedule"] = self.schedule
-        return (self.base or RotvidConfig()).with_(**changes)
+        return self._with_dense((self.base or RotvidConfig()).with_(**changes), strict="sparsity" not in overrides)
 
 
 class _NeedsPipeline(ValueError):
@@ -610,9 +675,11 @@ def eval_(
                                                                show_default=False)] = None,
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="Generate: one prompt per "
                                                         "line.")] = None,
-    variants: Annotated[Optional[str], typer.Option(help="Generate: RECIPE:ROTATION,... e.g. "
-                                                    "int4:half,int8-fp8:half,int4-sym-p:none; RECIPE auto is "
-                                                    "this GPU's recipe (see `rotvid backends`).")] = None,
+    variants: Annotated[Optional[str], typer.Option(help="Generate: RECIPE:ROTATION[:SPARSITY],... e.g. "
+                                                    "int4:half,int8-fp8:half,int8-fp8:half:topp0.9; RECIPE auto is "
+                                                    "this GPU's recipe (see `rotvid backends`); SPARSITY a block map "
+                                                    "written without ':' (topp0.9, topp0.9+sim=0.3, radial, "
+                                                    "radial+band=2, none).")] = None,
     model: ModelOpt = DEFAULT_MODEL,
     image: ImageOpt = None,
     schedule: ScheduleOpt = None,
@@ -644,6 +711,11 @@ def eval_(
     quiet: QuietOpt = False,
     gpus: GpusOpt = 1,
     compile: CompileOpt = False,
+    sparsity: Annotated[Optional[str], typer.Option("--sparsity", help="Generate: the block map of the variants "
+                                                    "that name none (RECIPE:ROTATION without :SPARSITY); default "
+                                                    "none.")] = None,
+    dense_first_steps: DenseFirstStepsOpt = None,
+    dense_blocks: DenseBlocksOpt = None,
 ) -> None:
     """Compare videos with the FP16 reference: PSNR, SSIM, cosine, MSE (and VBench); writes a report folder.
 
@@ -688,7 +760,8 @@ def eval_(
                     steps=steps, height=height, width=width, frames=frames,
                     guidance_scale=guidance_scale, negative_prompt=negative_prompt,
                     max_sequence_length=max_sequence_length, seed=seed, fps=fps, dtype=dtype, device=device,
-                    out=out, vbench=vb, samples=samples, overwrite=overwrite, compile=compile)
+                    out=out, vbench=vb, samples=samples, overwrite=overwrite, compile=compile, sparsity=sparsity,
+                    dense=_dense_rules(dense_first_steps, dense_blocks))
             else:
                 _refuse_generation_options(ctx)
                 if not candidates:
@@ -704,7 +777,7 @@ def eval_(
 # eval's options that only the generating form (--prompt-file / --variants) uses
 _EVAL_GENERATION_ONLY = ("model", "image", "schedule", "backend", "smooth_k", "smooth_q", "smooth_v", "steps", "height",
                          "width", "frames", "guidance_scale", "negative_prompt", "max_sequence_length", "seed", "fps",
-                         "dtype", "device", "compile")
+                         "dtype", "device", "compile", "sparsity", "dense_first_steps", "dense_blocks")
 
 
 def _refuse_generation_options(ctx: typer.Context) -> None:
@@ -720,7 +793,7 @@ def _refuse_generation_options(ctx: typer.Context) -> None:
 def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedule, backend, smoothing, steps, height,
                     width, frames,
                     guidance_scale, negative_prompt, max_sequence_length, seed, fps, dtype, device, out, vbench,
-                    samples, overwrite, compile=False):
+                    samples, overwrite, compile=False, sparsity=None, dense=None):
     from rotvid.eval.generated import evaluate_generated
     from rotvid.eval.variants import parse_variants, resolve_auto_variants
 
@@ -730,9 +803,10 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
         raise ValueError("--variants: expected RECIPE:ROTATION,... e.g. int4:half,int4:none")
     _check_backend(backend)
     from rotvid.eval.generation import load_prompts
+    from rotvid.kernels.sparsity import parse_sparsity
 
     prompts = load_prompts(prompt_file)
-    specs = parse_variants(variants)
+    specs = parse_variants(variants, default_sparsity=parse_sparsity(sparsity) if sparsity is not None else None)
     for spec in specs:  # before any video is generated
         _check_learned_file(f"--variants {spec.recipe}:", spec.rotation)
     _check_model(model)
@@ -743,8 +817,13 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
     template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height, width=width,
                                  frames=frames, steps=steps, guidance_scale=guidance_scale,
                                  max_sequence_length=max_sequence_length, fps=fps)
-    factory = _ConfigFactory(model, schedule=_schedule(schedule, steps), backend=backend, smoothing=smoothing)
-    factory.check()
+    factory = _ConfigFactory(model, schedule=_schedule(schedule, steps), backend=backend, smoothing=smoothing,
+                             dense=dense)
+    for spec in specs:  # every variant's config, before any video is generated
+        factory.check_variant(spec.recipe, spec.rotation, spec.sparsity)
+    if dense and not any(spec.sparsity.enabled for spec in specs):
+        raise ValueError(f"{factory.dense_flags}: sparsity rules, but no variant has a block map (add :SPARSITY to a "
+                         "variant, e.g. int8-fp8:half:topp0.9, or pass --sparsity)")
     _check_request_before_loading(model, replace(template, prompt=prompts[0]))
     state: dict = {}
 
@@ -755,9 +834,9 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
 
     def make_config(spec):
         try:
-            return factory.build(recipe=spec.recipe, rotation=spec.rotation)
+            return factory.build(recipe=spec.recipe, rotation=spec.rotation, sparsity=spec.sparsity)
         except _NeedsPipeline:
-            return factory.build(pipe=load(), recipe=spec.recipe, rotation=spec.rotation)
+            return factory.build(pipe=load(), recipe=spec.recipe, rotation=spec.rotation, sparsity=spec.sparsity)
 
     return evaluate_generated(prompts, specs, out, template, model=model, load=load, make_config=make_config,
                               overwrite=overwrite, vbench=vbench, samples=samples,
@@ -789,7 +868,10 @@ def calibrate(
                                                      "tensor dump here (for benchmarks/accuracy_study.py --dump; "
                                                      "large: use --capture-steps).")] = None,
     cosine_floor: Annotated[Optional[float], typer.Option(help="Keep FP16 every (step, block) whose INT4 "
-                                                          "cosine vs FP16 is below this.")] = None,
+                                                          "cosine vs FP16 is below this; with --sparsity topp:TAU, "
+                                                          "also choose each block's tau (the lowest, from TAU up a "
+                                                          "ladder, whose mean cosine reaches it; dense when none "
+                                                          "does).")] = None,
     target_quantized: Annotated[Optional[float], typer.Option(
         "--target-quantized", help="Keep the worst cells FP16 until at most this fraction runs the quantized "
         "recipe (default 0.8 unless --cosine-floor is given).")] = None,
@@ -810,6 +892,12 @@ def calibrate(
     device: DeviceOpt = "auto",
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
+    sparsity: Annotated[Optional[str], typer.Option("--sparsity", help="The block map the schedule is chosen for "
+                                                    "(none, radial[:...], topp:TAU[,sim=FLOAT]): the probe measures "
+                                                    "the quantized calls under it, and schedule.json records the "
+                                                    "map of each block.")] = None,
+    dense_first_steps: DenseFirstStepsOpt = None,
+    dense_blocks: DenseBlocksOpt = None,
 ) -> None:
     """Learn per-block rotations and an adaptive FP16 schedule from a few prompts.
 
@@ -820,6 +908,7 @@ def calibrate(
         from rotvid.eval.generation import call_kwargs, load_prompts
         from rotvid.pipelines.calibrate import CalibrationOptions, calibrate as run_calibration
         from rotvid.kernels.recipes import AUTO, quantized_recipe_names
+        from rotvid.kernels.sparsity import parse_sparsity
 
         if not prompt_file.is_file():
             raise FileNotFoundError(f"--prompt-file {prompt_file} does not exist")
@@ -873,11 +962,19 @@ def calibrate(
                 raise ValueError(f"--capture-steps: expected comma-separated step numbers, got {capture_steps!r}") from None
             if not steps_set or min(steps_set) < 0:
                 raise ValueError(f"--capture-steps: expected non-negative step numbers, got {capture_steps!r}")
+        dense = _dense_rules(dense_first_steps, dense_blocks)
+        spec = parse_sparsity(sparsity if sparsity is not None else "none")
+        if dense and not spec.enabled:
+            raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in dense)}: sparsity rules without a block "
+                             "map (pass --sparsity radial or topp:TAU)")
+        if spec.enabled and unconstrained:
+            raise ValueError("--sparsity: the unconstrained rotation is not installable, so no schedule is probed "
+                             "(drop --unconstrained or --sparsity)")
         options = CalibrationOptions(
             capture_steps=steps_set, dump_dir=dump_dir, model_name=model,
             pairing=pairing, per_head=per_head, iters=iters, lr=lr, objective=objective, unconstrained=unconstrained,
             max_tokens=max_tokens, recipe=recipe, backend=backend or "auto", cosine_floor=cosine_floor,
-            target_quantized_fraction=target_quantized, seed=seed,
+            target_quantized_fraction=target_quantized, seed=seed, sparsity=spec, **dense,
         )
         with _Progress(quiet) as bar:
             bar.log(f"loading {model} ...")
@@ -939,6 +1036,9 @@ def _print_calibration(result) -> None:
         n = sum(len(c) for c in result.fp16_cells.values())
         console.print(f"schedule:  {result.schedule_path} ({n} FP16 (step, block) cells, "
                       f"{(result.recipe or 'quantized').upper()} fraction {result.quantized_fraction:.1%})")
+    if result.block_sparsity:
+        maps = ", ".join(f"{b}: {spec}" for b, spec in sorted(result.block_sparsity.items()))
+        console.print(f"block maps: {maps}")
 
 
 @app.command("vbench-setup")

@@ -1,7 +1,8 @@
 """``rotvid eval`` on existing videos: match, measure, optionally score with VBench, write the report.
 
 The Table-1 columns of a candidate come from the sidecars written by ``rotvid generate`` (recipe,
-rotation, generation time, quantized fraction, device, dtype, steps, backend) when they are present, else show "–".
+rotation, generation time, quantized fraction, block-map density, device, dtype, steps, backend) when they are
+present, else show "–".
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ def _quantized_fraction(sidecars: list[dict | None]) -> float | None:
     return float(sum(fractions) / len(fractions))
 
 
+def _mean_of(sidecars: list[dict | None], key: str) -> float | None:
+    """Mean of a sidecar number over the videos that have it (``mean_density``, ``mean_dropped_mass``); None when
+    none has."""
+    values = [float(s[key]) for s in sidecars if s is not None and s.get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
 _DTYPE_LABELS = {"bfloat16": "BF16", "float16": "FP16", "float32": "FP32"}
 
 
@@ -133,7 +141,8 @@ def measure(
         variants.append(
             VariantResult(label=cs.variant, source=str(cs.source), videos=videos, columns=cols,
                           step_seconds=_step_seconds(sides), quantized_fraction=_quantized_fraction(sides),
-                          run=facts)
+                          run=facts, density=_mean_of(sides, "mean_density"),
+                          dropped_mass=_mean_of(sides, "mean_dropped_mass"))
         )
     ref_sides = list(ref_sidecars.values())
     ref_facts = run_facts(ref_sides)

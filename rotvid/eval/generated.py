@@ -10,7 +10,9 @@ NAME is ``video_name(i, prompt)``. Every video of one prompt uses the same seed 
 initial noise: the sidecars carry its hash). Resuming: a video whose mp4 and sidecar exist with
 the same request is not generated again; one from a different request is an error unless
 ``overwrite``. The report files are derived from the videos and are rewritten on every run.
-The pipeline is loaded only when at least one video is missing.
+The pipeline is loaded only when at least one video is missing. A sparse variant (one with a block map) whose dense
+twin -- the same recipe and rotation without a map -- is among the variants is also measured against that twin's
+videos (``report.versus_dense``): what the map alone changes.
 """
 
 from __future__ import annotations
@@ -84,6 +86,25 @@ def plan_videos(
     return plan
 
 
+def _versus_dense(out: Path, plan: list[PlannedVideo], variants: Sequence[VariantSpec], ev: GenerationEvents):
+    """Each sparse variant measured against its dense twin, when the twin is one of the variants too."""
+    labels = {v.label for v in variants}
+    sets = []
+    for v in variants:
+        twin = v.dense_twin
+        if not v.sparsity.enabled or twin.label not in labels:
+            continue
+        twin_paths = {p.index: p.path for p in plan if p.variant is not None and p.variant.label == twin.label}
+        pairs = tuple(
+            VideoPair(name=p.path.stem, reference=twin_paths[p.index], candidate=p.path)
+            for p in plan if p.variant is not None and p.variant.label == v.label
+        )
+        sets.append(CandidateSet(variant=f"{v.label} vs {twin.label}", source=out / "videos" / v.label, pairs=pairs))
+    if not sets:
+        return []
+    return measure("dense twins", str(out / "videos"), sets, on_video=ev.measuring).variants
+
+
 def evaluate_generated(
     prompts: Sequence[str],
     variants: Sequence[VariantSpec],
@@ -148,6 +169,7 @@ def evaluate_generated(
         sets.append(CandidateSet(variant=v.label, source=out / "videos" / v.label, pairs=pairs))
     report = measure("reference", str(out / "videos" / REFERENCE_FOLDER), sets,
                      columns={v.label: v.table_columns() for v in variants}, on_video=ev.measuring)
+    report.versus_dense = _versus_dense(out, plan, variants, ev)
     # the reference is the untouched pipeline in the dtype that ran (BF16 when bf16 ran, not "FP16")
     report.reference_label = f"{report.reference_columns[0]} (reference)"
     report.meta.update({"model": model, "prompts": len(prompts), "seed": template.seed,

@@ -480,6 +480,11 @@ def generate_video(
         "recipe": run_report["recipe"] if run_report is not None else fp16.RECIPE.name,
         "recipe_reason": run_report["recipe_reason"] if run_report is not None else "the untouched FP16 pipeline",
         "rotation": config.rotation if config is not None else "none",
+        # the block map of the quantized calls, and what it kept (run_report.sparsity has it per block and step)
+        "sparsity": str(config.sparsity) if config is not None else "none",
+        "mean_density": (run_report.get("sparsity") or {}).get("mean_density") if run_report is not None else None,
+        "mean_dropped_mass": ((run_report.get("sparsity") or {}).get("mean_dropped_mass")
+                              if run_report is not None else None),
         "model": {"name": str(model), "pipeline": type(pipe).__name__, "family": family, "task": task},
         "device": str(device),
         "device_name": device_description(device),

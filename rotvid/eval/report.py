@@ -1,7 +1,8 @@
 """The report folder of ``rotvid eval``.
 
 ``report.md``        one table like the paper's Table 1 (variant, datatype, optimized P, rotation,
-                     Cosine ↑, MSE ↓, SSIM ↑, PSNR ↑, VBench dimensions, time), then per video
+                     Cosine ↑, MSE ↓, SSIM ↑, PSNR ↑, VBench dimensions, block-map density, time), the sparse
+                     variants against their dense twins, then per video
 ``metrics.csv``      one row per (variant, video) plus a ``mean`` row per variant
 ``metrics.json``     everything, per-frame PSNR included (``inf`` written as the string "inf")
 ``psnr_per_frame.png`` per-frame PSNR of each variant, averaged over videos (needs matplotlib)
@@ -46,7 +47,9 @@ class VariantResult:
     sidecars; the first step of each video, which also encodes the prompt, is left out) or None.
     ``quantized_fraction``: the fraction of self-attention calls that ran the quantized recipe
     (any recipe: INT4, INT8/FP8, ...). ``run``: what ran, from the sidecars (:data:`RUN_FACTS`:
-    device, dtype, steps, recipe, backend; a fact the videos disagree on is ``"mixed"``).
+    device, dtype, steps, recipe, backend; a fact the videos disagree on is ``"mixed"``). ``density``: the mean
+    density of the block maps its calls ran with (kept key blocks / all; None without a map), ``dropped_mass``: top-p's
+    mean estimated dropped mass (None for static maps and without a map).
     """
 
     label: str
@@ -57,6 +60,8 @@ class VariantResult:
     quantized_fraction: float | None = None
     vbench: dict[str, float] = field(default_factory=dict)
     run: dict = field(default_factory=dict)
+    density: float | None = None
+    dropped_mass: float | None = None
 
     @property
     def mean(self) -> dict[str, float]:
@@ -77,6 +82,8 @@ class EvalReport:
     meta: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     reference_run: dict = field(default_factory=dict)
+    # sparse variants measured against their dense twin (same recipe and rotation, no block map): label "A vs B"
+    versus_dense: list[VariantResult] = field(default_factory=list)
 
     @property
     def timed_on_cpu(self) -> bool:
@@ -115,6 +122,9 @@ def summary_table(report: EvalReport) -> str:
     head = ["Variant", "Datatype", "Optim-P", "Rotation", "Cosine ↑", "MSE ↓", "SSIM ↑", "PSNR ↑"]
     head += [f"{d} ↑" for d in dims]
     head += ["Quantized calls"]
+    sparse = _sparse_columns(report)
+    if sparse:
+        head += ["Density"]
     speed_measured = timed and not report.timed_on_cpu
     if speed_measured:
         head += ["s/step", "Speedup"]
@@ -127,6 +137,8 @@ def summary_table(report: EvalReport) -> str:
     untouched = report.reference_run.get("recipe") == "fp16" or (
         not report.reference_run and report.reference_columns[0] == "FP16")
     ref += ["0%" if untouched else "–"]
+    if sparse:
+        ref += ["–"]
     if timed:
         ref += [f"{report.reference_step_seconds:.3g}"] + (["1.00×"] if speed_measured else [])
     rows.append(ref)
@@ -135,12 +147,33 @@ def summary_table(report: EvalReport) -> str:
         row = [v.label, *v.columns, f"{m['cosine']:.4f}", f"{m['mse']:.2f}", f"{m['ssim']:.4f}", psnr_cell(v.videos)]
         row += [_fmt(v.vbench.get(d), ".4f") for d in dims]
         row += ["–" if v.quantized_fraction is None else f"{100 * v.quantized_fraction:.0f}%"]
+        if sparse:
+            row += [_fmt(v.density, ".3f")]
         if timed:
             row += [f"{v.step_seconds:.3g}"]
             if speed_measured:
                 speed = report.reference_step_seconds / v.step_seconds if v.step_seconds > 0 else math.nan
                 row += [f"{speed:.2f}×"]
         rows.append(row)
+    return _markdown_table(head, rows)
+
+
+def _sparse_columns(report: EvalReport) -> bool:
+    """Whether any variant ran with block maps (the summary then has a Density column)."""
+    return any(v.density is not None for v in report.variants)
+
+
+def versus_dense_table(report: EvalReport) -> str | None:
+    """Each sparse variant against its dense twin (the same recipe and rotation without a map), or None."""
+    if not report.versus_dense:
+        return None
+    head = ["Sparse vs dense", "Density", "Dropped mass (est.)", "Cosine ↑", "MSE ↓", "SSIM ↑", "PSNR ↑"]
+    rows = []
+    for v in report.versus_dense:
+        m = v.mean
+        dropped = _fmt(v.dropped_mass, ".4f") if v.dropped_mass is not None else "not estimated"
+        rows.append([v.label, _fmt(v.density, ".3f"), dropped, f"{m['cosine']:.4f}", f"{m['mse']:.2f}",
+                     f"{m['ssim']:.4f}", psnr_cell(v.videos)])
     return _markdown_table(head, rows)
 
 
@@ -206,6 +239,15 @@ def report_markdown(report: EvalReport, *, images: dict[str, str]) -> str:
         summary_table(report),
         "",
     ]
+    if _sparse_columns(report):
+        parts += ["Density: kept key blocks / all key blocks of the block maps the variant's quantized calls ran "
+                  "with (mean over those calls; – without a map).", ""]
+    versus = versus_dense_table(report)
+    if versus is not None:
+        parts += ["## Sparse variants against their dense twin", "",
+                  "The same metrics with the dense variant (same recipe and rotation, no block map) as the "
+                  "reference: what the map alone changes. Dropped mass: top-p's estimate of the skipped attention "
+                  "mass; static maps (radial) have none.", "", versus, ""]
     runs = runs_table(report)
     if runs is not None:
         parts += ["## What ran", "", runs, ""]
@@ -271,6 +313,8 @@ def metrics_json(report: EvalReport) -> str:
                 "step_seconds": v.step_seconds,
                 "quantized_fraction": v.quantized_fraction,
                 "int4_fraction": v.quantized_fraction,  # the old name, kept for one version
+                "density": v.density,
+                "dropped_mass": v.dropped_mass,
                 "run": v.run,
                 "mean": {k: float_to_json(x) for k, x in v.mean.items()},
                 "identical_videos": sum(math.isinf(m.psnr) for m in v.videos),
@@ -279,6 +323,17 @@ def metrics_json(report: EvalReport) -> str:
                 "videos": [m.to_json() for m in v.videos],
             }
             for v in report.variants
+        ],
+        "versus_dense": [
+            {
+                "label": v.label,
+                "source": v.source,
+                "density": v.density,
+                "dropped_mass": v.dropped_mass,
+                "mean": {k: float_to_json(x) for k, x in v.mean.items()},
+                "videos": [m.to_json() for m in v.videos],
+            }
+            for v in report.versus_dense
         ],
     }
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

@@ -7,6 +7,10 @@ Fields (``SIDECAR_VERSION`` 1):
   reference). A finished video whose request equals a new one is not generated again (resume).
 - ``recipe`` / ``rotation``: the attention variant (``fp16`` / ``none`` for the reference);
   ``recipe`` is the one that ran (``auto`` resolved per GPU), ``recipe_reason`` says why.
+- ``sparsity``: the block map of the quantized calls (``none``: dense); ``mean_density`` (kept key blocks / all,
+  mean over the calls that ran with a map; ``null`` when none did) and ``mean_dropped_mass`` (top-p's estimate of
+  the skipped mass; ``null`` for static maps, which have no estimate, and without a map). ``run_report.sparsity``
+  has them per (block, step), with the schedule's sparsity rules.
 - ``model``: the resolved source, pipeline class and family; ``device``, ``dtype``.
 - ``initial_noise_sha256``: hash of the initial latents, identical across variants of one eval.
 - ``timing``: ``per_step_seconds`` (one per denoising step; step 0 also holds prompt encoding

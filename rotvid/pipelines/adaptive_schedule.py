@@ -12,6 +12,11 @@ explicit ``fp16_cells`` table of a :class:`~rotvid.pipelines.schedule.Schedule`:
   name, is still accepted for one version, with a ``DeprecationWarning``).
 
 Both may be given; a cell is FP16 if either rule says so.
+
+Block maps (top-p): with a cosine floor, :func:`choose_block_sparsity` picks for each block the sparsest
+candidate map -- the lowest ``tau`` -- whose mean cosine over the block's measured cells reaches the floor, or dense
+when none does; :func:`effective_table` then gives each cell the accuracy of what it will run (the chosen map where
+the sparsity rules leave it sparse, dense elsewhere), from which the FP16 cells are chosen as above.
 """
 
 from __future__ import annotations
@@ -128,6 +133,57 @@ def choose_fp16_cells(
                 break
             fp16.add(cell)
     return sorted(fp16)
+
+
+# top-p taus rotvid calibrate tries above the --sparsity one (sparsest first)
+TAU_LADDER = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
+
+
+def tau_candidates(tau: float) -> tuple[float, ...]:
+    """``tau`` and the :data:`TAU_LADDER` values above it (the candidates of :func:`choose_block_sparsity`)."""
+    return (tau, *(t for t in TAU_LADDER if t > tau))
+
+
+def _block_cosine(table: AccuracyTable, block: int) -> float:
+    cells = [acc for (_, b), acc in table.cells.items() if b == block]
+    count = sum(c.count for c in cells)
+    return sum(c.cosine_sum for c in cells) / count if count else math.nan
+
+
+def choose_block_sparsity(candidates: dict, cosine_floor: float) -> dict[int, object]:
+    """``{block: chosen spec, or None (dense)}`` for every block measured under a map: the candidate with the
+    lowest ``tau`` whose mean cosine over the block's cells is at least ``cosine_floor``.
+
+    ``candidates``: ``{top-p SparsitySpec: AccuracyTable}`` of one transformer (the cells measured under it).
+    """
+    if not -1.0 <= cosine_floor <= 1.0:
+        raise ValueError(f"cosine_floor: expected a value in [-1, 1], got {cosine_floor}")
+    blocks = sorted({b for table in candidates.values() for (_, b) in table.cells})
+    ranked = sorted(candidates.items(), key=lambda item: item[0].options["tau"])
+    chosen = {}
+    for block in blocks:
+        chosen[block] = next((spec for spec, table in ranked if _block_cosine(table, block) >= cosine_floor), None)
+    return chosen
+
+
+def block_sparsity_report(candidates: dict) -> dict[int, dict[str, float]]:
+    """``{block: {spec text: mean cosine}}`` of the candidates measured (for the calibration summary)."""
+    out: dict[int, dict[str, float]] = {}
+    for spec, table in candidates.items():
+        for block in sorted({b for (_, b) in table.cells}):
+            out.setdefault(block, {})[str(spec)] = _block_cosine(table, block)
+    return out
+
+
+def effective_table(dense: AccuracyTable, candidates: dict, chosen: dict[int, object]) -> AccuracyTable:
+    """The accuracy of what each cell will run: the chosen spec's where it was measured (the cells the sparsity
+    rules leave sparse), the dense quantized accuracy elsewhere (and for blocks chosen dense)."""
+    out = AccuracyTable(num_steps=dense.num_steps, num_blocks=dense.num_blocks)
+    for (step, block), acc in dense.cells.items():
+        spec = chosen.get(block)
+        sparse = candidates[spec].cells.get((step, block)) if spec in candidates else None
+        out.cells[(step, block)] = sparse if sparse is not None else acc
+    return out
 
 
 def schedule_from_accuracy(

@@ -57,6 +57,7 @@ from rotvid.pipelines.qk_rotation import QKRotator
 from rotvid.pipelines.report import RunReport
 from rotvid.pipelines.runtime import AttentionSite, Runtime
 from rotvid.pipelines.step_tracker import StepTracker
+from rotvid.pipelines.token_grid import forward_token_grid
 from rotvid.rope.hadamard import fuse_v_hadamard, unfuse_v_hadamard, unfused_v_hadamard_values, vo_hadamard_block
 from rotvid.rope.model_facts import get_rope_facts
 from rotvid.rope.rotations import Rotation, make_rotation
@@ -142,8 +143,9 @@ class RotvidHandle:
         remove(self.target)
 
     # ---- per forward (the forward guard, outside any compiled graph) ----------------------------
-    def before_forward(self, name: str, module: nn.Module) -> None:
-        """Follow a swapped scheduler, check rotvid's processors are in place, count the forward."""
+    def before_forward(self, name: str, module: nn.Module, args: tuple = (), kwargs: dict | None = None) -> None:
+        """Follow a swapped scheduler, check rotvid's processors are in place, count the forward, and prepare the
+        static block maps of its token grid (``args`` / ``kwargs``: the forward's inputs)."""
         if not isinstance(self.target, nn.Module):
             current = getattr(self.target, "scheduler", None)
             if current is not None and current is not self._scheduler:
@@ -161,6 +163,18 @@ class RotvidHandle:
             self.tracker.count_forward(name)
         cache = getattr(module, "_cache_config", None)
         self._report.record_forward(name, tracked=tracked, cache=None if cache is None else type(cache).__name__)
+        if self.runtime.static_specs:
+            first_frame = type(self.target).__name__ in self.family.first_frame_pipelines
+            try:
+                grid, device = forward_token_grid(self.family, module, args, kwargs or {}, first_frame=first_frame)
+            except ValueError as err:
+                self.runtime.begin_forward(name, None, torch.device("cpu"), problem=str(err))
+            else:
+                self.runtime.begin_forward(name, grid, device)
+
+    def after_forward(self, name: str) -> None:
+        """The forward of ``name`` (and any redo of it) is over."""
+        self.runtime.end_forward(name)
 
     def _ensure_guards(self, phase: str = "enter") -> None:
         """Put a guard back in front of a transformer the caller compiled after apply (at each step change)."""

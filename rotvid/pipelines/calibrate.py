@@ -14,6 +14,15 @@ Two passes over the calibration prompts on the same pipeline:
    at every (step, block) and :mod:`rotvid.pipelines.adaptive_schedule` chooses the FP16 cells
    (cosine floor and/or target INT4 fraction), written to ``schedule.json``.
 
+With a block map (``sparsity``, and the schedule's sparsity rules ``dense_first_steps`` / ``dense_blocks``) the
+probe also measures the quantized attention under the map wherever the rules leave a call sparse, and the schedule
+records the map of each measured block in ``block_sparsity``. For a top-p map with a ``cosine_floor``, the map of
+each block is chosen: the lowest ``tau`` among the given one and the ladder above it
+(:data:`~rotvid.pipelines.adaptive_schedule.TAU_LADDER`) whose mean cosine over the block's cells reaches the
+floor, or dense when none does. The FP16 cells are then chosen from the accuracy of what each cell will run (its
+block's map where the rules leave it sparse, dense elsewhere). A block index with two experts (Wan2.2) gets the
+denser of their two choices.
+
 ``rotvid generate --rotation learned:calib/rotations.safetensors --schedule calib/schedule.json``
 then uses both. The step indices in the schedule refer to a run with the same number of steps.
 """
@@ -32,7 +41,11 @@ import torch
 
 from rotvid.kernels.recipes import fp16
 from rotvid.kernels.recipes.auto import resolve_recipe
-from rotvid.pipelines.adaptive_schedule import UNSET, AccuracyTable, choose_fp16_cells, renamed_target_fraction, write_schedule
+from rotvid.kernels.sparsity import SparsitySpec, parse_sparsity
+from rotvid.pipelines.adaptive_schedule import (
+    UNSET, AccuracyTable, block_sparsity_report, choose_block_sparsity, choose_fp16_cells, effective_table,
+    renamed_target_fraction, tau_candidates, write_schedule,
+)
 from rotvid.pipelines.attach import _execution_device, apply, find_transformers, remove
 from rotvid.pipelines.capture import TEXT_POSITION_BY_TOKEN_ORDER, AccuracyProbe, DumpSpec, QKVCapture, latent_grid
 from rotvid.pipelines.config import RotvidConfig
@@ -63,6 +76,8 @@ class CalibrationOptions:
             name, is still accepted for one version (``DeprecationWarning``).
         dump_dir: also write every captured call (batch row 0, full tensors) as a tensor dump
             for ``benchmarks/accuracy_study.py --dump``; needs ``video_size``.
+        sparsity: the block map the schedule is chosen for (a spec or its text; ``none``: dense), with the
+            schedule's sparsity rules ``dense_first_steps`` and ``dense_blocks`` (module docstring).
     """
 
     pairing: str = "half"
@@ -81,12 +96,29 @@ class CalibrationOptions:
     dump_dir: Path | None = None
     model_name: str = ""
     video_size: tuple[int, int, int] | None = None  # (height, width, frames), needed for dumps
+    sparsity: SparsitySpec | str = "none"
+    dense_first_steps: int = 0
+    dense_blocks: tuple[int, ...] = ()
     target_int4_fraction: InitVar[float | None] = UNSET  # the old name, accepted for one version
 
     def __post_init__(self, target_int4_fraction) -> None:
         # __post_init__ <- __init__ <- the caller: the warning points at the caller
         target = renamed_target_fraction(self.target_quantized_fraction, target_int4_fraction, stacklevel=4)
         self.target_quantized_fraction = 0.8 if target is UNSET else target
+        self.sparsity = parse_sparsity(self.sparsity)
+        Schedule(dense_first_steps=self.dense_first_steps, dense_blocks=self.dense_blocks)  # ValueError naming them
+
+    def sparsity_schedule(self, **fields) -> Schedule:
+        """A schedule with the sparsity rules of these options (and ``fields``)."""
+        return Schedule(dense_first_steps=self.dense_first_steps, dense_blocks=tuple(self.dense_blocks), **fields)
+
+    @property
+    def taus(self) -> tuple[float, ...]:
+        """The top-p taus the probe tries per block: the ladder from the spec's (with a cosine floor), else none."""
+        spec = self.sparsity
+        if not spec.enabled or spec.static or "tau" not in spec.options or self.cosine_floor is None:
+            return ()
+        return tau_candidates(spec.options["tau"])
 
 
 @dataclass
@@ -110,6 +142,8 @@ class CalibrationResult:
     dumps: list[Path] = field(default_factory=list)
     recipe: str = ""  # the recipe the probe measured (``auto`` resolved)
     recipe_reason: str = ""
+    block_sparsity: dict[int, str] = field(default_factory=dict)  # the map of each measured block ("none": dense)
+    block_cosines: dict[int, dict[str, float]] = field(default_factory=dict)  # {block: {candidate spec: cosine}}
 
     @property
     def int4_fraction(self) -> float:
@@ -212,33 +246,69 @@ def calibrate(
     # Pass 2: probe the quantized recipe with the learned rotation at every (step, block).
     recipe, recipe_reason = resolve_recipe(opts.recipe, _execution_device(pipe, transformers))
     say(f"probe recipe: {recipe} ({recipe_reason})")
-    probe = AccuracyProbe(recipe=recipe, backend=opts.backend)
-    config = RotvidConfig(recipe=fp16.RECIPE.name, rotation=f"learned:{rot_path}", vo_hadamard=True, backend=opts.backend)
+    probe = AccuracyProbe(recipe=recipe, backend=opts.backend, taus=opts.taus)
+    config = RotvidConfig(recipe=fp16.RECIPE.name, rotation=f"learned:{rot_path}", vo_hadamard=True,
+                          backend=opts.backend, sparsity=opts.sparsity, schedule=opts.sparsity_schedule())
+    if opts.sparsity.enabled:
+        taus = f" (tau per block among {', '.join(map(str, opts.taus))})" if opts.taus else ""
+        say(f"probe block map: {opts.sparsity}{taus}")
     _run_observed(pipe, config, probe, prompts, call, say, "probe")
 
+    block_maps, block_cosines = _choose_block_maps(probe, opts)
     cells: dict[str, list[tuple[int, int]]] = {}
     merged_cells: list[tuple[int, int]] = []
+    effective: dict[str, AccuracyTable] = {}
     total = quant = 0
     for tname, table in probe.tables.items():
+        table = effective[tname] = effective_table(table, probe.sparse_tables.get(tname, {}), block_maps)
         chosen = choose_fp16_cells(table, cosine_floor=opts.cosine_floor, target_quantized_fraction=opts.target_quantized_fraction)
         cells[tname] = chosen
         merged_cells.extend(chosen)
         n = len(table.cells)
         total, quant = total + n, quant + n - len(chosen)
-    schedule = Schedule(fp16_cells=tuple(sorted(set(merged_cells))), name="calibrated")
-    sched_path = write_schedule(schedule, out / "schedule.json", accuracy=_merge_tables(probe.tables))
+    block_sparsity = tuple((b, spec if spec is not None else SparsitySpec()) for b, spec in sorted(block_maps.items()))
+    schedule = opts.sparsity_schedule(fp16_cells=tuple(sorted(set(merged_cells))), block_sparsity=block_sparsity,
+                                      name="calibrated")
+    sched_path = write_schedule(schedule, out / "schedule.json", accuracy=_merge_tables(effective))
     result = CalibrationResult(
         rotations_path=rot_path, schedule_path=sched_path, blocks=result_blocks, fp16_cells=cells,
         quantized_fraction=quant / total if total else math.nan, schedule=schedule, dumps=list(capture.dumps_written),
-        recipe=recipe, recipe_reason=recipe_reason,
+        recipe=recipe, recipe_reason=recipe_reason, block_sparsity={b: str(spec) for b, spec in block_sparsity},
+        block_cosines=block_cosines,
     )
     _write_summary(out, result, opts)
     return result
 
 
+def _choose_block_maps(probe: AccuracyProbe, opts: CalibrationOptions):
+    """``({block: spec or None (dense)}, {block: {candidate: cosine}})`` for the blocks measured under a map: the
+    lowest tau reaching the floor (top-p with a cosine floor), else the one spec measured. Two experts: the denser
+    choice per block (a higher tau; dense above all)."""
+    chosen: dict[int, SparsitySpec | None] = {}
+    cosines: dict[int, dict[str, float]] = {}
+    for candidates in probe.sparse_tables.values():
+        if opts.taus:
+            mine = choose_block_sparsity(candidates, opts.cosine_floor)
+        else:
+            mine = {b: spec for spec, table in candidates.items() for (_, b) in table.cells}
+        for block, spec in mine.items():
+            if block not in chosen or _denseness(spec) > _denseness(chosen[block]):
+                chosen[block] = spec
+        for block, row in block_sparsity_report(candidates).items():
+            cosines.setdefault(block, {}).update(row)
+    return chosen, cosines
+
+
+def _denseness(spec: SparsitySpec | None) -> float:
+    return 2.0 if spec is None else spec.options.get("tau", 1.0)
+
+
 def _run_observed(pipe, config: RotvidConfig, observer, prompts, call, say, label: str) -> None:
-    """Run every prompt with rotvid applied under ``config`` and ``observer`` on its runtime."""
+    """Run every prompt with rotvid applied under ``config`` and ``observer`` on its runtime (an observer with a
+    ``runtime`` attribute is given it: the probe reads the block maps and the sparsity rules there)."""
     handle = apply(pipe, config)
+    if hasattr(observer, "runtime"):
+        observer.runtime = handle.runtime
     handle.runtime.observers.append(observer)
     try:
         for i, prompt in enumerate(prompts):
@@ -287,6 +357,8 @@ def _write_summary(out: Path, result: CalibrationResult, opts: CalibrationOption
         "int4_fraction": result.quantized_fraction,  # the old name, kept for one version
         "recipe": result.recipe,
         "recipe_reason": result.recipe_reason,
+        "block_sparsity": {str(b): spec for b, spec in result.block_sparsity.items()},
+        "block_cosines": {str(b): row for b, row in result.block_cosines.items()},
     }
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(payload, indent=2, default=str))

@@ -21,6 +21,10 @@ compiled and CUDA-graph runs all execute. The same code runs in eager and compil
 (one device-to-host copy per device, then the buffers are zeroed). The handle drains at every
 denoising-step boundary and whenever its ``report`` is read, so a fallback is logged (WARNING,
 once per reason, by the report) at the latest one step after it happened.
+
+Block-sparse calls are summed the same way, in a second buffer per site (:data:`SPARSE_BUFFER`, float64
+``[calls with a map, sum of their densities, sum of their estimated dropped mass, calls with an estimate]``):
+the density and the dropped mass are device values of the call, added without a host sync.
 """
 
 from __future__ import annotations
@@ -32,9 +36,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-__all__ = ["COUNTS_BUFFER", "PLANNED_BUFFER", "SLOTS_PER_SITE", "OUTCOMES", "SiteCounters", "outcome_slot"]
+__all__ = [
+    "COUNTS_BUFFER", "PLANNED_BUFFER", "SPARSE_BUFFER", "SLOTS_PER_SITE", "OUTCOMES", "SiteCounters", "SparseSums",
+    "outcome_slot",
+]
 
 COUNTS_BUFFER = "rotvid_call_counts"
+# Sums over the calls that ran with a block map: [calls, density sum, dropped-mass sum, calls with an estimate].
+SPARSE_BUFFER = "rotvid_sparse_stats"
 # The site's entry of the current plan as data (True: FP16), for schedules with many distinct plans.
 PLANNED_BUFFER = "rotvid_fp16_planned"
 # Distinct (outcome, detail) pairs one self-attention can record: a few schedule reasons, one
@@ -46,6 +55,17 @@ OUTCOMES = ("quantized", "fp16", "fallback")
 # dynamo (torch 2.11) can hand an assume_constant_result function only Python constants, not objects.
 _SITES: "weakref.WeakValueDictionary[int, SiteCounters]" = weakref.WeakValueDictionary()
 _NEXT_ID = itertools.count()
+
+
+@dataclass(frozen=True)
+class SparseSums:
+    """What one site's :data:`SPARSE_BUFFER` held: calls that ran with a block map, the sum of their densities,
+    the sum of their estimated dropped mass and how many calls had an estimate (a static map has none)."""
+
+    calls: float
+    density_sum: float
+    dropped_sum: float
+    estimated_calls: float
 
 
 @dataclass
@@ -79,12 +99,15 @@ class SiteCounters:
         with torch.inference_mode(False):
             counts = torch.zeros(SLOTS_PER_SITE, dtype=torch.int64, device=device)
             planned = torch.zeros((), dtype=torch.bool, device=device)
+            sparse = torch.zeros(4, dtype=torch.float64, device=device)
         module.register_buffer(COUNTS_BUFFER, counts, persistent=False)
         module.register_buffer(PLANNED_BUFFER, planned, persistent=False)
+        module.register_buffer(SPARSE_BUFFER, sparse, persistent=False)
         return cls(key, module)
 
     def uninstall(self) -> None:
-        for name in (COUNTS_BUFFER, PLANNED_BUFFER):  # (as register_buffer left them: the module as before)
+        # (as register_buffer left them: the module as before)
+        for name in (COUNTS_BUFFER, PLANNED_BUFFER, SPARSE_BUFFER):
             self.module._buffers.pop(name, None)
             self.module._non_persistent_buffers_set.discard(name)
 
@@ -108,6 +131,38 @@ class SiteCounters:
             counts[slot] += amount.to(counts.dtype)
         else:
             counts[slot] += amount
+
+    @property
+    def sparse(self) -> torch.Tensor:
+        return getattr(self.module, SPARSE_BUFFER)
+
+    def add_sparse(self, density: torch.Tensor, dropped_mass: torch.Tensor | None,
+                   amount: torch.Tensor | int = 1) -> None:
+        """Add ``amount`` calls (an int, or a 0-d bool/int device value) that ran with a map of ``density``
+        (0-d) and, for a dynamic map, the estimated ``dropped_mass`` (0-d; None for a static map)."""
+        sums = self.sparse
+        one = torch.ones((), dtype=sums.dtype, device=sums.device)
+        zero = torch.zeros((), dtype=sums.dtype, device=sums.device)
+        estimated = dropped_mass is not None
+        row = torch.stack([one, density.to(sums.dtype), dropped_mass.to(sums.dtype) if estimated else zero,
+                           one if estimated else zero])
+        sums += row * (amount.to(sums.dtype) if isinstance(amount, torch.Tensor) else float(amount))
+
+    @staticmethod
+    def drain_sparse(sites: list["SiteCounters"]) -> dict[str, SparseSums]:
+        """``{site key: SparseSums}`` for the sites with sparse calls since the last drain, then zero the sums
+        (one device-to-host copy per device; not inside a compiled region)."""
+        by_device: dict[torch.device, list[SiteCounters]] = {}
+        for site in sites:
+            by_device.setdefault(site.sparse.device, []).append(site)
+        out = {}
+        for group in by_device.values():
+            stacked = torch.stack([s.sparse for s in group]).cpu()
+            for site, row in zip(group, stacked.tolist()):
+                if row[0]:
+                    out[site.key] = SparseSums(*row)
+                    site.sparse.zero_()
+        return out
 
     @staticmethod
     def drain(sites: list["SiteCounters"], sink) -> None:

@@ -8,6 +8,9 @@ Both are registered on ``handle.runtime.observers`` and see every self-attention
   (:func:`rotvid.rope.dumps.save_qkv_dump`) for ``benchmarks/accuracy_study.py``;
 * :class:`AccuracyProbe` measures the quantized attention against the FP16 attention on the
   same inputs (cosine, relative L2) for every (step, block): the input of the adaptive schedule.
+  With a block map configured it also measures the quantized attention under the map at every (step, block) the
+  schedule's sparsity rules leave sparse -- for top-p, once per candidate ``tau`` -- the input of the choice of
+  ``tau`` per block.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import rotvid.kernels as kernels
 from rotvid.kernels import metrics
 from rotvid.pipelines.adaptive_schedule import AccuracyTable
 from rotvid.kernels.recipes import get_recipe, int4
+from rotvid.kernels.sparsity import SparsitySpec, build_block_map
 from rotvid.pipelines.runtime import AttentionSite
+from rotvid.pipelines.token_grid import patch_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +58,7 @@ def latent_grid(pipe, transformer, *, height: int, width: int, frames: int) -> t
     factors), then the transformer's patch sizes (Wan: ``patch_size`` (t, h, w); HunyuanVideo and
     CogVideoX: ``patch_size`` and ``patch_size_t``).
     """
-    cfg = transformer.config
-    patch = cfg.get("patch_size")
-    if isinstance(patch, (list, tuple)):
-        pt, ph, pw = (int(x) for x in patch)
-    else:
-        pt, ph, pw = int(cfg.get("patch_size_t") or 1), int(patch), int(patch)
+    pt, ph, pw = patch_sizes(transformer)
     t_lat = (frames - 1) // int(pipe.vae_scale_factor_temporal) + 1
     sp = int(pipe.vae_scale_factor_spatial)
     return -(-t_lat // pt), height // sp // ph, width // sp // pw
@@ -153,6 +153,12 @@ class AccuracyProbe:
     """Measure the quantized recipe against the model's FP16 attention at every (step, block).
 
     One :class:`AccuracyTable` per transformer (Wan2.2's experts run different steps).
+
+    Block maps: with ``runtime`` set (the runtime of the probe run, whose config carries the block map and the
+    schedule's sparsity rules), every call the rules leave sparse is also measured under the map, one
+    :class:`AccuracyTable` per transformer and candidate spec in ``sparse_tables``: the config's spec, or for a
+    top-p map one spec per ``taus`` entry (the config's ``tau`` when empty). A static map is the forward's
+    (:meth:`~rotvid.pipelines.runtime.Runtime.begin_forward`), a top-p map is built from the call's Q and K.
     """
 
     recipe: str = int4.RECIPE.name
@@ -162,17 +168,48 @@ class AccuracyProbe:
     smooth_v: bool | None = None  # RotvidConfig's defaults (None: the recipe's): the probe measures what generation runs
     block_n: int | None = None
     tables: dict[str, AccuracyTable] = field(default_factory=dict)
+    taus: tuple[float, ...] = ()
+    runtime: object = None  # a rotvid.pipelines.runtime.Runtime, set once rotvid is applied
+    sparse_tables: dict[str, dict[SparsitySpec, AccuracyTable]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # the recipe's smoothing defaults, resolved once (ValueError for a recipe not registered)
         self.smooth_q, self.smooth_v = get_recipe(self.recipe).smoothing(self.smooth_q, self.smooth_v)
 
+    def candidates(self, spec: SparsitySpec) -> tuple[SparsitySpec, ...]:
+        """The specs measured where ``spec`` applies: ``spec`` itself, or for top-p one per ``taus`` entry."""
+        if spec.static or not self.taus:
+            return (spec,)
+        return tuple(SparsitySpec(spec.kind, {**spec.options, "tau": tau}) for tau in self.taus)
+
+    def _attend(self, q, k, v, kv_lens, block_map=None):
+        return kernels.attention(
+            q, k, v, recipe=self.recipe, layout="BHND", backend=self.backend, kv_lens=kv_lens,
+            smooth_k=self.smooth_k, smooth_q=self.smooth_q, smooth_v=self.smooth_v,
+            block_n=self.block_n, block_map=block_map,
+        )
+
     def __call__(self, site: AttentionSite, step, num_steps, q, k, v, kv_lens, fp16_attention) -> None:
         table = self.tables.setdefault(site.transformer, AccuracyTable(num_steps=num_steps, num_blocks=site.num_blocks))
         ref = fp16_attention()
-        out = kernels.attention(
-            q, k, v, recipe=self.recipe, layout="BHND", backend=self.backend, kv_lens=kv_lens,
-            smooth_k=self.smooth_k, smooth_q=self.smooth_q, smooth_v=self.smooth_v,
-            block_n=self.block_n,
-        )
+        out = self._attend(q, k, v, kv_lens)
         table.add(step, site.block, metrics.cosine_similarity(ref, out), metrics.relative_l2(ref, out))
+        runtime = self.runtime
+        if runtime is None or not runtime.sparsity_configured:
+            return
+        spec = runtime.config.schedule.sparsity_at(runtime.config.sparsity, step=step, num_steps=num_steps,
+                                                   block=site.block, num_blocks=site.num_blocks)
+        if spec is None:
+            return
+        per = self.sparse_tables.setdefault(site.transformer, {})
+        for candidate in self.candidates(spec):
+            if candidate.static:
+                maps = runtime.forward_maps.get(site.transformer)
+                if maps is None:
+                    raise ValueError(f"sparsity {candidate}: {runtime.grid_problem.get(site.transformer, 'no grid')}")
+                block_map = maps[candidate].block_map
+            else:
+                block_map = build_block_map(candidate, q, k, kv_lens=kv_lens).block_map
+            out = self._attend(q, k, v, kv_lens, block_map)
+            sparse_table = per.setdefault(candidate, AccuracyTable(num_steps=num_steps, num_blocks=site.num_blocks))
+            sparse_table.add(step, site.block, metrics.cosine_similarity(ref, out), metrics.relative_l2(ref, out))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rotvid.atomic import write_file_atomically
 from rotvid.kernels.recipes import AUTO, get_recipe, recipe_names
+from rotvid.kernels.sparsity import SparsitySpec, parse_sparsity
 from rotvid.pipelines.schedule import Schedule, schedule_preset
 
 __all__ = [
@@ -78,8 +79,12 @@ class RotvidConfig:
         backend: ``auto`` (the CUDA kernel where it runs the call; a call it refuses runs the model's own
             attention on a GPU — a counted fallback, warned once per run — and the reference on the CPU; the run
             report says which), ``reference`` or ``cuda``.
-        schedule: the FP16-fallback :class:`Schedule`.
+        schedule: the step x block :class:`Schedule` (FP16 fallback; where block maps apply).
         block_m / block_n: kernel tile sizes (backend default when ``None``).
+        sparsity: the block map of the quantized calls (:class:`~rotvid.kernels.sparsity.SparsitySpec` or its text:
+            ``none`` -- the default: every key block --, ``radial[:band=INT,window=INT,decay=FLOAT]`` (static, from
+            the token grid), ``topp:TAU[,sim=FLOAT]`` (dynamic, per call)). Only calls the schedule quantizes get a
+            map, and the schedule's sparsity rules keep some of them dense (:mod:`rotvid.pipelines.schedule`).
         version: config format version (:data:`CONFIG_VERSION`).
     """
 
@@ -93,6 +98,7 @@ class RotvidConfig:
     schedule: Schedule = field(default_factory=Schedule)
     block_m: int | None = None
     block_n: int | None = None
+    sparsity: SparsitySpec = field(default_factory=SparsitySpec)
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -122,6 +128,10 @@ class RotvidConfig:
             val = getattr(self, name)
             if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 1):
                 raise ValueError(f"{name}: expected a positive int or None, got {val!r}")
+        sparsity = self.sparsity
+        if isinstance(sparsity, dict):  # its JSON form
+            sparsity = SparsitySpec.from_dict(sparsity)
+        object.__setattr__(self, "sparsity", parse_sparsity(sparsity))  # ValueError naming sparsity (--sparsity)
 
     # ---- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -137,6 +147,7 @@ class RotvidConfig:
             "schedule": self.schedule.to_dict(),
             "block_m": self.block_m,
             "block_n": self.block_n,
+            "sparsity": self.sparsity.to_dict(),
         }
 
     @classmethod

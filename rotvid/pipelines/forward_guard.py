@@ -10,7 +10,9 @@ traced. Once per forward it
 2. checks that rotvid's processors are still installed (``fuse_qkv_projections`` or ``set_attn_processor``
    after ``apply`` would bypass rotvid silently: an error instead);
 3. counts the forward (per step while a run is tracked, as untracked otherwise; the report also notes a
-   diffusers cache enabled on the transformer);
+   diffusers cache enabled on the transformer), and, with a static block map configured, computes the forward's
+   token grid and hands its maps to the runtime (:meth:`~rotvid.pipelines.runtime.Runtime.begin_forward`; they
+   are dropped when the forward returns);
 4. runs the forward and checks its output with **one** ``isfinite().all()`` reduction (one host sync per
    forward, none per attention call). If the output is not finite while the floating-point inputs are, the
    forward runs again with every self-attention call in FP16 (:attr:`~rotvid.pipelines.runtime.Runtime.redo`)
@@ -116,12 +118,15 @@ class ForwardGuard:
             # traced: the transformer wrapped by torch.compile(transformer) itself (module docstring)
             return self._forward(args, kwargs)
         handle = self.handle
-        handle.before_forward(self.name, self.module)
-        output = self._forward(args, kwargs)
-        sample = first_tensor(output)
-        if sample is None or bool(torch.isfinite(sample).all()):
-            return output
-        return self._not_finite(output, args, kwargs)
+        handle.before_forward(self.name, self.module, args, kwargs)
+        try:
+            output = self._forward(args, kwargs)
+            sample = first_tensor(output)
+            if sample is None or bool(torch.isfinite(sample).all()):
+                return output
+            return self._not_finite(output, args, kwargs)
+        finally:
+            handle.after_forward(self.name)
 
     def _not_finite(self, output, args, kwargs):
         handle = self.handle

@@ -13,6 +13,9 @@ Everything rotvid needs to know about a diffusers video model lives here, not in
   output (columns get ``Hᵀ·W_o`` per head) — for the V/O Hadamard fusion;
 * the key of the family in :data:`rotvid.rope.model_facts.ROPE_FACTS`, the token order of the
   joint sequence, and how classifier-free guidance is run (for the step tracker's docs/report);
+* where the video tokens of the self-attention sequence come from (the layout of the transformer's latent input,
+  the argument holding the text tokens of a joint sequence, the pipelines whose first latent frame is the
+  conditioning image): the token grid a static block map is built from (:mod:`rotvid.pipelines.token_grid`);
 * the frame rate each family (and, where it differs, each checkpoint) was trained at — the fps
   ``rotvid generate`` writes its mp4s with;
 * the Python packages a diffusers pipeline class needs at call time beyond rotvid's own
@@ -103,6 +106,14 @@ class ModelFamily:
         rope_switch_config_attr: transformer config attribute that turns RoPE on (CogVideoX's
             ``use_rotary_positional_embeddings``: the 2B checkpoint has none), or ``None`` when the family
             always has RoPE.
+        latent_layout: the layout of the transformer's ``hidden_states`` input: ``"BCFHW"`` (Wan,
+            HunyuanVideo) or ``"BFCHW"`` (CogVideoX); patchified by the config's ``patch_size`` (Wan: (t, h, w))
+            and ``patch_size_t``, flattened frame-major into the video tokens.
+        text_argument: the transformer forward's argument whose tokens join the self-attention sequence
+            (``encoder_hidden_states`` [B, L, C] for HunyuanVideo and CogVideoX, placed by ``token_order``), or
+            ``None`` (Wan: text enters through cross-attention only).
+        first_frame_pipelines: pipeline classes whose first latent frame is the conditioning image (Wan2.x I2V):
+            its tokens count as conditioning tokens of the static block maps.
     """
 
     name: str
@@ -117,6 +128,9 @@ class ModelFamily:
     float32_components: tuple[str, ...] = ()
     context_parallel: bool = False
     rope_switch_config_attr: str | None = None
+    latent_layout: str = "BCFHW"
+    text_argument: str | None = None
+    first_frame_pipelines: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -141,6 +155,7 @@ FAMILIES: dict[str, ModelFamily] = {
         fps=16,
         float32_components=("vae",),
         context_parallel=True,
+        first_frame_pipelines=("WanImageToVideoPipeline",),
     ),
     "hunyuan_video": ModelFamily(
         name="hunyuan_video",
@@ -172,6 +187,7 @@ FAMILIES: dict[str, ModelFamily] = {
         token_order="video,text",
         cfg_mode="separate",
         fps=24,
+        text_argument="encoder_hidden_states",
     ),
     "cogvideox": ModelFamily(
         name="cogvideox",
@@ -193,6 +209,8 @@ FAMILIES: dict[str, ModelFamily] = {
         cfg_mode="batched",
         fps=8,
         rope_switch_config_attr="use_rotary_positional_embeddings",
+        latent_layout="BFCHW",
+        text_argument="encoder_hidden_states",
     ),
 }
 

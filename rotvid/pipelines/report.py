@@ -16,6 +16,11 @@ tracked denoising run separately, with the rule they ran under), the diffusers c
 transformer had enabled (its skipped calls are ``skipped_calls``), every forward whose output was
 not finite (``redos``: the step, and whether the FP16 redo was finite; a redo that is not finite
 either is the model's own), and ``notes`` from ``apply`` (e.g. a block-diagonal V/O Hadamard).
+
+With a block map configured (``RotvidConfig(sparsity=...)``) the report also gives, per (block, step), the quantized
+calls that ran with a map, their mean density (kept key blocks / all key blocks) and, for top-p maps, the mean
+estimated dropped mass (the block-mean softmax estimate of the mass of the skipped blocks, per query tile). Static
+maps (``radial``) choose blocks by position and have no such estimate: the report says so instead of a number.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["RunReport", "BlockCounts"]
+__all__ = ["RunReport", "BlockCounts", "SparseCell"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +47,8 @@ _NO_GPU_REASONS = ("cuda: not installed", "cuda: no CUDA GPU", "cuda: inputs are
 
 # The way out, by the CUDA kernel's reason (first match wins), for the one warning per run.
 _GPU_FIXES = (
+    ("block_map", "the CUDA kernels take no block map yet: run --sparsity none (dense, on the kernel), or "
+                  "backend='reference' to run the map on the slow PyTorch reference"),
     ("nvcc", "install a CUDA toolkit matching torch's CUDA {cuda} (nvcc on PATH, or CUDA_HOME set) for the first "
              "build of the kernels"),
     ("not installed", "install rotvid with its CUDA kernels (rotvid.kernels.cuda_backend)"),
@@ -77,6 +84,38 @@ class BlockCounts:
         return self.quantized + self.fp16 + self.fallback
 
 
+# What the report says of the dropped mass, by which calls had an estimate
+DROPPED_MASS_ESTIMATED = ("top-p's estimate: the block-mean softmax mass of the skipped key blocks, mean over query "
+                          "tiles, heads and batch")
+DROPPED_MASS_NOT_ESTIMATED = ("not estimated: static maps (radial) choose key blocks by position, with no estimate of "
+                              "the mass they drop")
+
+
+@dataclass
+class SparseCell:
+    """The calls of one (block, step) that ran with a block map: how many, the sums of their densities and of
+    their estimated dropped mass, and how many had an estimate (top-p maps; static maps have none)."""
+
+    calls: float = 0.0
+    density_sum: float = 0.0
+    dropped_sum: float = 0.0
+    estimated_calls: float = 0.0
+
+    def add(self, sums) -> None:
+        self.calls += sums.calls
+        self.density_sum += sums.density_sum
+        self.dropped_sum += sums.dropped_sum
+        self.estimated_calls += sums.estimated_calls
+
+    @property
+    def density(self) -> float | None:
+        return self.density_sum / self.calls if self.calls else None
+
+    @property
+    def dropped_mass(self) -> float | None:
+        return self.dropped_sum / self.estimated_calls if self.estimated_calls else None
+
+
 @dataclass
 class RunReport:
     """Counts of self-attention calls since ``apply`` (or the last :meth:`reset`).
@@ -103,6 +142,10 @@ class RunReport:
         nonfinite_inputs: one ``{"transformer", "step"}`` per forward with a non-finite output *and* input (not
             redone: not rotvid's).
         notes: what ``apply`` adapted (e.g. a block-diagonal V/O Hadamard for a head_dim that is not a power of two).
+        sparsity: the config's block map spec (text), ``"none"`` without one.
+        sparsity_rules: the schedule's sparsity rules (``dense_first_steps``, ``dense_blocks``, ``block_sparsity``).
+        sparse_cells: ``{(site, step): SparseCell}`` for the calls that ran with a block map (``step`` None outside
+            a tracked run).
     """
 
     recipe: str
@@ -120,6 +163,9 @@ class RunReport:
     redos: list[dict] = field(default_factory=list)
     nonfinite_inputs: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sparsity: str = "none"
+    sparsity_rules: dict = field(default_factory=dict)
+    sparse_cells: dict[tuple[str, int | None], SparseCell] = field(default_factory=dict)
     _gpu_fallback_warned: bool = field(default=False, repr=False, compare=False)
 
     # ---- recording -----------------------------------------------------------------------
@@ -165,6 +211,10 @@ class RunReport:
     def record_nonfinite_input(self, transformer: str, step: int | None) -> None:
         self.nonfinite_inputs.append({"transformer": transformer, "step": step})
 
+    def record_sparse(self, site: str, step: int | None, sums) -> None:
+        """Add the block-sparse calls of ``site`` at ``step`` (a :class:`~rotvid.pipelines.call_counts.SparseSums`)."""
+        self.sparse_cells.setdefault((site, step), SparseCell()).add(sums)
+
     def record(self, site: str, outcome: str, detail: str, n: int = 1) -> None:
         """Count ``n`` calls of ``outcome`` (``quantized`` / ``fp16`` / ``fallback``) with its backend or reason."""
         recorders = {"quantized": self.record_quantized, "fp16": self.record_fp16, "fallback": self.record_fallback}
@@ -183,6 +233,7 @@ class RunReport:
         self.caches.clear()
         self.redos.clear()
         self.nonfinite_inputs.clear()
+        self.sparse_cells.clear()
         self._gpu_fallback_warned = False
 
     # ---- summaries -------------------------------------------------------------------------
@@ -227,6 +278,67 @@ class RunReport:
     def untracked_rule(self) -> str:
         return UNTRACKED_RULE
 
+    # ---- block-sparse calls ------------------------------------------------------------------
+    @property
+    def sparsity_configured(self) -> bool:
+        """Whether the run was configured with a block map (the config's, or a block's own in the schedule)."""
+        return self.sparsity != "none" or bool(self.sparsity_rules.get("block_sparsity"))
+
+    @property
+    def sparse_calls(self) -> int:
+        """Quantized calls that ran with a block map."""
+        return round(sum(c.calls for c in self.sparse_cells.values()))
+
+    @property
+    def mean_density(self) -> float | None:
+        """Mean density (kept key blocks / all) over the calls that ran with a map; None when none did."""
+        calls = sum(c.calls for c in self.sparse_cells.values())
+        return sum(c.density_sum for c in self.sparse_cells.values()) / calls if calls else None
+
+    @property
+    def mean_dropped_mass(self) -> float | None:
+        """Mean estimated dropped mass over the calls that had an estimate (top-p maps); None when none had."""
+        calls = sum(c.estimated_calls for c in self.sparse_cells.values())
+        return sum(c.dropped_sum for c in self.sparse_cells.values()) / calls if calls else None
+
+    def dropped_mass_note(self) -> str | None:
+        """How the dropped mass was (or was not) estimated; None without sparse calls."""
+        calls = sum(c.calls for c in self.sparse_cells.values())
+        estimated = sum(c.estimated_calls for c in self.sparse_cells.values())
+        if not calls:
+            return None
+        if estimated >= calls:
+            return DROPPED_MASS_ESTIMATED
+        if not estimated:
+            return DROPPED_MASS_NOT_ESTIMATED
+        return (f"estimated for {round(estimated)} of {round(calls)} sparse calls ({DROPPED_MASS_ESTIMATED}); the "
+                f"others ran static maps: {DROPPED_MASS_NOT_ESTIMATED}")
+
+    def sparsity_dict(self) -> dict | None:
+        """The ``sparsity`` entry of :meth:`to_dict` (None when no block map was configured)."""
+        if not self.sparsity_configured:
+            return None
+
+        def order(item):
+            (site, step), _ = item
+            transformer, _, block = site.rpartition("/")
+            return transformer, int(block) if block.isdigit() else -1, -1 if step is None else step
+
+        return {
+            "spec": self.sparsity,
+            "rules": dict(self.sparsity_rules),
+            "sparse_calls": self.sparse_calls,
+            "dense_quantized_calls": max(0, self.quantized_calls - self.sparse_calls),
+            "mean_density": self.mean_density,
+            "mean_dropped_mass": self.mean_dropped_mass,
+            "dropped_mass": self.dropped_mass_note(),
+            "per_block_step": [
+                {"site": site, "step": step, "calls": round(cell.calls), "density": cell.density,
+                 "dropped_mass": cell.dropped_mass}
+                for (site, step), cell in sorted(self.sparse_cells.items(), key=order)
+            ],
+        }
+
     def to_dict(self) -> dict:
         return {
             "recipe": self.recipe,
@@ -250,6 +362,7 @@ class RunReport:
             "redos": [dict(r) for r in self.redos],
             "nonfinite_inputs": [dict(r) for r in self.nonfinite_inputs],
             "notes": list(self.notes),
+            "sparsity": self.sparsity_dict(),
         }
 
     def to_json(self) -> str:
@@ -283,6 +396,16 @@ class RunReport:
         for r in self.nonfinite_inputs:
             where = f"step {r['step']}" if r["step"] is not None else "outside a tracked run"
             lines.append(f"  {r['transformer']} at {where}: output and inputs not finite (not rotvid's; not redone)")
+        if self.sparsity_configured:
+            density = self.mean_density
+            line = (f"  block maps ({self.sparsity}): {self.sparse_calls} of {self.quantized_calls} quantized calls"
+                    + ("" if density is None else f", mean density {density:.3f}"))
+            dropped = self.mean_dropped_mass
+            if dropped is not None:
+                line += f", mean estimated dropped mass {dropped:.4f}"
+            elif self.sparse_calls:
+                line += ", dropped mass not estimated (static maps)"
+            lines.append(line)
         for note in self.notes:
             lines.append(f"  note: {note}")
         return "\n".join(lines)

@@ -58,6 +58,32 @@ model's own attention, counted as a fallback whose reason starts with :data:`GPU
 report warns once per run with the way to fix it. The PyTorch reference runs only when asked
 (``backend="reference"``) or off the GPU (the CPU).
 
+Block maps
+----------
+With a block map configured (``RotvidConfig(sparsity=...)``, or a block's own spec in the schedule's
+``block_sparsity``) a call the plan quantizes also looks up its *sparse plan* entry: the spec it runs under, or
+``None`` when the schedule's sparsity rules keep it dense (:meth:`~rotvid.pipelines.schedule.Schedule.sparsity_at`).
+An FP16 call never gets a map. The sparse plan is computed with the plan, outside the graph, and interned the same
+way; it changes with the step only through ``dense_first_steps`` and the plan (the entries of the calls the plan
+keeps FP16 are ``None``), so it adds at most one graph per plan (``torch.compile`` guards on it as on the plan:
+distinct (plan, sparse plan) pairs count toward :data:`MAX_PLANS_PER_RUN`; with the plan as data, the sparse plan
+keeps every entry, and the graphs are one per distinct sparse plan -- at most two).
+
+* A **static** map (``radial``) depends on the token grid alone. The forward guard (outside the graph) computes
+  the grid of each transformer forward from its inputs (:func:`rotvid.pipelines.token_grid.forward_token_grid`) and
+  :meth:`Runtime.begin_forward` builds the maps once per (grid, device), cached; the call reads its map from there.
+  A forward the guard did not see (``torch.compile(transformer)`` traces the guard: compile with
+  ``apply(..., compile=True)`` or ``transformer.compile()``), or a grid that does not fit the call, is a counted
+  fallback with its reason.
+* A **dynamic** map (``topp``) is built per call from the call's rotated Q and K (a RoPE·R table deferred to the
+  kernel is applied first: the estimate needs the rotated tensors), inside the graph.
+
+The map goes to the backend choice with the call (:func:`~rotvid.kernels.dispatch.prepare_attention`): the CUDA
+kernels take no map yet, so on a GPU ``backend="auto"`` counts such a call as a fallback (the model's own
+attention) with that reason; the reference backend runs it. Each call that runs with a map adds its density and, for
+top-p, its mean estimated dropped mass to the site's sums (:meth:`SiteCounters.add_sparse
+<rotvid.pipelines.call_counts.SiteCounters.add_sparse>`), drained into the report per step.
+
 Non-finite redo
 ---------------
 While :attr:`Runtime.redo` is set (the forward guard re-running a forward whose output was not
@@ -77,6 +103,7 @@ from torch import nn
 from rotvid.kernels.dispatch import AttentionCall, prepare_attention, run_attention
 from rotvid.kernels.recipes import get_recipe
 from rotvid.kernels.rope_op import apply_generalized_rope
+from rotvid.kernels.sparsity import SparseMap, SparsitySpec, TokenGrid, build_block_map
 from rotvid.pipelines.call_counts import SiteCounters
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.report import GPU_FALLBACK, UNTRACKED_RULE, RunReport
@@ -120,6 +147,14 @@ class AttentionSite:
     @property
     def key(self) -> str:
         return f"{self.transformer}/{self.block}"
+
+
+# Token grids whose static maps a runtime keeps (the oldest is dropped past that).
+_STATIC_MAP_GRIDS = 8
+
+
+def _mean(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else x.mean()
 
 
 def on_cuda_device(t: torch.Tensor) -> bool:
@@ -245,7 +280,25 @@ class Runtime:
         # True while the forward guard re-runs a non-finite forward: every call runs FP16 (REDO).
         self.redo = False
         self._interned: dict[tuple, tuple] = {}
-        self._run_plans: tuple | None = None  # (num_steps, number of sites, [(plan, reasons) per step])
+        self._run_plans: tuple | None = None  # (num_steps, number of sites, [(plan, reasons, sparse) per step])
+        # Block maps (module docstring): the specs a run may use, the sparse plan, the static maps of each forward.
+        schedule = config.schedule
+        specs = [spec for spec in dict.fromkeys((config.sparsity, *schedule.sparsity_specs)) if spec.enabled]
+        self.sparsity_configured = bool(specs)
+        self.static_specs: tuple[SparsitySpec, ...] = tuple(spec for spec in specs if spec.static)
+        self.spec_text: dict[SparsitySpec, str] = {spec: str(spec) for spec in specs}
+        # {transformer: (spec or None, per block)} for the current step; None: no quantized calls or no step known.
+        self.sparse_plan: dict[str, tuple[SparsitySpec | None, ...]] | None = None
+        # {transformer: {spec: SparseMap}} of the forward running now (None: its grid is not known, see
+        # grid_problem); filled by begin_forward, emptied by end_forward.
+        self.forward_maps: dict[str, dict[SparsitySpec, SparseMap] | None] = {}
+        self.grid_problem: dict[str, str] = {}
+        self._static_maps: dict[tuple[TokenGrid, torch.device], dict[SparsitySpec, SparseMap]] = {}
+        report.sparsity = str(config.sparsity)
+        report.sparsity_rules = {
+            "dense_first_steps": schedule.dense_first_steps, "dense_blocks": list(schedule.dense_blocks),
+            "block_sparsity": [[b, str(spec)] for b, spec in schedule.block_sparsity],
+        }
         tracker.add_listener(self._on_step_change)
         self.refresh_plan()
 
@@ -273,38 +326,46 @@ class Runtime:
         """Set :attr:`plan` for the tracker's current step (never called inside the graph)."""
         self.step_known = False
         if not self.quantized:
-            self.plan, self.plan_reasons = None, {}  # every call: "recipe fp16", no step needed
+            self.plan, self.plan_reasons, self.sparse_plan = None, {}, None  # every call: "recipe fp16", no step needed
             return
         try:
             step, num_steps = self.tracker.current()
         except StepUnknownError as err:
             # outside a tracked run: the block rules only (module docstring)
             self.plan_problem = str(err)
-            self.plan, self.plan_reasons = self._untracked_plan()
+            plan, reasons, sparse = self._untracked_plan()
+            self.plan, self.plan_reasons = plan, reasons
+            self.sparse_plan = sparse if self.plan_as_data else self._quantized_only(plan, sparse)
             if self.plan_as_data:
                 for site in self.sites:
                     self.counters[site.key].set_planned(self.plan[site.transformer][site.block])
             return
         if self._run_plans is None or self._run_plans[:2] != (num_steps, len(self.sites)):
             plans = [self._plan_at(s, num_steps) for s in range(num_steps)]
-            self._run_plans = (num_steps, len(self.sites), plans)
-            distinct = len({id(plan) for plan, _ in plans})
+            # a graph needs the map entries of its quantized calls only: FP16 cells' entries dropped, fewer graphs
+            # (not when the plan goes to the graph as data: one graph then serves every FP16 plan)
+            tight = [(plan, reasons, self._quantized_only(plan, sparse)) for plan, reasons, sparse in plans]
+            distinct = len({(id(plan), id(sparse)) for plan, _, sparse in tight})
             self.plan_as_data = distinct > MAX_PLANS_PER_RUN
+            self._run_plans = (num_steps, len(self.sites), plans if self.plan_as_data else tight)
             if self.plan_as_data:
                 logger.info("rotvid: %d distinct plans in this %d-step run (> %d): compiled graphs read the plan "
                             "as data", distinct, num_steps, MAX_PLANS_PER_RUN)
-        self.plan, self.plan_reasons = self._run_plans[2][step]
+        self.plan, self.plan_reasons, self.sparse_plan = self._run_plans[2][step]
         self.step_known = True
         if self.plan_as_data:
             for site in self.sites:
                 self.counters[site.key].set_planned(self.plan[site.transformer][site.block])
 
-    def _plan_at(self, step: int | None, num_steps: int | None) -> tuple[dict, dict]:
-        """(interned plan, reasons) of ``step`` (``None``: outside a tracked run, the block rules only)."""
+    def _plan_at(self, step: int | None, num_steps: int | None) -> tuple[dict, dict, dict | None]:
+        """(interned plan, reasons, interned sparse plan or None) of ``step`` (``None``: outside a tracked run, the
+        block rules only)."""
         sched = self.config.schedule
         per: dict[str, list[str | None]] = {}
+        sparse: dict[str, list[SparsitySpec | None]] = {}
         for site in self.sites:
             reasons = per.setdefault(site.transformer, [None] * site.num_blocks)
+            specs = sparse.setdefault(site.transformer, [None] * site.num_blocks)
             if step is None:
                 reason = sched.block_fp16_reason(block_in_stack=site.block_in_stack, stack_size=site.stack_size)
                 reasons[site.block] = None if reason is None else "outside a tracked run, " + reason
@@ -313,9 +374,13 @@ class Runtime:
                     step=step, num_steps=num_steps, block=site.block, num_blocks=site.num_blocks,
                     block_in_stack=site.block_in_stack, stack_size=site.stack_size,
                 )
-        return self._intern(per)
+            if self.sparsity_configured:
+                specs[site.block] = sched.sparsity_at(self.config.sparsity, step=step, num_steps=num_steps,
+                                                      block=site.block, num_blocks=site.num_blocks)
+        plan, reasons = self._intern(per)
+        return plan, reasons, self._intern_sparse(sparse) if self.sparsity_configured else None
 
-    def _untracked_plan(self) -> tuple[dict, dict]:
+    def _untracked_plan(self) -> tuple[dict, dict, dict | None]:
         return self._plan_at(None, None)
 
     def _intern(self, per: dict[str, list[str | None]]) -> tuple[dict, dict]:
@@ -325,6 +390,21 @@ class Runtime:
             plan[name] = self._interned.setdefault(key, key)
         key = ("plan",) + tuple(sorted(plan.items()))
         return self._interned.setdefault(key, plan), {name: tuple(reasons) for name, reasons in per.items()}
+
+    def _quantized_only(self, plan: dict, sparse: dict | None) -> dict | None:
+        """The interned sparse plan with ``None`` for the calls ``plan`` keeps FP16 (they never get a map)."""
+        if sparse is None:
+            return None
+        return self._intern_sparse({name: [None if fp16 else spec for fp16, spec in zip(plan[name], specs)]
+                                    for name, specs in sparse.items()})
+
+    def _intern_sparse(self, per: dict[str, list[SparsitySpec | None]]) -> dict:
+        plan = {}
+        for name, specs in per.items():
+            key = ("specs",) + tuple(specs)
+            plan[name] = self._interned.setdefault(key, tuple(specs))
+        key = ("sparse",) + tuple(sorted((name, id(specs)) for name, specs in plan.items()))
+        return self._interned.setdefault(key, plan)
 
     def _on_step_change(self, phase: str) -> None:
         if phase == "leave":
@@ -343,6 +423,74 @@ class Runtime:
             self.report.record(key, outcome, detail, n)
 
         SiteCounters.drain(list(self.counters.values()), sink)
+        if self.sparsity_configured:
+            step = self.tracker.step if self.tracker.in_run() else None
+            for key, sums in SiteCounters.drain_sparse(list(self.counters.values())).items():
+                self.report.record_sparse(key, step, sums)
+
+    # ---- static block maps, per transformer forward (outside the graph) ---------------------------------------
+    def begin_forward(self, transformer: str, grid: TokenGrid | None, device: torch.device,
+                      problem: str | None = None) -> None:
+        """The static block maps of ``transformer``'s forward on ``grid`` (cached per grid and device), or none,
+        with ``problem`` saying why, when the grid is not known (module docstring). Nothing without a static
+        spec."""
+        if not self.static_specs:
+            return
+        if grid is not None:
+            key = (grid, torch.device(device))
+            maps = self._static_maps.get(key)
+            if maps is None:
+                try:
+                    maps = self._build_static_maps(grid, key[1])
+                except ValueError as err:
+                    grid, problem = None, str(err)
+                else:
+                    if len(self._static_maps) >= _STATIC_MAP_GRIDS:  # (a few resolutions per process at most)
+                        self._static_maps.pop(next(iter(self._static_maps)))
+                    self._static_maps[key] = maps
+        if grid is None:
+            self.forward_maps[transformer] = None
+            self.grid_problem[transformer] = f"no token grid for this forward ({problem})"
+            return
+        self.forward_maps[transformer] = maps
+
+    def end_forward(self, transformer: str) -> None:
+        """Forget the maps of ``transformer``'s forward (no later call reads a map of another grid)."""
+        self.forward_maps.pop(transformer, None)
+
+    def _build_static_maps(self, grid: TokenGrid, device: torch.device) -> dict[SparsitySpec, SparseMap]:
+        # a static kind reads the call's shape and device only: a stride-0 stand-in for q and k
+        stub = torch.empty((), device=device).expand(1, 1, grid.num_tokens, 1)
+        return {spec: build_block_map(spec, stub, stub, grid=grid) for spec in self.static_specs}
+
+    def planned_sparsity(self, site: AttentionSite) -> SparsitySpec | None:
+        """The block map spec of this site's quantized calls at the current step (None: dense)."""
+        plan = self.sparse_plan
+        return None if plan is None else plan[site.transformer][site.block]
+
+    def _block_map(self, site: AttentionSite, spec: SparsitySpec, q, k, rope, kv_lens):
+        """``(SparseMap or None, problem or None, q, k, rope)`` for a call under ``spec`` (module docstring); a
+        dynamic map rotates q and k first when their RoPE·R table was deferred (``rope`` is then None)."""
+        text = self.spec_text[spec]
+        if spec.static:
+            maps = self.forward_maps.get(site.transformer)
+            if maps is None:
+                problem = self.grid_problem.get(site.transformer, "no token grid for this forward (the forward guard "
+                                                "did not run: compile with apply(compile=True) or "
+                                                "transformer.compile(), not torch.compile(transformer))")
+                return None, f"sparsity {text}: {problem}", q, k, rope
+            sparse = maps[spec]
+            if (sparse.block_map.n_q, sparse.block_map.n_kv) != (q.shape[2], k.shape[2]):
+                return None, (f"sparsity {text}: the token grid of this forward has {sparse.block_map.n_q} tokens, the "
+                              f"call {q.shape[2]} queries and {k.shape[2]} keys"), q, k, rope
+            return sparse, None, q, k, rope
+        if rope is not None:
+            q, k, rope = apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), None
+        try:
+            sparse = build_block_map(spec, q, k, layout="BHND", kv_lens=kv_lens, sm_scale=self.call_options["sm_scale"])
+        except ValueError as err:
+            return None, f"sparsity {text}: {err}", q, k, rope
+        return sparse, None, q, k, rope
 
     def clear_forward_state(self) -> None:
         """Forget per-forward state (the rotators' in-graph table memo); hooked before and after each forward."""
@@ -428,9 +576,15 @@ class Runtime:
             kv_lens, ok, problem = key_padding_lengths_on_device(mask, k.shape[0], k.shape[2])
         else:
             kv_lens, problem = self.kv_lens_for(mask, k.shape[0], k.shape[2])
+        sparse = None
+        spec = self.planned_sparsity(site)
+        if problem is None and spec is not None:
+            sparse, problem, q, k, rope = self._block_map(site, spec, q, k, rope, kv_lens)
         if problem is None:
+            block_map = None if sparse is None else sparse.block_map
             try:  # validated and the backend chosen once, here
-                call = prepare_attention(q, k, v, backend=self.config.backend, kv_lens=kv_lens, **self.call_options)
+                call = prepare_attention(q, k, v, backend=self.config.backend, kv_lens=kv_lens, block_map=block_map,
+                                         **self.call_options)
             except ValueError as e:
                 problem = "kernel cannot take this call: " + e.args[0]
             else:
@@ -443,10 +597,14 @@ class Runtime:
         why = call.reason
         if run is None and ok is None:
             counters.add("quantized", why)
+            if sparse is not None:
+                counters.add_sparse(sparse.block_map.density(), _mean(sparse.dropped_mass))
             return run_into_bnhd(call, q, k, v, rope=rope)
         # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.
         take = run if ok is None else (ok if run is None else run & ok)
         counters.add("quantized", why, take)
+        if sparse is not None:
+            counters.add_sparse(sparse.block_map.density(), _mean(sparse.dropped_mass), take)
         if ok is not None:
             counters.add("fallback", MASK_NOT_PADDING, ~ok if run is None else run & ~ok)
         operands = (q, k, v) if kv_lens is None else (q, k, v, kv_lens)

@@ -1,4 +1,5 @@
-"""The FP16-fallback schedule: which (denoising step, block) self-attention calls stay in FP16.
+"""The step x block schedule: which (denoising step, block) self-attention calls stay in FP16, and which of the
+quantized ones run dense (no block map).
 
 A call runs the quantized recipe unless one of these says FP16:
 
@@ -15,6 +16,18 @@ A call runs the quantized recipe unless one of these says FP16:
 The rules are additive: a cell is FP16 if any of them says so. For full control from a table, set
 the four counts to 0.
 
+Sparsity rules (for a run with a block map, ``RotvidConfig(sparsity=...)``; what Sparse VideoGen and Radial
+Attention set by hand). A block map applies only to calls the rules above quantize -- an FP16 call never gets one --
+and a quantized call runs dense (no map) when
+
+* its step is one of the first ``dense_first_steps`` denoising steps (the layout of the video is decided early);
+* its block is listed in ``dense_blocks`` (global index in execution order, as ``fp16_cells``; negative indices count
+  from the end).
+
+Otherwise it runs the config's sparsity, or its block's own spec from ``block_sparsity`` (``(block, spec)`` pairs,
+e.g. ``(3, "topp:0.95")``; ``rotvid calibrate --cosine-floor`` writes a top-p ``tau`` per block there; a spec
+``none`` makes that block dense). Outside a tracked run (no step known) the block rules alone apply, as for FP16.
+
 Presets (``SCHEDULE_PRESETS``) carry the paper's numbers (RotateAttention §5.1):
 Wan2.2-T2V (40 steps): first/last 2 steps and blocks -> 81% INT4; Wan2.2-I2V (40 steps): first 6 /
 last 4 steps, first/last 2 blocks -> 68%; HunyuanVideo-T2V (50 steps): first 4 / last 2 steps,
@@ -24,6 +37,8 @@ first/last 2 blocks -> 76%.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from rotvid.kernels.sparsity import SparsitySpec, parse_sparsity
 
 __all__ = ["Schedule", "SCHEDULE_PRESETS", "schedule_preset", "expected_quantized_fraction"]
 
@@ -43,6 +58,10 @@ class Schedule:
         fp16_cells: explicit ``(step, block)`` pairs kept in FP16 (global block index; negative
             indices count from the end).
         name: preset name, for reports (``None`` for a hand-made schedule).
+        dense_first_steps: quantized calls of the first steps that run without a block map.
+        dense_blocks: global block indices whose quantized calls run without a block map (negative: from the end).
+        block_sparsity: ``(block, spec)`` pairs: the block map of that block's quantized calls instead of the
+            config's (a :class:`~rotvid.kernels.sparsity.SparsitySpec` or its text; ``none``: dense).
     """
 
     fp16_first_steps: int = 0
@@ -51,9 +70,13 @@ class Schedule:
     fp16_last_blocks: int = 0
     fp16_cells: tuple[tuple[int, int], ...] = field(default_factory=tuple)
     name: str | None = None
+    dense_first_steps: int = 0
+    dense_blocks: tuple[int, ...] = field(default_factory=tuple)
+    block_sparsity: tuple[tuple[int, SparsitySpec], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        for attr in ("fp16_first_steps", "fp16_last_steps", "fp16_first_blocks", "fp16_last_blocks"):
+        for attr in ("fp16_first_steps", "fp16_last_steps", "fp16_first_blocks", "fp16_last_blocks",
+                     "dense_first_steps"):
             _check_count(attr, getattr(self, attr))
         if not isinstance(self.fp16_cells, (tuple, list)):
             raise ValueError(f"fp16_cells: expected a list of (step, block) pairs, got {self.fp16_cells!r}")
@@ -69,6 +92,12 @@ class Schedule:
         object.__setattr__(self, "fp16_cells", tuple(cells))
         if self.name is not None and not isinstance(self.name, str):
             raise ValueError(f"name: expected a str or None, got {self.name!r}")
+        if not isinstance(self.dense_blocks, (tuple, list)) or any(
+            isinstance(b, bool) or not isinstance(b, int) for b in self.dense_blocks
+        ):
+            raise ValueError(f"dense_blocks: expected a list of block indices (ints), got {self.dense_blocks!r}")
+        object.__setattr__(self, "dense_blocks", tuple(int(b) for b in self.dense_blocks))
+        object.__setattr__(self, "block_sparsity", _block_specs(self.block_sparsity))
 
     def fp16_reason(
         self,
@@ -102,6 +131,27 @@ class Schedule:
                 return "schedule: table"
         return None
 
+    def sparsity_at(
+        self, base: SparsitySpec, *, step: int | None, num_steps: int | None, block: int, num_blocks: int
+    ) -> SparsitySpec | None:
+        """The block map spec of a *quantized* call at (``step``, ``block``) -- ``base`` (the config's), or the
+        block's own from ``block_sparsity`` -- or ``None`` when it runs dense (a sparsity rule, or the spec is
+        ``none``). ``step`` None: outside a tracked run, the block rules alone (``num_steps`` unused)."""
+        if step is not None and step < self.dense_first_steps:
+            return None
+        if any(_absolute(b, num_blocks) == block for b in self.dense_blocks):
+            return None
+        spec = base
+        for b, own in self.block_sparsity:
+            if _absolute(b, num_blocks) == block:
+                spec = own
+        return spec if spec.enabled else None
+
+    @property
+    def sparsity_specs(self) -> tuple[SparsitySpec, ...]:
+        """The specs of ``block_sparsity`` (what a run may build maps for beside the config's)."""
+        return tuple(dict.fromkeys(spec for _, spec in self.block_sparsity))
+
     def block_fp16_reason(self, *, block_in_stack: int, stack_size: int) -> str | None:
         """The block rules alone (``fp16_first_blocks`` / ``fp16_last_blocks``): the rule for a call outside a
         tracked denoising run, where no step is known (the step rules and the ``fp16_cells`` table need one)."""
@@ -119,19 +169,52 @@ class Schedule:
             "fp16_last_blocks": self.fp16_last_blocks,
             "fp16_cells": [list(c) for c in self.fp16_cells],
             "name": self.name,
+            "dense_first_steps": self.dense_first_steps,
+            "dense_blocks": list(self.dense_blocks),
+            "block_sparsity": [[b, str(spec)] for b, spec in self.block_sparsity],
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schedule":
         if not isinstance(d, dict):
             raise ValueError(f"schedule: expected a JSON object, got {type(d).__name__}")
-        known = {"fp16_first_steps", "fp16_last_steps", "fp16_first_blocks", "fp16_last_blocks", "fp16_cells", "name"}
+        known = {"fp16_first_steps", "fp16_last_steps", "fp16_first_blocks", "fp16_last_blocks", "fp16_cells", "name",
+                 "dense_first_steps", "dense_blocks", "block_sparsity"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"schedule: unknown keys {sorted(unknown)}; expected a subset of {sorted(known)}")
         d = dict(d)
         d["fp16_cells"] = tuple(tuple(c) if isinstance(c, list) else c for c in d.get("fp16_cells", ()))
+        d["block_sparsity"] = tuple(tuple(c) if isinstance(c, list) else c for c in d.get("block_sparsity", ()))
         return cls(**d)
+
+
+def _absolute(block: int, num_blocks: int) -> int:
+    return block + num_blocks if block < 0 else block
+
+
+def _block_specs(pairs) -> tuple[tuple[int, SparsitySpec], ...]:
+    """``block_sparsity`` checked: (block, spec) pairs, specs parsed, each block once."""
+    if not isinstance(pairs, (tuple, list)):
+        raise ValueError(f"block_sparsity: expected a list of (block, sparsity spec) pairs, got {pairs!r}")
+    out: dict[int, SparsitySpec] = {}
+    for pair in pairs:
+        if (
+            not isinstance(pair, (tuple, list))
+            or len(pair) != 2
+            or isinstance(pair[0], bool)
+            or not isinstance(pair[0], int)
+        ):
+            raise ValueError(f"block_sparsity: expected (block, sparsity spec) pairs, got {pair!r}")
+        block, spec = pair
+        try:
+            spec = parse_sparsity(spec)
+        except ValueError as err:
+            raise ValueError(f"block_sparsity: block {block}: {err}") from None
+        if block in out:
+            raise ValueError(f"block_sparsity: block {block} given twice")
+        out[block] = spec
+    return tuple(out.items())
 
 
 SCHEDULE_PRESETS: dict[str, Schedule] = {
