@@ -15,7 +15,9 @@
 #             KERNEL_ARGS, default --rotvid-only --no-sage --shapes wan1.3b-480p cogvideox5b) in AB_ROUNDS rounds
 #             (default 2) alternating the working tree and a copy whose rotvid/kernels/csrc is AB_CSRC (a saved
 #             csrc folder, e.g. `git archive OLD rotvid/kernels/csrc | tar -x -C build/ab_old`, then
-#             AB_CSRC=build/ab_old/rotvid/kernels/csrc); each tree has its own extension cache
+#             AB_CSRC=build/ab_old/rotvid/kernels/csrc), or AB_TREE (a saved rotvid/ + benchmarks/ of the old commit,
+#             for when the source lists differ; this tree's kernel_bench.py is used in it); each tree has its own
+#             extension cache. Bits of every kernel configuration: benchmarks/skeleton_ab.py
 #
 # Before the steps it installs the carried wheels (./.whl/*.whl, e.g. diffusers; git-ignored), unpacks the
 # SageAttention2 peer if one is carried (./.peers/sageattention2-*.tgz; git-ignored; never a dependency), prints
@@ -33,7 +35,7 @@ steps=("$@")
 for step in "${steps[@]}"; do  # bad input stops here, before any slow work
   case $step in
     tests|kernel|e2e|parallel|profile|power) ;;
-    ab) [ -d "${AB_CSRC:-}" ] || { echo "run_on_device.sh: step ab needs AB_CSRC, a saved rotvid/kernels/csrc folder (got '${AB_CSRC:-}')" >&2; exit 2; } ;;
+    ab) [ -d "${AB_CSRC:-}" ] || [ -d "${AB_TREE:-}/rotvid" ] || { echo "run_on_device.sh: step ab needs AB_CSRC (a saved rotvid/kernels/csrc folder) or AB_TREE (a saved tree with rotvid/; got '${AB_CSRC:-}' / '${AB_TREE:-}')" >&2; exit 2; } ;;
     *) echo "run_on_device.sh: unknown step '$step' (expected: tests, kernel, e2e, parallel, profile, power, ab)" >&2; exit 2 ;;
   esac
 done
@@ -115,8 +117,13 @@ for step in "${steps[@]}"; do
     power)
       run_step power bash -c "$PY benchmarks/sustained_power.py ${POWER_ARGS:-} > '$OUT/sustained_power.txt' 2>&1" ;;
     ab)
-      rm -rf build/ab_tree && mkdir -p build/ab_tree && cp -r rotvid benchmarks build/ab_tree/ \
-        && rm -rf build/ab_tree/rotvid/kernels/csrc && cp -r "$AB_CSRC" build/ab_tree/rotvid/kernels/csrc
+      rm -rf build/ab_tree && mkdir -p build/ab_tree
+      if [ -n "${AB_TREE:-}" ]; then
+        cp -r "$AB_TREE"/rotvid "$AB_TREE"/benchmarks build/ab_tree/ && cp benchmarks/kernel_bench.py build/ab_tree/benchmarks/
+      else
+        cp -r rotvid benchmarks build/ab_tree/ && rm -rf build/ab_tree/rotvid/kernels/csrc \
+          && cp -r "$AB_CSRC" build/ab_tree/rotvid/kernels/csrc
+      fi
       for round in $(seq "${AB_ROUNDS:-2}"); do
         for tree in work ab_tree; do
           dir=$PWD; cache=$ROTVID_EXT_CACHE

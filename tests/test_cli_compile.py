@@ -15,15 +15,8 @@ import rotvid.pipelines.attach as attach
 import rotvid.pipelines.compiling as compiling
 from rotvid.eval.video_io import iter_frames
 from tests.test_cli import TINY, assert_fails, run, tiny_wan  # noqa: F401  (fixture)
+from tests.graph_counter import GraphCounter
 
-
-class GraphCounter:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
 
 
 @pytest.fixture

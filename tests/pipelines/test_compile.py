@@ -19,21 +19,12 @@ from rotvid.pipelines.report import RunReport
 from rotvid.pipelines.runtime import MASK_NOT_PADDING, AttentionSite, Runtime
 from rotvid.pipelines.step_tracker import StepTracker
 from rotvid.pipelines.tiny import tiny_call_kwargs
+from tests.graph_counter import GraphCounter
 
 FAMILIES = ["wan", "hunyuan_video", "cogvideox"]
 # First and last step FP16, first block of each stack FP16: a mixed plan in the middle steps.
 MIXED = Schedule(fp16_first_steps=1, fp16_last_steps=1, fp16_first_blocks=1)
 
-
-class GraphCounter:
-    """A torch.compile backend that counts the graphs it is given and runs them unchanged."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ import torch
 from rotvid.kernels.sparsity import TokenGrid
 from rotvid.pipelines import RotvidConfig, Schedule, apply, remove
 from rotvid.pipelines.tiny import tiny_call_kwargs
+from tests.graph_counter import GraphCounter
 
 SIZE = dict(frames=9, size=128)
 # radial with the temporal band alone: a query tile keeps the key blocks of its own frames only
@@ -32,16 +33,6 @@ def run_applied(pipe, family, cfg, steps=2, **size):
     finally:
         remove(pipe)
 
-
-class GraphCounter:
-    """A torch.compile backend that counts the graphs it gets and runs them unchanged (the eager ATen ops)."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
 
 
 @pytest.fixture(autouse=True)
