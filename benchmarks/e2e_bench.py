@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import statistics
 import subprocess
@@ -282,14 +283,18 @@ def rotvid_rows(model, inputs, timer: RowTimer, backend: str, available: str | N
         rows.append(_rotvid_all_row(model, inputs, timer, backend, methods[0], compile_arg))
     if wanted[1]:
         rows.append(_rotvid_schedule_row(model, inputs, timer, backend, methods[1], compile_arg))
+    for spec in args.sparsity:  # every call quantized and given the map
+        rows.append(_rotvid_all_row(model, inputs, timer, backend, f"{methods[0]}, sparsity {spec}", compile_arg,
+                                    sparsity=spec))
     return rows
 
 
-def _rotvid_all_row(model, inputs, timer: RowTimer, backend: str, method: str, compile_arg) -> dict:
+def _rotvid_all_row(model, inputs, timer: RowTimer, backend: str, method: str, compile_arg,
+                    sparsity: str = "none") -> dict:
     setup, args = timer.setup, timer.args
     num_blocks = setup.config["num_layers"]
-    # Every call quantized: the default recipe, schedule none (one plan, one graph).
-    cfg = RotvidConfig(recipe=args.recipe, rotation=args.rotation, backend=backend, schedule="none")
+    # Every call quantized: the default recipe, schedule none (one plan, one graph); with a block map if asked.
+    cfg = RotvidConfig(recipe=args.recipe, rotation=args.rotation, backend=backend, schedule="none", sparsity=sparsity)
     handle = apply(model, cfg, compile=compile_arg)
     try:
         handle.tracker.begin(setup.steps)
@@ -300,9 +305,12 @@ def _rotvid_all_row(model, inputs, timer: RowTimer, backend: str, method: str, c
         note = f"{args.recipe} on {per_fwd}/{num_blocks} blocks, backend {', '.join(sorted(rep.backends)) or 'none'}"
         if rep.fallbacks:
             note += f"; FALLBACKS: {rep.fallbacks}"
+        density = rep.mean_density if sparsity != "none" else 1.0
+        if sparsity != "none":
+            note += f"; sparsity {sparsity}, mean density {_fmt(density, '.3f')}"
     finally:
         remove(model)
-    return dict(method=method, ms=ms, peak=peak, compile_s=cs, note=note)
+    return dict(method=method, ms=ms, peak=peak, compile_s=cs, note=note, density=density)
 
 
 def _rotvid_schedule_row(model, inputs, timer: RowTimer, backend: str, method: str, compile_arg) -> dict:
@@ -478,6 +486,12 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--append", type=Path, default=None,
                     help=f"results file to append to (default {RESULTS.relative_to(RESULTS.parents[1])} for full runs)")
     ap.add_argument("--no-append", action="store_true", help="print only")
+    ap.add_argument("--sparsity", nargs="+", default=[], metavar="SPEC",
+                    help="also time the all-calls row with each block map (e.g. radial topp:0.9; see --sparsity of "
+                         "rotvid generate); the row gives the map's measured mean density")
+    ap.add_argument("--json-out", type=Path, default=None,
+                    help='write every row as JSON: {"rows": [{"setup", "method", "mode", "ms", "vs_compiled_bf16", '
+                         '"density"}]} (vs_compiled_bf16: the compiled bf16 SDPA row of the same setup over the row)')
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error("--steps: expected a positive int")
@@ -493,6 +507,13 @@ def parse_args(argv: list[str] | None = None):
     args.setups = tuple(s.strip() for s in args.setups.split(",") if s.strip())
     if not args.tiny and (not args.setups or any(s not in SETUPS for s in args.setups)):
         ap.error(f"--setups: expected a comma-separated subset of {', '.join(SETUPS)}, got {','.join(args.setups)!r}")
+    if args.sparsity:
+        from rotvid.kernels.sparsity import parse_sparsity
+
+        try:
+            args.sparsity = [str(parse_sparsity(spec)) for spec in args.sparsity]
+        except ValueError as err:
+            ap.error(f"--sparsity: {err}")
     if args.recipe == "auto":
         from rotvid.kernels.recipes.auto import resolve_recipe
 
@@ -502,6 +523,28 @@ def parse_args(argv: list[str] | None = None):
     if args.iters is None:
         args.iters = 2 if args.tiny else 5
     return args
+
+
+def json_rows(results: list[tuple[Setup, list[dict]]]) -> dict:
+    """Every row as ``{"setup", "method", "mode", "ms", "vs_compiled_bf16", "density"}`` (density 1 for dense rows,
+    None where not applicable: the SDPA and the peer's rows)."""
+    out = []
+    for setup, rows in results:
+        base = next((r["ms"] for r in rows if r["mode"] == "compiled" and r["method"].endswith("SDPA")), None)
+        for r in rows:
+            density = r.get("density", 1.0 if r["method"].startswith("rotvid") else None)
+            out.append({"setup": setup.name, "method": r["method"], "mode": r["mode"], "ms": r["ms"],
+                        "vs_compiled_bf16": None if base is None or not r["ms"] else round(base / r["ms"], 4),
+                        "density": density})
+    return {"rows": out}
+
+
+def write_json(results: list[tuple[Setup, list[dict]]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(json_rows(results), indent=1) + "\n")
+    tmp.replace(path)  # atomic: a reader never sees half a file
+    print(f"wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -515,6 +558,8 @@ def main(argv: list[str] | None = None) -> str:
     results = [(setup, run_setup(setup, args)) for setup in setups]
     md = markdown(results, args)
     print(md)
+    if args.json_out is not None:
+        write_json(results, args.json_out)
     target = args.append if args.append is not None else (None if args.tiny else RESULTS)
     if target is not None and not args.no_append:
         with open(target, "a") as fh:

@@ -9,7 +9,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "e2e_bench.py"
 
 
-def test_e2e_bench_tiny_smoke(tmp_path):
+def _load():
     spec = importlib.util.spec_from_file_location("e2e_bench", BENCH)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["e2e_bench"] = mod  # dataclasses look their module up there
@@ -17,6 +17,11 @@ def test_e2e_bench_tiny_smoke(tmp_path):
         spec.loader.exec_module(mod)
     finally:
         sys.modules.pop("e2e_bench", None)
+    return mod
+
+
+def test_e2e_bench_tiny_smoke(tmp_path):
+    mod = _load()
     out = tmp_path / "results.md"
     md = mod.main(["--tiny", "--steps", "6", "--warmup", "0", "--iters", "1", "--modes", "eager", "--append", str(out)])
     assert out.read_text().strip() == md.strip()
@@ -50,3 +55,24 @@ def test_e2e_bench_arguments(capsys):
         with pytest.raises(SystemExit):
             mod.parse_args(bad)
         assert bad[0] in capsys.readouterr().err
+
+
+def test_sparse_rows_and_json(tmp_path):
+    mod = _load()
+    with pytest.raises(SystemExit):  # a bad map spec stops before anything is built
+        mod.parse_args(["--tiny", "--sparsity", "topp:2"])
+    args = mod.parse_args(["--tiny", "--sparsity", "radial", "topp:0.9"])
+    assert args.sparsity == ["radial", "topp:0.9"]  # canonical specs
+    setup = mod.tiny_setup(6)
+    rows = [dict(method="float32 SDPA", mode="compiled", ms=10.0), dict(method="float32 SDPA", mode="eager", ms=20.0),
+            dict(method="rotvid int8-fp8, all calls", mode="compiled", ms=5.0, density=1.0),
+            dict(method="rotvid int8-fp8, all calls, sparsity radial", mode="compiled", ms=4.0, density=0.4)]
+    mod.write_json([(setup, rows)], tmp_path / "e2e.json")
+    import json
+
+    got = json.loads((tmp_path / "e2e.json").read_text())["rows"]
+    assert [(r["method"], r["mode"], r["vs_compiled_bf16"], r["density"]) for r in got] == [
+        ("float32 SDPA", "compiled", 1.0, None), ("float32 SDPA", "eager", 0.5, None),
+        ("rotvid int8-fp8, all calls", "compiled", 2.0, 1.0),
+        ("rotvid int8-fp8, all calls, sparsity radial", "compiled", 2.5, 0.4)]
+    assert all(r["setup"] == setup.name for r in got)
