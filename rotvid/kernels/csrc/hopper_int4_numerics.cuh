@@ -1,6 +1,7 @@
 // The INT4-valued numerics of the Hopper attention kernel (hopper_attention.cuh): a numerics policy.
 //
-// Same numerics as int4_attention.cuh at the same block_n (DESIGN.md §The numerics; the per-row arithmetic is that
+// Same numerics as the mma.sync kernel's INT4 policy (mma_numerics_int4.cuh)
+// at the same block_n (DESIGN.md §The numerics; the per-row arithmetic is that
 // kernel's, rowmath): per key block of BN (64 or 128) keys
 //   S = Q^ K^T (int32), x = float(S) * k_scale, m_blk = sq * max(x), p = ex2(x sq - m_blk) (with Q smoothing, SQ:
 //   x = float(S) * k_scale * sq + k_bias[key], m_blk = max(x), p = ex2(x - m_blk)),

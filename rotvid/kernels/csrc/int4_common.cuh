@@ -138,7 +138,7 @@ cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stre
 // bytes, vparams = v_scale [BH, D], block_n 128. The wgmma launchers run the block-sparse kernel when p.map_count is
 // set (AttnParams.map_*); the mma.sync launchers ignore a map (the binding refuses one for them).
 cudaError_t launch_int8fp8_attention_wgmma(const AttnParams& p, int head_dim, cudaStream_t stream);
-// The same numerics on mma.sync (s8 for Q^K^T, e4m3 for P.V; int8fp8_attention_mma.cuh), same operands;
+// The same numerics on mma.sync (s8 for Q^K^T, e4m3 for P.V; mma_numerics_int8fp8.cuh), same operands;
 // cudaErrorNotSupported where the build has no e4m3 mma.sync (below sm89).
 cudaError_t launch_int8fp8_attention_mma(const AttnParams& p, int head_dim, cudaStream_t stream);
 

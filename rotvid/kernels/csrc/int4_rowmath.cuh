@@ -168,7 +168,7 @@ __device__ __forceinline__ void store_rows_channel_scaled(const AttnParams& p, c
 
 // The tail split's partials of one thread's rows (row_in_tile: row g of its warp's slice within the 128-row tile):
 // O (times the per-channel vs when given: the int8-fp8 kernel's V scale) relative to m_run, then m_run and the
-// quad-summed l, at ws[row][0..D+1] (wg::combine_splits_kernel merges them).
+// quad-summed l, at ws[row][0..D+1] (hopper::combine_splits_kernel merges them).
 template <int D>
 __device__ __forceinline__ void store_split_partials(float* w, const float (&o)[D / 8][4], const float (&m_run)[2],
                                                      float (&l_run)[2], int row_in_tile, int t, const float* vs) {

@@ -1,5 +1,5 @@
 // The int8-fp8 numerics on the mma.sync skeleton (mma_attention.cuh; sm89 Ada and later: the e4m3 mma.sync and cvt
-// need sm89): the Hopper kernel's numerics (int8fp8_attention_wgmma.cuh) on the s8 operand geometry.
+// need sm89): the Hopper kernel's numerics (hopper_int8fp8_numerics.cuh) on the s8 operand geometry.
 // Numerics of rotvid.kernels.reference (recipe "int8-fp8"), per key block of BN = 128 keys:
 //   S = Q^ K^T            int32, s8 mma.sync m16n8k32 (exact);
 //   m_blk = max over the row of float(S) * (sq ks)   sq = q_scale * qk_scale; ks the K group scale of the key:
