@@ -762,6 +762,13 @@ def eval_(
                     max_sequence_length=max_sequence_length, seed=seed, fps=fps, dtype=dtype, device=device,
                     out=out, vbench=vb, samples=samples, overwrite=overwrite, compile=compile, sparsity=sparsity,
                     dense=_dense_rules(dense_first_steps, dense_blocks))
+                if worker is not None:
+                    # every rank leaves together, once rank 0 has measured and written the report: a rank that tore
+                    # its gloo group down while rank 0 still measured was seen to abort ("terminate called without
+                    # an active exception", CI under load)
+                    from rotvid.distributed_run import barrier
+
+                    barrier()
             else:
                 _refuse_generation_options(ctx)
                 if not candidates:
