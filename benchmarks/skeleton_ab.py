@@ -68,7 +68,8 @@ def configurations():
             yield "int4", dict(path=path, block_n=bn, p_mode=pm, smooth_q=sq, smooth_v=sv), shape
 
 
-def dump(out: Path) -> int:
+def hash_outputs() -> dict:
+    """Every configuration's output record (sha256, NaN count, float64 sums; or the error a path refused it with)."""
     import torch
 
     from rotvid.kernels import cuda_backend
@@ -86,6 +87,13 @@ def dump(out: Path) -> int:
             records[name] = _record(o)
         except (RuntimeError, ValueError) as err:  # a configuration a path does not take: the same in both trees
             records[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
+    return records
+
+
+def dump(out: Path) -> int:
+    import torch
+
+    records = hash_outputs()
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "records": records}, indent=1) + "\n")
     ran = sum("sha256" in r for r in records.values())
     print(f"skeleton_ab dump: {ran} configurations ran, {len(records) - ran} refused; wrote {out}")

@@ -519,6 +519,15 @@ def generate(
                     why = nothing_quantized_reason(side["run_report"], _schedule_name(cfg))
                     if why is not None:
                         bar.log(f"note: {why}")
+        _finish_workers(worker)
+
+
+def _finish_workers(worker) -> None:
+    """A multi-process run's normal end: every rank leaves together (distributed_run.finish_worker)."""
+    if worker is not None:
+        from rotvid.distributed_run import finish_worker
+
+        finish_worker()
 
 
 def _schedule_name(cfg) -> str | None:
@@ -762,13 +771,6 @@ def eval_(
                     max_sequence_length=max_sequence_length, seed=seed, fps=fps, dtype=dtype, device=device,
                     out=out, vbench=vb, samples=samples, overwrite=overwrite, compile=compile, sparsity=sparsity,
                     dense=_dense_rules(dense_first_steps, dense_blocks))
-                if worker is not None:
-                    # every rank leaves together, once rank 0 has measured and written the report: a rank that tore
-                    # its gloo group down while rank 0 still measured was seen to abort ("terminate called without
-                    # an active exception", CI under load)
-                    from rotvid.distributed_run import barrier
-
-                    barrier()
             else:
                 _refuse_generation_options(ctx)
                 if not candidates:
@@ -779,6 +781,7 @@ def eval_(
         if not quiet and report is not None:
             typer.echo(summary_table(report))
             typer.echo(f"report: {written['markdown']}")
+        _finish_workers(worker)
 
 
 # eval's options that only the generating form (--prompt-file / --variants) uses

@@ -34,6 +34,7 @@ __all__ = [
     "init_worker",
     "is_main_process",
     "barrier",
+    "finish_worker",
     "merge_run_reports",
     "parallelize_pipeline",
     "shutdown_worker",
@@ -171,6 +172,16 @@ def parallelize_pipeline(pipe, world_size: int) -> None:
                          f"{family.name}; multi-GPU runs support {supported} only")
     for transformer in transformers.values():
         enable_context_parallel(transformer, world_size)
+
+
+def finish_worker() -> None:
+    """End a worker's run normally: wait for every rank (rank 0 may still be writing what it alone writes), then
+    leave the process group. A rank that tore its gloo group down while rank 0 still worked was seen to abort
+    ("terminate called without an active exception", CI under load). An error exit leaves without waiting
+    (:func:`shutdown_worker`, at exit)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def shutdown_worker() -> None:
