@@ -33,19 +33,17 @@ def indices_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(indices, counts)`` of a block mask [..., Tk] (bool): the kept columns of each row in ascending order,
     padded past ``counts`` with the row's last kept index (0 for an empty row); int32, ``indices`` [..., Tk].
 
-    Sort, cumulative count and gathers only (no data-dependent shape): runs under ``torch.compile(fullgraph=True)``.
+    One cumulative count and a binary search per slot, no sort: slot ``s`` holds the first column whose running
+    count of kept columns reaches ``min(s + 1, counts)`` (for an empty row, ``min(s + 1, 0) = 0``: column 0). No
+    data-dependent shape: runs under ``torch.compile(fullgraph=True)``.
     """
     tk = mask.shape[-1]
-    cols = torch.arange(tk, device=mask.device, dtype=torch.int32)
-    # kept columns first (key j), then the skipped ones (key tk + j): a stable ascending sort of both groups
-    key = torch.where(mask, cols, cols + tk)
-    order = torch.sort(key, dim=-1, stable=True).values
-    counts = mask.sum(dim=-1, dtype=torch.int32)
-    last = torch.gather(order, -1, (counts.long() - 1).clamp_min(0).unsqueeze(-1))
-    last = torch.where(counts.unsqueeze(-1) > 0, last, torch.zeros_like(last))
-    slot = torch.arange(tk, device=mask.device, dtype=torch.int32)
-    indices = torch.where(slot < counts.unsqueeze(-1), order, last)
-    return indices.to(torch.int32), counts
+    running = torch.cumsum(mask, dim=-1, dtype=torch.int32)
+    counts = running[..., -1]
+    slot = torch.arange(1, tk + 1, device=mask.device, dtype=torch.int32)
+    target = torch.minimum(slot, counts.unsqueeze(-1)).contiguous()
+    indices = torch.searchsorted(running.contiguous(), target, out_int32=True)
+    return indices, counts.contiguous()
 
 
 @dataclass(frozen=True)

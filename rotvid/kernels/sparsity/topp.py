@@ -23,6 +23,8 @@ builder runs under ``torch.compile(fullgraph=True)``, and the estimated dropped 
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import math
 from typing import NamedTuple
 
@@ -32,7 +34,17 @@ import torch.nn.functional as F
 from rotvid.kernels.sparsity.block_map import MAP_BLOCK, BlockMap, blocks_for, indices_from_mask
 from rotvid.kernels.sparsity.spec import REQUIRED, MapParam, SparseMap, SparsityKind, SparsitySpec
 
+if importlib.util.find_spec("triton") is not None:
+    from rotvid.kernels.sparsity.block_pool_triton import POOL_DTYPES, block_pool_triton
+else:
+    POOL_DTYPES, block_pool_triton = (), None
+
 __all__ = ["DEFAULT_SIM", "KIND", "TopPEstimate", "topp_block_map", "topp_estimate"]
+
+logger = logging.getLogger(__name__)
+if block_pool_triton is None and torch.cuda.is_available():
+    logger.warning("triton is not installed: the top-p builder pools Q and K with eager PyTorch ops on CUDA "
+                   "(slower, same maps)")
 
 # Self-similarity threshold when a spec gives none.
 DEFAULT_SIM = 0.5
@@ -56,6 +68,31 @@ def _pool(x: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     cos = dot / norms.clamp_min(_EPS)
     sim = (cos * w.squeeze(-1)).sum(dim=-1) / count.clamp_min(1).to(x.dtype)
     return mean, count, sim
+
+
+def _use_kernel(x: torch.Tensor) -> bool:
+    """The Triton pooling takes ``x``: a CUDA fp16 / bf16 / fp32 tensor, triton installed (shape facts only: a
+    constant of a compiled graph)."""
+    return x.is_cuda and x.dtype in POOL_DTYPES and block_pool_triton is not None
+
+
+def _pooled(x: torch.Tensor, lens: torch.Tensor | None, dt: torch.dtype):
+    """Step 1 on x [B, H, N, D] (BHND view, any strides): block means [B, H, T, D], valid counts [B', 1, T] and
+    self-similarity [B, H, T], in ``dt``; ``lens`` [B'] (B' = 1 or B): tokens ``n >= lens[b]`` do not count, None:
+    all N count. On CUDA (fp16 / bf16 / fp32) the one-pass Triton kernel
+    (:mod:`rotvid.kernels.sparsity.block_pool_triton`), elsewhere :func:`_pool` on float copies."""
+    b, n = x.shape[0], x.shape[2]
+    t = blocks_for(n)
+    if _use_kernel(x):
+        kernel_lens = None if lens is None else lens.expand(b).contiguous()
+        mean, sim = block_pool_triton(x, kernel_lens)
+        limit = torch.full((1,), n, device=x.device) if lens is None else lens.clamp(max=n)
+        start = MAP_BLOCK * torch.arange(t, device=x.device)
+        count = (limit.view(-1, 1, 1) - start).clamp(0, MAP_BLOCK)  # = valid.sum(-1) of the eager form
+        return mean, count, sim
+    j = torch.arange(t * MAP_BLOCK, device=x.device).view(1, 1, t, MAP_BLOCK)
+    valid = j < n if lens is None else (j < lens.view(-1, 1, 1, 1)) & (j < n)
+    return _pool(_blocks(x.to(dt), t), valid)
 
 
 class TopPEstimate(NamedTuple):
@@ -85,12 +122,8 @@ def topp_estimate(
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     sm_scale = d**-0.5 if sm_scale is None else sm_scale
     tq, tk = blocks_for(nq), blocks_for(nkv)
-    q_valid = (torch.arange(tq * MAP_BLOCK, device=q.device) < nq).view(1, 1, tq, MAP_BLOCK)
-    j = torch.arange(tk * MAP_BLOCK, device=k.device).view(1, 1, tk, MAP_BLOCK)
-    lens = torch.full((1,), nkv, device=k.device) if kv_lens is None else kv_lens.to(k.device)
-    k_valid = j < lens.view(-1, 1, 1, 1)
-    q_mean, _, q_sim = _pool(_blocks(q.to(dt), tq), q_valid)
-    k_mean, k_count, k_sim = _pool(_blocks(k.to(dt), tk), k_valid)
+    q_mean, _, q_sim = _pooled(q, None, dt)
+    k_mean, k_count, k_sim = _pooled(k, None if kv_lens is None else kv_lens.to(k.device), dt)
     k_live = (k_count > 0).unsqueeze(-2)  # [B', 1, 1, Tk]
     log_n = torch.log(k_count.clamp_min(1).to(dt)).unsqueeze(-2)
     scores = torch.matmul(q_mean, k_mean.transpose(-1, -2)) * sm_scale + log_n
