@@ -29,6 +29,7 @@ JSON: the sparse and FlexAttention methods per shape (with ``density``; the rotv
     python benchmarks/kernel_bench.py --shapes wan1.3b-480p --markdown-out section.md
     python benchmarks/kernel_bench.py --append benchmarks/RESULTS.md
     python benchmarks/kernel_bench.py --sparse --shapes wan1.3b-480p wan14b-720p --json-out sparse.json
+    python benchmarks/kernel_bench.py --map-build-only --shapes wan1.3b-480p wan14b-720p   # the topp builder alone
 """
 
 from __future__ import annotations
@@ -363,6 +364,36 @@ def map_builds(shape: Shape, q, k, timers: dict) -> dict:
     return builds
 
 
+def map_build_only(shape: Shape, rounds: int) -> list[str]:
+    """``--map-build-only``: the ``topp`` builder at the shape (compiled fullgraph, as in ``map_build``) beside the
+    dense int8-fp8 call it must stay within 3% of, and its pooling alone: the Triton kernel (Q and K) and the eager
+    pooling compiled (what CPU tensors take). Returns the table's lines."""
+    from rotvid.kernels.sparsity.block_pool_triton import block_pool_triton
+    from rotvid.kernels.sparsity.topp import _blocks, _pool
+
+    torch.manual_seed(0)
+    b, h, n, d = shape.b, shape.h, shape.n, shape.d
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    k += torch.randn(1, h, 1, d, device="cuda", dtype=torch.bfloat16)
+    kv_lens = None if shape.kv_len is None else torch.full((b,), shape.kv_len, dtype=torch.int32, device="cuda")
+    timers: dict = {}
+    builds = map_builds(shape, q, k, timers)
+    t = blocks_for(n)
+    valid = (torch.arange(t * MAP_BLOCK, device="cuda") < n).view(1, 1, t, MAP_BLOCK)
+    eager_pool = torch.compile(lambda x: _pool(_blocks(x.float(), t), valid), fullgraph=True)
+    timers["pool-kernel"] = lambda: (block_pool_triton(q), block_pool_triton(k))
+    timers["pool-eager"] = lambda: (eager_pool(q), eager_pool(k))
+    timers["dense"] = lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)
+    times = time_interleaved(timers, rounds)
+    spec = f"topp:{TOPP_SPEC_TAU:g}"
+    lines = [f"{shape.name}: dense int8-fp8 call {times['dense']:.3f} ms ({torch.cuda.get_device_name()})"]
+    for label, key in ((f"map build {spec} (density {builds[spec]['density']:.3f})", f"build-{spec}"),
+                       ("  pooling Q+K, Triton kernel", "pool-kernel"),
+                       ("  pooling Q+K, eager form compiled", "pool-eager")):
+        lines.append(f"  {label}: {times[key]:.3f} ms = {100 * times[key] / times['dense']:.2f}% of the dense call")
+    return lines
+
+
 UNMASKED_METHODS = ("sdpa-cudnn", "sdpa-flash", "sageattention2-8b")  # run without kv_lens (no masking API used)
 JSON_METHODS = ("sdpa-cudnn", "sageattention2-8b", "rotvid-int4", "rotvid-int4-sym-p", "rotvid-int8-fp8")
 # (the block-sparse methods of --sparse go in too: rotvid-int8-fp8-sparse-dD, flexattention-bf16-sparse-dD)
@@ -484,9 +515,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved timing rounds per shape (default 3; every method once per round, the order "
                          "rotating; a method's time is the median of its round medians)")
+    ap.add_argument("--map-build-only", action="store_true",
+                    help="time only the topp map builder (and its pooling) against the dense int8-fp8 call at each "
+                         "shape; prints a short table, writes no JSON")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernel_bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if args.map_build_only:
+        for name in args.shapes:
+            print("\n".join(map_build_only(SHAPES[name], args.rounds)), flush=True)
+        return
     rows = []
     if args.block_n is None:
         args.block_n = cuda_backend.default_block_n()

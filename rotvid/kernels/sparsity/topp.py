@@ -16,9 +16,18 @@ For each (batch, head), with map blocks of 128 tokens (:mod:`rotvid.kernels.spar
    ``sim`` is kept in every row (its column). ``sim = -1`` turns this off.
 5. **The diagonal** block (i, i) is always kept.
 
-Output: a fixed-shape map (``Kmax = Tk``: sort, cumulative sums and masks only, no data-dependent shape), so the
-builder runs under ``torch.compile(fullgraph=True)``, and the estimated dropped mass per query tile
-``sum_j P̂_ij`` over the skipped blocks (for reports). Computed in float32 (float64 for float64 inputs).
+Output: a fixed-shape map (``Kmax = Tk``: one sort for the ranking, cumulative sums, a binary search for the
+ascending index list (:func:`~rotvid.kernels.sparsity.block_map.indices_from_mask`) and masks only, no
+data-dependent shape), so the builder runs under ``torch.compile(fullgraph=True)``, and the estimated dropped mass
+per query tile ``sum_j P̂_ij`` over the skipped blocks (for reports). Computed in float32 (float64 for float64
+inputs).
+
+Where step 1 runs: on CUDA fp16 / bf16 / fp32 tensors, the one-pass Triton kernel
+(:mod:`rotvid.kernels.sparsity.block_pool_triton`, custom op ``rotvid::block_pool``, eager and inside a compiled
+graph alike) reads Q and K once in their own dtype and layout; elsewhere (CPU, float64) the same maths as PyTorch ops
+on float32 (float64) copies (:func:`_pool`). The two differ by float32 rounding of the block sums (their order
+differs), nothing else: a map can differ only where two blocks' estimated masses, or a cumulative mass and ``tau``,
+or a self-similarity and ``sim``, lie within that rounding of each other.
 """
 
 from __future__ import annotations
@@ -116,7 +125,8 @@ def topp_estimate(
     kv_lens: torch.Tensor | None = None,
     sm_scale: float | None = None,
 ) -> TopPEstimate:
-    """Steps 1-5 of the module docstring on ``q`` [B, H, N_q, D] and ``k`` [B, H, N_kv, D] (BHND)."""
+    """Steps 1-5 of the module docstring on ``q`` [B, H, N_q, D] and ``k`` [B, H, N_kv, D] (BHND views, any
+    strides); ``kv_lens`` int [B] (values past ``N_kv`` count as ``N_kv``)."""
     b, h, nq, d = q.shape
     nkv = k.shape[2]
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
