@@ -42,6 +42,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "int4_common.cuh"
 #include "int4_rowmath.cuh"
 #include "key_blocks.cuh"
@@ -139,16 +141,13 @@ __device__ __forceinline__ void load_b_frags(uint32_t (&frag)[NTILE * CH], uint3
 //   LEAN: per-thread load addresses computed once (the loop only adds the block offset), and the policy's P.V
 //         accumulator may start at a constant (N::pv_tile<LEAN>).
 //   SPARSE: the walk is the CTA's row of the block map (a CTA whose row keeps nothing writes 0 and returns).
-template <bool SPARSE, int BM, int BN>
-__device__ __forceinline__ auto mma_key_walk(const AttnParams& p, int b, int h, int mb, int kv_len) {
-  if constexpr (SPARSE) {
-    static_assert(kMapBlock % BM == 0, "a CTA's query rows lie in one row of the block map");
-    const int row = b * p.map_sb + h * p.map_sh + mb / (kMapBlock / BM);
-    return MapKeyBlocks<BN>::of_row(p.map_index + (size_t)row * p.map_kmax, __ldg(p.map_count + row), kv_len, p.Nkv,
-                                    -1, 1);
-  } else {
-    return KeyBlocks{0, (kv_len + BN - 1) / BN};  // = KeyBlocks::dense(kv_len, BN, 0, 1): no tail split here
-  }
+// The block-sparse walk of CTA mb (BM query rows, BM dividing the map's 128: map row mb * BM / 128).
+template <int BM, int BN>
+__device__ __forceinline__ MapKeyBlocks<BN> mma_map_walk(const AttnParams& p, int b, int h, int mb, int kv_len) {
+  static_assert(kMapBlock % BM == 0, "a CTA's query rows lie in one row of the block map");
+  const int row = b * p.map_sb + h * p.map_sh + mb / (kMapBlock / BM);
+  return MapKeyBlocks<BN>::of_row(p.map_index + (size_t)row * p.map_kmax, __ldg(p.map_count + row), kv_len, p.Nkv,
+                                  -1, 1);
 }
 
 template <class N, int NW, int MINB, int STAGES, bool LEAN, bool SPARSE>
@@ -164,12 +163,16 @@ __device__ __forceinline__ void mma_attention_cta(const AttnParams& p) {
   const int bh = b * p.H + h;
   int kv_len = p.Nkv;
   if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
-  const auto kb = mma_key_walk<SPARSE, 16 * NW, BN>(p, b, h, mb, kv_len);
+  // (the dense walk assigned in place: returned from a helper function, it changed the int8-fp8 kernels' code)
+  std::conditional_t<SPARSE, MapKeyBlocks<BN>, KeyBlocks> kb;
   if constexpr (SPARSE) {
+    kb = mma_map_walk<16 * NW, BN>(p, b, h, mb, kv_len);
     if (kb.count == 0) {  // the map keeps no key of this tile: 0, without the V mean (every warp of the CTA alike)
       rowmath::store_zero_rows<D>(p, mb * (16 * NW) + warp * 16, g, t, b, h);
       return;
     }
+  } else {
+    kb = KeyBlocks{0, (kv_len + BN - 1) / BN};  // = KeyBlocks::dense(kv_len, BN, 0, 1): no tail split here
   }
 
   const int8_t* kg = p.k + (size_t)bh * p.Nkv_pad * T::DB;
