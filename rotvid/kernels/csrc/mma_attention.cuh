@@ -136,11 +136,6 @@ __device__ __forceinline__ void load_b_frags(uint32_t (&frag)[NTILE * CH], uint3
   }
 }
 
-// The CTA (schedule parameters from mma_schedule.cuh; every choice computes the same output bits):
-//   STAGES 2: cp.async double buffer, two barriers per key block; 3: triple buffer, one barrier.
-//   LEAN: per-thread load addresses computed once (the loop only adds the block offset), and the policy's P.V
-//         accumulator may start at a constant (N::pv_tile<LEAN>).
-//   SPARSE: the walk is the CTA's row of the block map (a CTA whose row keeps nothing writes 0 and returns).
 // The block-sparse walk of CTA mb (BM query rows, BM dividing the map's 128: map row mb * BM / 128).
 template <int BM, int BN>
 __device__ __forceinline__ MapKeyBlocks<BN> mma_map_walk(const AttnParams& p, int b, int h, int mb, int kv_len) {
@@ -150,6 +145,11 @@ __device__ __forceinline__ MapKeyBlocks<BN> mma_map_walk(const AttnParams& p, in
                                   -1, 1);
 }
 
+// The CTA (schedule parameters from mma_schedule.cuh; every choice computes the same output bits):
+//   STAGES 2: cp.async double buffer, two barriers per key block; 3: triple buffer, one barrier.
+//   LEAN: per-thread load addresses computed once (the loop only adds the block offset), and the policy's P.V
+//         accumulator may start at a constant (N::pv_tile<LEAN>).
+//   SPARSE: the walk is the CTA's row of the block map (a CTA whose row keeps nothing writes 0 and returns).
 template <class N, int NW, int MINB, int STAGES, bool LEAN, bool SPARSE>
 __device__ __forceinline__ void mma_attention_cta(const AttnParams& p) {
   static_assert(STAGES == 2 || STAGES == 3, "2 or 3 pipeline stages");
