@@ -7,7 +7,9 @@ mangled names renumbered, so 0 means the same code).
 ``--old`` is a git revision (its ``rotvid/kernels/csrc`` is exported with ``git archive``); ``--new`` the working
 tree (default). Every launcher source (``attn_s4_d64.cu`` ...) is compiled with the flags of ``.ci/compile_cuda``,
 once with ``-ptx`` and once to an object with ``-Xptxas -v``; kernels of old and new are paired by :func:`kernel_key`
-(numerics, head_dim, block_n, path, P mode and schedule), so a kernel without a partner means the schedule changed.
+(numerics, head_dim, block_n, path, P mode and schedule), so a kernel without a partner means the schedule changed
+(except a block-sparse instantiation, ``SPARSE = true``, keyed "... sparse": listed with its resources, not failed;
+the dense one, ``SPARSE = false``, has the key of the kernel from before the flag).
 SASS needs ``cuobjdump`` on PATH or in ``$CUOBJDUMP``. Exit status 1 when any pair differs in resources or in an
 opcode histogram; "(order)" after a count of differing lines: the same lines, some in another order.
 
@@ -34,16 +36,28 @@ ROOT = Path(__file__).resolve().parent.parent
 CSRC = "rotvid/kernels/csrc"
 UNITS = ("attn_s4_d64.cu", "attn_s4_d128.cu", "attn_s8_d64.cu", "attn_s8_d128.cu", "attn_int8fp8_mma.cu")
 
+def _walk_key(kind: str, n: int):
+    """The key of ``mma_attention_kernel<..., SPARSE>`` whose first ``n`` integer arguments come before the SPARSE
+    flag: the dense instantiation keyed as the kernel from before the flag, the block-sparse one with "sparse"."""
+
+    def key(a: tuple) -> tuple:
+        if len(a) > n:
+            return (kind, *a[:n], "sparse") if a[n] else (kind, *a[:n])
+        return (kind, *a)
+
+    return key
+
+
 # mangled kernel name -> comparable key: (pattern, key of the template's integer arguments in order)
 KEYS = (
     # before the skeleton: int4_attention_kernel<D, BN, S4, PMODE, NW, MINB, STAGES, LEAN>
     (re.compile(r"int4_attention_kernel"), lambda a: ("int4", *a)),
     # int8fp8_attention_mma_kernel<D, NW, MINB> (2 stages, not lean)
     (re.compile(r"int8fp8_attention_mma_kernel"), lambda a: ("int8fp8", *a, 2, 0)),
-    # mma_attention_kernel<Int4Numerics<D, BN, S4, PMODE>, NW, MINB, STAGES, LEAN>
-    (re.compile(r"mma_attention_kernel.*Int4Numerics"), lambda a: ("int4", *a)),
-    # mma_attention_kernel<Int8Fp8Numerics<D>, NW, MINB, STAGES, LEAN>
-    (re.compile(r"mma_attention_kernel.*Int8Fp8Numerics"), lambda a: ("int8fp8", *a)),
+    # mma_attention_kernel<Int4Numerics<D, BN, S4, PMODE>, NW, MINB, STAGES, LEAN[, SPARSE]>
+    (re.compile(r"mma_attention_kernel.*Int4Numerics"), _walk_key("int4", 8)),
+    # mma_attention_kernel<Int8Fp8Numerics<D>, NW, MINB, STAGES, LEAN[, SPARSE]>
+    (re.compile(r"mma_attention_kernel.*Int8Fp8Numerics"), _walk_key("int8fp8", 5)),
 )
 
 
@@ -120,15 +134,16 @@ def opcode_histogram(instructions: list[str]) -> collections.Counter:
 
 
 def canonical_text(body: str) -> str:
-    """The instruction text with registers and labels renumbered in order of first use and mangled names (kernel,
-    parameters, shared-memory symbol) replaced: two texts equal here differ in names only."""
+    """The instruction text with registers and labels renumbered in order of first use (a label's function index,
+    ``$L__BB<function>_<block>``, dropped: it moves when instantiations are added to a file) and mangled names
+    (kernel, parameters, shared-memory symbol) replaced: two texts equal here differ in names only."""
     seen: dict[str, str] = {}
     count: collections.Counter = collections.Counter()
 
     def rename(m: re.Match) -> str:
         name = m.group(0)
         if name not in seen:
-            kind = re.sub(r"\d+$", "", name)
+            kind = re.sub(r"\d+(_\d+)?$", "", name)
             seen[name] = f"{kind}{count[kind]}"
             count[kind] += 1
         return seen[name]
@@ -233,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                 old = compile_unit(old_csrc, unit, arch, work, cuobjdump)
                 new = compile_unit(new_csrc, unit, arch, work, cuobjdump)
                 for key in sorted(set(old) | set(new), key=str):
+                    if key not in old and key[-1] == "sparse":  # a block-sparse kernel: nothing to compare
+                        print(f"| sm_{arch} | {unit} | {key} | only in new | {_fmt_res(new[key]['res'])} |")
+                        continue
                     if key not in old or key not in new:
                         failed = True
                         print(f"| sm_{arch} | {unit} | {key} | only in {'old' if key in old else 'new'} |")

@@ -72,7 +72,7 @@ NAME = "cuda"
 class CudaBackend:
     """``backend="cuda"`` of :func:`rotvid.kernels.attention`: every registered recipe with a ``"cuda"`` kernel
     entry (the INT4 recipes, and int8-fp8 on sm89 / sm90, with the arch default kernel: wgmma on sm90, mma.sync on
-    sm89). Block maps run on sm90 (the wgmma kernels); elsewhere the backend refuses them."""
+    sm89). Every kernel takes a block map (the wgmma kernels on sm90, the mma.sync ones elsewhere)."""
 
     name = NAME
 

@@ -14,7 +14,7 @@ from rotvid.kernels import cuda_build
 from rotvid.kernels.cuda_layout import BLOCK_M, SUPPORTED_BLOCK_N, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
 __all__ = [
-    "FIRST_CHECKS", "LAST_CHECKS", "alignment", "block_m", "block_map_kernel", "block_n", "cuda_gpu", "device_index",
+    "FIRST_CHECKS", "LAST_CHECKS", "alignment", "block_m", "block_n", "cuda_gpu", "device_index",
     "dtype", "gpu", "head_dim", "inputs_on_cuda", "q_block", "strides",
 ]
 
@@ -22,22 +22,6 @@ __all__ = [
 def device_index(q) -> int:
     """The CUDA device index of ``q`` (the current device when it has none)."""
     return q.device.index if q.device.index is not None else torch.cuda.current_device()
-
-
-@torch.compiler.assume_constant_result
-def hopper_kernel_here(device_index: int) -> bool:
-    """Whether GPU ``device_index`` runs the Hopper (wgmma) kernel, the one kernel that takes a block map (a
-    constant of a compiled graph)."""
-    return cuda_build.arch_entry(torch.device("cuda", device_index)).wgmma
-
-
-def block_map_kernel(q, k, v, **opts) -> str | None:
-    """A block map runs on the Hopper (wgmma) kernel; the mma.sync kernels (sm80-sm89) visit every key block. (After
-    :func:`gpu`: reads the arch table.)"""
-    if opts.get("block_map") is not None and not hopper_kernel_here(device_index(q)):
-        return ("block_map on a GPU without the Hopper (wgmma) kernel: the mma.sync kernels take no block map "
-                "(block-sparse attention runs on sm90, or on the reference backend)")
-    return None
 
 
 def cuda_gpu(q, k, v, **opts) -> str | None:
@@ -107,5 +91,5 @@ def alignment(q, k, v, **opts) -> str | None:
 
 # Every CUDA kernel starts with these (a GPU, the inputs on it, ...) and ends with those (tiles, memory layout);
 # a recipe puts its own checks between them.
-FIRST_CHECKS = (cuda_gpu, inputs_on_cuda, gpu, block_map_kernel)
+FIRST_CHECKS = (cuda_gpu, inputs_on_cuda, gpu)
 LAST_CHECKS = (dtype, head_dim, q_block, block_m, block_n, strides, alignment)

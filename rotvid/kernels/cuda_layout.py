@@ -117,7 +117,7 @@ def check_output_args(out_dtype: torch.dtype, head_dim: int, layout: str) -> Non
 
 
 def block_map_operands(block_map, *, batch: int, heads: int, n_q: int, n_kv: int, device: torch.device):
-    """``(map_index, map_count)``: a :class:`~rotvid.kernels.sparsity.BlockMap` as the Hopper kernel reads it
+    """``(map_index, map_count)``: a :class:`~rotvid.kernels.sparsity.BlockMap` as the kernels read it
     (contiguous int32 [B', H', Tq, Kmax] and [B', H', Tq]), or ``(None, None)`` without a map. ValueError naming
     ``block_map`` unless it is a map for ``n_q`` queries and ``n_kv`` keys, its batch / head dimensions 1 or
     ``batch`` / ``heads``, on ``device``. Shapes only: the values (ascending indices in [0, Tk), counts in

@@ -306,9 +306,8 @@ def attention(
         block_map: a :class:`rotvid.kernels.sparsity.BlockMap` (the key blocks of 128 keys each query tile of 128
             rows visits; :func:`rotvid.kernels.sparsity.build_block_map` builds one from a spec), or None (all).
             A skipped block is exactly a block of ``-inf`` scores; a row that keeps no block gives 0. The
-            reference backend takes it, and the CUDA backend on sm90 (the Hopper kernels of ``int8-fp8`` and the
-            INT4 recipes, which never load a skipped block); elsewhere the CUDA backend refuses a map
-            (``backend="auto"`` then runs the reference, with the reason).
+            reference backend takes it, and every CUDA kernel (the Hopper kernels on sm90, the mma.sync ones
+            elsewhere; none loads a skipped block).
 
     Returns:
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in

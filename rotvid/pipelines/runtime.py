@@ -78,9 +78,9 @@ keeps every entry, and the graphs are one per distinct sparse plan -- at most tw
 * A **dynamic** map (``topp``) is built per call from the call's rotated Q and K (a RoPE·R table deferred to the
   kernel is applied first: the estimate needs the rotated tensors), inside the graph.
 
-The map goes to the backend choice with the call (:func:`~rotvid.kernels.dispatch.prepare_attention`): the CUDA
-kernels take no map yet, so on a GPU ``backend="auto"`` counts such a call as a fallback (the model's own
-attention) with that reason; the reference backend runs it. Each call that runs with a map adds its density and, for
+The map goes to the backend choice with the call (:func:`~rotvid.kernels.dispatch.prepare_attention`): every CUDA
+kernel takes it (the Hopper kernels on sm90, the mma.sync ones elsewhere), and so does the reference backend; a call
+no backend takes is a counted fallback (the model's own attention) with the reason. Each call that runs with a map adds its density and, for
 top-p, its mean estimated dropped mass to the site's sums (:meth:`SiteCounters.add_sparse
 <rotvid.pipelines.call_counts.SiteCounters.add_sparse>`), drained into the report per step.
 

@@ -1,14 +1,17 @@
-"""The block-sparse Hopper kernels (``block_map=``) against their reference twins on the same quantized inputs.
+"""The block-sparse kernels (``block_map=``) against their reference twins on the same quantized inputs.
 
 What must hold (issue 34):
 
-* the int8-fp8 kernel and the INT4 wgmma kernel (block_n 128 and 64: a map block walked as two kernel blocks) equal
+* the Hopper kernels -- int8-fp8 and INT4 wgmma (block_n 128 and 64: a map block walked as two kernel blocks) --
+  and the mma.sync kernels -- int8-fp8 ``"mma"`` (sm89, sm90) and INT4 ``"s8"`` / ``"s4"`` (the s4 path emulated on
+  Hopper: correctness only), whose CTAs of 64 query rows read the map row of their 128-row tile -- equal
   :func:`rotvid.kernels.reference.attention_int8fp8_from_quantized` / :func:`attention_from_quantized` under the
   same map within the dense kernels' bounds (test_cuda_int8fp8.py, test_cuda_int4.py), on random maps with every
   edge case: a row that keeps nothing (its output exactly 0, no V mean), a full row, a single block, the last,
   partial key block, ``kv_lens`` cutting a kept block, a row whose kept blocks all lie past ``kv_lens``; per-(batch,
-  head) maps and broadcast ones; both head dims and layouts; with the tail split (most of these small grids split
-  their tiles over the keys, so empty splits and all-empty split rows go through the combine kernel) and without;
+  head) maps and broadcast ones; both head dims and layouts; with the wgmma kernels' tail split (most of these small
+  grids split their tiles over the keys, so empty splits and all-empty split rows go through the combine kernel) and
+  without (the mma.sync kernel has no split);
 * a map of density 1 gives the dense kernel's bits;
 * the fused RoPE·R pre-processing, the dispatcher (eager and compiled) and ``kv_lens`` combine with a map;
 * every output is NaN-poisoned before the run and NaN fails.
@@ -30,6 +33,7 @@ from rotvid.kernels.rope_op import apply_generalized_rope
 from rotvid.kernels.sparsity import MAP_BLOCK, BlockMap
 from tests.kernels.helpers import cuda_qkv
 from tests.kernels.test_cuda_int8fp8 import COS_MIN, REL_L2_MAX, key_scales, needs_sm90, unpermute_v8
+from tests.kernels.test_cuda_int8fp8_mma import needs_e4m3_mma
 from tests.kernels.test_rope_table_cuda import make_table
 
 pytestmark = pytest.mark.gpu
@@ -138,11 +142,11 @@ def int8fp8_twin(kq, n_q, n_kv, kv_lens, block_map):
     )
 
 
-def run_int8fp8(kq, *, n_q, n_kv, d, kv_lens, dtype, layout, b, h, block_map=None, split_tail=True):
+def run_int8fp8(kq, *, n_q, n_kv, d, kv_lens, dtype, layout, b, h, block_map=None, split_tail=True, path=None):
     shape = (b, n_q, h, d) if layout == "BNHD" else (b, h, n_q, d)
     out = poisoned(shape, dtype)
     cb().attention_int8fp8_quantized(kq, n_q=n_q, n_kv=n_kv, head_dim=d, kv_lens=kv_lens, out_dtype=dtype,
-                                     layout=layout, out=out, split_tail=split_tail, block_map=block_map)
+                                     layout=layout, out=out, split_tail=split_tail, block_map=block_map, path=path)
     assert_written(out)
     return out
 
@@ -204,10 +208,15 @@ def test_int8fp8_density_one_map_gives_the_dense_bits(case, split_tail):
     assert torch.equal(run(block_map=BlockMap.dense(n_q, n_kv, device="cuda")), dense)
 
 
-def test_int8fp8_kv_lens_past_every_kept_block_and_empty_maps():
-    """A whole map of empty rows gives 0 everywhere (no V mean), through the split and whole paths alike; a batch
-    whose kv_lens ends before every block its map keeps gives 0 for that batch."""
-    needs_sm90()
+NEEDS = {"wgmma": needs_sm90, "mma": needs_e4m3_mma}
+
+
+@pytest.mark.parametrize("path", ["wgmma", "mma"])
+def test_int8fp8_kv_lens_past_every_kept_block_and_empty_maps(path):
+    """A whole map of empty rows gives 0 everywhere (no V mean), through the split and whole paths alike (the mma.sync
+    kernel has no split: both runs take its one walk); a batch whose kv_lens ends before every block its map keeps
+    gives 0 for that batch."""
+    NEEDS[path]()
     b, h, n, d = 2, 2, 1100, 128
     q, k, v, kv_lens = cuda_qkv(b, h, n, n, d, torch.bfloat16, "BHND", seed=41, kv_lens=[1100, 100])
     kq = cb().preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=True)
@@ -218,21 +227,46 @@ def test_int8fp8_kv_lens_past_every_kept_block_and_empty_maps():
     past[0] = True
     for split_tail in (True, False):
         out = run_int8fp8(kq, n_q=n, n_kv=n, d=d, kv_lens=kv_lens, dtype=torch.bfloat16, layout="BHND", b=b, h=h,
-                          block_map=make_map(empty, n, n), split_tail=split_tail)
+                          block_map=make_map(empty, n, n), split_tail=split_tail, path=path)
         assert torch.equal(out, torch.zeros_like(out))
         out = run_int8fp8(kq, n_q=n, n_kv=n, d=d, kv_lens=kv_lens, dtype=torch.bfloat16, layout="BHND", b=b, h=h,
-                          block_map=make_map(past, n, n), split_tail=split_tail)
+                          block_map=make_map(past, n, n), split_tail=split_tail, path=path)
         assert torch.equal(out[1], torch.zeros_like(out[1])) and (out[0] != 0).any()
 
 
-# ---- INT4 on the Hopper kernel (wgmma) ----------------------------------------------------------------------------
+@pytest.mark.parametrize("density", [0.2, 0.6])
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=case_id)
+def test_int8fp8_mma_sparse_kernel_matches_twin(case, density):
+    """The int8-fp8 mma.sync kernel (path "mma"; CTAs of 128 query rows at head_dim 128, of 64 at 64: two CTAs read
+    each map row) under a map against the twin; density 1 (a full map, BlockMap.dense) gives its dense bits."""
+    needs_e4m3_mma()
+    b, h, n_q, n_kv, d, lens, dtype, layout, smooth_v, dims = case
+    q, k, v, kv_lens = cuda_qkv(b, h, n_q, n_kv, d, dtype, layout, seed=n_q + n_kv + d + 1, kv_lens=lens)
+    mask = edge_case_mask(*map_dims(dims, b, h), n_q, n_kv, density=density, seed=n_kv + int(100 * density) + 1,
+                          kv_lens=kv_lens if dims == "bh" else None)
+    bm = make_map(mask, n_q, n_kv)
+    kq = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_v=smooth_v)
+    run = functools.partial(run_int8fp8, kq, n_q=n_q, n_kv=n_kv, d=d, kv_lens=kv_lens, dtype=dtype, layout=layout,
+                            b=b, h=h, path="mma")
+    got = to_bhnd(run(block_map=bm), layout).float()
+    assert_close_per_head(int8fp8_twin(kq, n_q, n_kv, kv_lens, bm), got, dtype)
+    check_empty_rows_zero(got, mask, kv_lens, n_q)
+    dense = run()
+    assert metrics.relative_l2(got, to_bhnd(dense, layout).float()) > 10 * REL_L2_MAX
+    full = torch.ones(*map_dims(dims, b, h), blocks(n_q), blocks(n_kv), dtype=torch.bool)
+    assert torch.equal(run(block_map=make_map(full, n_q, n_kv)), dense)
+    assert torch.equal(run(block_map=BlockMap.dense(n_q, n_kv, device="cuda")), dense)
 
 
-def run_int4(kq, *, n_q, n_kv, d, block_n, kv_lens, p_mode, dtype, layout, b, h, block_map=None, split_tail=True):
+# ---- INT4 on the Hopper kernel (wgmma) and the mma.sync kernel (s8, s4) -------------------------------------------
+
+
+def run_int4(kq, *, n_q, n_kv, d, block_n, kv_lens, p_mode, dtype, layout, b, h, block_map=None, split_tail=True,
+             path="wgmma"):
     shape = (b, n_q, h, d) if layout == "BNHD" else (b, h, n_q, d)
     out = poisoned(shape, dtype)
     cb().attention_int4_quantized(kq, n_q=n_q, n_kv=n_kv, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode,
-                                  path="wgmma", out_dtype=dtype, layout=layout, out=out, split_tail=split_tail,
+                                  path=path, out_dtype=dtype, layout=layout, out=out, split_tail=split_tail,
                                   block_map=block_map)
     assert_written(out)
     return out
@@ -264,6 +298,63 @@ def test_int4_wgmma_sparse_kernel_matches_twin(case, p_mode, smooth_q, block_n, 
     check_empty_rows_zero(got, mask, kv_lens, n_q)
     dense = run()
     assert torch.equal(run(block_map=BlockMap.dense(n_q, n_kv, device="cuda")), dense)
+
+
+@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("p_mode, smooth_q", [("range", True), ("sym", False)])
+@pytest.mark.parametrize("case", SPARSE_CASES[:4], ids=case_id)
+def test_int4_mma_sparse_kernel_matches_twin(case, p_mode, smooth_q, block_n):
+    """INT4 on the mma.sync kernel under a map (CTAs of 64 query rows: two per map row; block_n 64: each map block
+    walked as two kernel blocks) against :func:`attention_from_quantized` under the same map, and density 1 = the
+    dense bits; the s4 path (emulated on Hopper: slow, so the smaller cases) gives the s8 path's bits."""
+    b, h, n_q, n_kv, d, lens, dtype, layout, smooth_v, dims = case
+    q, k, v, kv_lens = cuda_qkv(b, h, n_q, n_kv, d, dtype, layout, seed=n_q + 7 * n_kv + block_n, kv_lens=lens)
+    ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=smooth_v,
+                            smooth_q=smooth_q)
+    mask = edge_case_mask(*map_dims(dims, b, h), n_q, n_kv, density=0.3, seed=n_q + block_n + 1,
+                          kv_lens=kv_lens if dims == "bh" else None)
+    bm = make_map(mask, n_q, n_kv)
+    ref = to_bhnd(attention_from_quantized(ref_q, p_mode=p_mode, out_dtype=torch.float32, layout=layout, block_map=bm),
+                  layout)
+    paths = ("s8", "s4") if n_q <= 1025 else ("s8",)
+    outs = {}
+    for path in paths:
+        kq = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path=path)
+        run = functools.partial(run_int4, kq, n_q=n_q, n_kv=n_kv, d=d, block_n=block_n, kv_lens=kv_lens,
+                                p_mode=p_mode, dtype=dtype, layout=layout, b=b, h=h, path=path)
+        outs[path] = run(block_map=bm)
+        got = to_bhnd(outs[path], layout).float()
+        assert_close_per_head(ref, got, dtype)
+        check_empty_rows_zero(got, mask, kv_lens, n_q)
+        dense = run()
+        assert metrics.relative_l2(got, to_bhnd(dense, layout).float()) > 10 * REL_L2_MAX
+        assert torch.equal(run(block_map=BlockMap.dense(n_q, n_kv, device="cuda")), dense)
+    if "s4" in outs:
+        assert torch.equal(outs["s4"], outs["s8"])
+
+
+@pytest.mark.parametrize("recipe_path", [("int8-fp8", "mma"), ("int4", "s8")], ids=lambda rp: f"{rp[0]}-{rp[1]}")
+def test_mma_paths_take_a_map_through_the_custom_ops(recipe_path):
+    """The public functions on the mma.sync paths (the custom ops, not the raw extension the tests above write
+    through) run a map: the same bits as the quantized call into a poisoned output."""
+    recipe, path = recipe_path
+    n, d, layout = 1100, 64, "BNHD"
+    q, k, v, kv_lens = cuda_qkv(2, 2, n, n, d, torch.bfloat16, layout, seed=17, kv_lens=[n, 650])
+    mask = edge_case_mask(2, 2, n, n, density=0.4, seed=17, kv_lens=kv_lens)
+    bm = make_map(mask, n, n)
+    common = dict(n_q=n, n_kv=n, d=d, kv_lens=kv_lens, dtype=torch.bfloat16, layout=layout, b=2, h=2, block_map=bm)
+    if recipe == "int8-fp8":
+        needs_e4m3_mma()
+        full = cb().int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, path=path, block_map=bm)
+        kq = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens)
+        want = run_int8fp8(kq, path=path, **common)
+    else:
+        full = cb().int4_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=64, path=path, block_map=bm)
+        kq = cb().preprocess_int4_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=64, path=path)
+        want = run_int4(kq, block_n=64, p_mode="range", path=path, **common)
+    assert_written(full)
+    assert torch.equal(full, want)
+    check_empty_rows_zero(to_bhnd(full, layout).float(), mask, kv_lens, n)
 
 
 # ---- through the pre-processing, the fused RoPE·R and the dispatcher ----------------------------------------------
@@ -337,8 +428,6 @@ def test_map_errors_name_the_argument():
     q, k, v, _ = cuda_qkv(1, 2, n, n, 128, torch.float16, "BHND", seed=2)
     bm = BlockMap.dense(n, n, device="cuda")
     kq8 = cb().preprocess_int8fp8_cuda(q, k, v)
-    with pytest.raises(ValueError, match="block_map: only the 'wgmma' .* not 'mma'"):
-        cb().attention_int8fp8_quantized(kq8, n_q=n, n_kv=n, head_dim=128, path="mma", block_map=bm)
     with pytest.raises(ValueError, match="block_map: a map for 300 queries and 300 keys, the call has 300 queries and 299"):
         cb().attention_int8fp8_quantized(kq8, n_q=n, n_kv=n - 1, head_dim=128, block_map=bm)
     with pytest.raises(ValueError, match="block_map: on cpu, expected the operands' device"):
@@ -349,7 +438,5 @@ def test_map_errors_name_the_argument():
     with pytest.raises(ValueError, match="block_map: expected a rotvid.kernels.sparsity.BlockMap or None"):
         cb().int8fp8_attention_cuda(q, k, v, block_map=bm.indices)
     kq4 = cb().preprocess_int4_cuda(q, k, v, block_n=64, path="s8")
-    with pytest.raises(ValueError, match="block_map: only the 'wgmma' .* not the 's8' path"):
-        cb().attention_int4_quantized(kq4, n_q=n, n_kv=n, head_dim=128, block_n=64, path="s8", block_map=bm)
-    with pytest.raises(ValueError, match="block_map: only the 'wgmma' .* not the 's8' path"):
-        cb().int4_attention_cuda(q, k, v, path="s8", block_map=bm)
+    with pytest.raises(ValueError, match="block_map: a map for 300 queries and 300 keys, the call has 300 queries and 299"):
+        cb().attention_int4_quantized(kq4, n_q=n, n_kv=n - 1, head_dim=128, block_n=64, path="s8", block_map=bm)

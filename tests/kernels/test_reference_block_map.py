@@ -100,19 +100,17 @@ def test_nan_still_propagates_under_a_map():
     assert torch.isnan(out[0, 1, 5]).all() and torch.isfinite(out[0, 0]).all()
 
 
-def test_dispatcher_checks_the_map_and_the_cuda_backend_takes_it_on_hopper_only(monkeypatch):
+def test_dispatcher_checks_the_map_and_every_cuda_kernel_takes_it(monkeypatch):
     q, k, v = random_qkv(2, 2, 200, 64, n_kv=300, seed=15)
     bm = BlockMap.dense(200, 300)
-    # the CUDA backend's map check: a map needs the Hopper (wgmma) kernel; no map, no question asked (GPU 0 stands in
-    # for the inputs' device: the check runs after the backend's device checks)
+    # every CUDA kernel (wgmma and mma.sync) takes a map: no check of a CUDA kernel entry answers a call with a map
+    # otherwise than the same call without one (GPU 0 stands in for the inputs' device)
     monkeypatch.setattr(cuda_checks, "device_index", lambda q: 0)
-    monkeypatch.setattr(cuda_checks, "hopper_kernel_here", lambda index: False)
-    assert "mma.sync kernels take no block map" in cuda_checks.block_map_kernel(q, k, v, block_map=bm)
-    assert cuda_checks.block_map_kernel(q, k, v, block_map=None) is None
-    monkeypatch.setattr(cuda_checks, "hopper_kernel_here", lambda index: True)
-    assert cuda_checks.block_map_kernel(q, k, v, block_map=bm) is None
-    for recipe in ("int8-fp8", "int4", "int4-sym-p"):  # every CUDA kernel entry asks it
-        assert cuda_checks.block_map_kernel in get_recipe(recipe).kernel("cuda").checks
+    for recipe in ("int8-fp8", "int4", "int4-sym-p"):
+        opts = dict(recipe=recipe, layout="BHND", kv_lens=None, smooth_q=False, block_m=None, block_n=None,
+                    q_block=None)
+        for check in get_recipe(recipe).kernel("cuda").checks:
+            assert check(q, k, v, **opts, block_map=bm) == check(q, k, v, **opts), (recipe, check.__name__)
     monkeypatch.undo()
     chosen, reason = dispatch.select_backend(q, k, v, recipe="int4", layout="BHND", kv_lens=None, block_map=bm)
     assert chosen.name == "reference"  # (CPU tensors: the CUDA backend refuses them before the map)

@@ -288,7 +288,6 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
   p.qk_scale = (float)qk_scale;  // float32(sm_scale * log2(e)), computed by the caller in double
   p.out_bf16 = out_bf16 ? 1 : 0;
   set_block_map(p, map_index, map_count, q_hat);
-  TORCH_CHECK(p.map_count == nullptr || wgmma, "block_map: only the wgmma (Hopper) kernel takes a block map");
   if (n_q > 0 && wgmma) {
     TORCH_CHECK(!s4, "the wgmma kernel takes the s8 layout");
     TORCH_CHECK(rotvid::wgmma_kernel_available(),
@@ -457,7 +456,6 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   p.qk_scale = (float)qk_scale;
   p.out_bf16 = out_bf16 ? 1 : 0;
   set_block_map(p, map_index, map_count, q_hat);
-  TORCH_CHECK(p.map_count == nullptr || !mma, "block_map: only the wgmma (Hopper) kernel takes a block map");
   const at::Tensor ws = plan_tail_split(p, split_tail && !mma, 128, D, q_hat.options());  // (wgmma path only)
   if (n_q > 0 && mma) {
     const cudaError_t err = rotvid::launch_int8fp8_attention_mma(p, (int)D, c10::cuda::getCurrentCUDAStream());
@@ -503,12 +501,12 @@ at::Tensor generalized_rope(const at::Tensor& x, const at::Tensor& coef, const a
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("preprocess_int4", &preprocess_int4, "INT4 pre-processing (smoothing, quantization, V^T layout)");
-  m.def("attention_int4", &attention_int4, "INT4 attention on quantized inputs (map_index / map_count: a block map, "
-        "wgmma kernel only)");
+  m.def("attention_int4", &attention_int4,
+        "INT4 attention on quantized inputs (map_index / map_count: a block map, every kernel)");
   m.def("preprocess_int8fp8", &preprocess_int8fp8, "int8-fp8 pre-processing (INT8 Q/K per token, FP8 V per channel)");
   m.def("attention_int8fp8", &attention_int8fp8,
         "int8-fp8 attention on quantized inputs (mma=false: the sm90 wgmma kernel; true: the sm89+ mma.sync kernel; "
-        "map_index / map_count: a block map, wgmma kernel only)");
+        "map_index / map_count: a block map, both kernels)");
   m.def("generalized_rope", &generalized_rope,
         "RoPE·R by the generalized table shared by the heads (one pass; hadamard: then the Walsh-Hadamard transform)",
         py::arg("x"), py::arg("coef"), py::arg("index"), py::arg("out") = py::none(), py::arg("hadamard") = false);

@@ -50,9 +50,10 @@ struct AttnParams {
   int split_from;       // number of tiles run whole (= all tiles when splits == 1)
   int splits;           // 1: no split
   float* ws;            // [(tiles - split_from) * splits, kBlockM, D + 2] fp32 partials, or nullptr
-  // Block-sparse attention (the Hopper kernel's sparse instantiations; map_count nullptr: every key block): query
-  // tile mb of (b, h) visits the key blocks of 128 keys listed in map_index[r * map_kmax ..], ascending, with
-  // r = b * map_sb + h * map_sh + mb and map_count[r] of them (rotvid/kernels/sparsity/block_map.py).
+  // Block-sparse attention (the sparse instantiations of the Hopper and mma.sync kernels; map_count nullptr: every
+  // key block): query tile mb (128 rows) of (b, h) visits the key blocks of 128 keys listed in
+  // map_index[r * map_kmax ..], ascending, with r = b * map_sb + h * map_sh + mb and map_count[r] of them
+  // (rotvid/kernels/sparsity/block_map.py); a CTA of fewer rows reads the row of the tile that holds them.
   // (These fields end the struct within the 192 bytes before the kernel's 64-byte-aligned tensor-map parameters,
   // so the dense kernels' parameter offsets, and their code, stay as they were: benchmarks/kernel_ptx_diff.py.)
   const int* map_index; // [B', H', Tq, Kmax] int32 (B' in {1, B}, H' in {1, H}, Tq = Nq_pad / 128), or nullptr
@@ -135,8 +136,8 @@ struct Int8Fp8PreParams {
 cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, cudaStream_t stream);
 cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stream);
 // Attention on those operands: AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
-// bytes, vparams = v_scale [BH, D], block_n 128. The wgmma launchers run the block-sparse kernel when p.map_count is
-// set (AttnParams.map_*); the mma.sync launchers ignore a map (the binding refuses one for them).
+// bytes, vparams = v_scale [BH, D], block_n 128. Every launcher (wgmma and mma.sync, INT4 ones too) runs the
+// block-sparse kernel when p.map_count is set (AttnParams.map_*).
 cudaError_t launch_int8fp8_attention_wgmma(const AttnParams& p, int head_dim, cudaStream_t stream);
 // The same numerics on mma.sync (s8 for Q^K^T, e4m3 for P.V; mma_numerics_int8fp8.cuh), same operands;
 // cudaErrorNotSupported where the build has no e4m3 mma.sync (below sm89).

@@ -12,7 +12,11 @@
 //   num.pv_tile            per 8 output columns (V^T B fragments loaded here): the P.V mma, O += c (P V);
 // then the epilogue N::store. The blocks come from the key-block walk (key_blocks.cuh): step i visits block
 // kb.block(i) and keys are masked by absolute index, so a block list replaces the dense walk without touching the
-// numerics.
+// numerics. SPARSE (a template flag: the dense instantiations are the kernel as it was, code included) walks the
+// CTA's row of the block map (AttnParams.map_*) with MapKeyBlocks: a map row covers kMapBlock = 128 query rows and
+// a CTA 16 * NW of them (64 or 128, dividing 128), so CTA mb reads map row mb * 16 * NW / 128; a skipped block is
+// never loaded (no cp.async), multiplied or exponentiated. A CTA whose row keeps no block before kv_len writes 0 (no
+// V mean: l = 0 there, as the reference). The kernel has no split over the keys, so no partials.
 //
 // A numerics policy N (a struct; see the two policy headers) provides
 //   Tiles = MmaTiles<D, BN, S4, SCALE_BYTES>  operand geometry (S4: 4-bit operands) and its per-stage scale bytes;
@@ -37,6 +41,8 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include "int4_common.cuh"
 #include "int4_rowmath.cuh"
@@ -130,11 +136,21 @@ __device__ __forceinline__ void load_b_frags(uint32_t (&frag)[NTILE * CH], uint3
   }
 }
 
+// The block-sparse walk of CTA mb (BM query rows, BM dividing the map's 128: map row mb * BM / 128).
+template <int BM, int BN>
+__device__ __forceinline__ MapKeyBlocks<BN> mma_map_walk(const AttnParams& p, int b, int h, int mb, int kv_len) {
+  static_assert(kMapBlock % BM == 0, "a CTA's query rows lie in one row of the block map");
+  const int row = b * p.map_sb + h * p.map_sh + mb / (kMapBlock / BM);
+  return MapKeyBlocks<BN>::of_row(p.map_index + (size_t)row * p.map_kmax, __ldg(p.map_count + row), kv_len, p.Nkv,
+                                  -1, 1);
+}
+
 // The CTA (schedule parameters from mma_schedule.cuh; every choice computes the same output bits):
 //   STAGES 2: cp.async double buffer, two barriers per key block; 3: triple buffer, one barrier.
 //   LEAN: per-thread load addresses computed once (the loop only adds the block offset), and the policy's P.V
 //         accumulator may start at a constant (N::pv_tile<LEAN>).
-template <class N, int NW, int MINB, int STAGES, bool LEAN>
+//   SPARSE: the walk is the CTA's row of the block map (a CTA whose row keeps nothing writes 0 and returns).
+template <class N, int NW, int MINB, int STAGES, bool LEAN, bool SPARSE>
 __device__ __forceinline__ void mma_attention_cta(const AttnParams& p) {
   static_assert(STAGES == 2 || STAGES == 3, "2 or 3 pipeline stages");
   using T = typename N::Tiles;
@@ -147,7 +163,17 @@ __device__ __forceinline__ void mma_attention_cta(const AttnParams& p) {
   const int bh = b * p.H + h;
   int kv_len = p.Nkv;
   if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
-  const KeyBlocks kb{0, (kv_len + BN - 1) / BN};  // = KeyBlocks::dense(kv_len, BN, 0, 1): no tail split here
+  // (the dense walk assigned in place: returned from a helper function, it changed the int8-fp8 kernels' code)
+  std::conditional_t<SPARSE, MapKeyBlocks<BN>, KeyBlocks> kb;
+  if constexpr (SPARSE) {
+    kb = mma_map_walk<16 * NW, BN>(p, b, h, mb, kv_len);
+    if (kb.count == 0) {  // the map keeps no key of this tile: 0, without the V mean (every warp of the CTA alike)
+      rowmath::store_zero_rows<D>(p, mb * (16 * NW) + warp * 16, g, t, b, h);
+      return;
+    }
+  } else {
+    kb = KeyBlocks{0, (kv_len + BN - 1) / BN};  // = KeyBlocks::dense(kv_len, BN, 0, 1): no tail split here
+  }
 
   const int8_t* kg = p.k + (size_t)bh * p.Nkv_pad * T::DB;
   const size_t vrow = (size_t)p.Nkv_pad / T::VROW_DIV;
@@ -209,7 +235,8 @@ __device__ __forceinline__ void mma_attention_cta(const AttnParams& p) {
     scales.template load<NTH>(sv + T::V_BYTES, blk, tid);
   };
 
-  load_stage(0, kb.block(0));  // (the walk is never empty: kv_len >= 1, rotvid.kernels.dispatch checks kv_lens)
+  load_stage(0, kb.block(0));  // (the walk is not empty: kv_len >= 1, rotvid.kernels.dispatch checks kv_lens; SPARSE
+                               // returned above)
   cp_async_commit();
   if constexpr (STAGES == 3) {
     if (kb.count > 1) load_stage(1, kb.block(1));
@@ -310,17 +337,17 @@ __device__ __forceinline__ void mma_attention_cta(const AttnParams& p) {
 
 // The one mma.sync attention kernel. A numerics whose instructions need a newer GPU than the build's is an empty
 // kernel there (its launcher reports cudaErrorNotSupported).
-template <class N, int NW, int MINB, int STAGES, bool LEAN>
+template <class N, int NW, int MINB, int STAGES, bool LEAN, bool SPARSE>
 __global__ void __launch_bounds__(NW * 32, MINB) mma_attention_kernel(const AttnParams p) {
 #ifdef __CUDA_ARCH__
-  if constexpr (__CUDA_ARCH__ >= N::kMinArch) mma_attention_cta<N, NW, MINB, STAGES, LEAN>(p);
+  if constexpr (__CUDA_ARCH__ >= N::kMinArch) mma_attention_cta<N, NW, MINB, STAGES, LEAN, SPARSE>(p);
 #endif
 }
 
-template <class N, int NW, int MINB, int STAGES, bool LEAN>
-cudaError_t launch_mma_attention(const AttnParams& p, cudaStream_t stream) {
+template <class N, int NW, int MINB, int STAGES, bool LEAN, bool SPARSE>
+cudaError_t launch_mma_walk(const AttnParams& p, cudaStream_t stream) {
   constexpr int smem = STAGES * N::Tiles::STAGE;
-  auto kernel = mma_attention_kernel<N, NW, MINB, STAGES, LEAN>;
+  auto kernel = mma_attention_kernel<N, NW, MINB, STAGES, LEAN, SPARSE>;
   cudaError_t err;
   if constexpr (N::kMinArch > kBaseArch) {
     cudaFuncAttributes attr{};
@@ -333,6 +360,16 @@ cudaError_t launch_mma_attention(const AttnParams& p, cudaStream_t stream) {
   dim3 grid(p.Nq_pad / (16 * NW), p.H, p.B);
   kernel<<<grid, NW * 32, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The kernel at a schedule: dense, or block-sparse when p carries a map (p.map_count).
+template <class N, int NW, int MINB, int STAGES, bool LEAN>
+cudaError_t launch_mma_attention(const AttnParams& p, cudaStream_t stream) {
+  if (p.map_count != nullptr) {
+    if (p.map_index == nullptr || p.map_kmax < 1 || p.map_sb < 0 || p.map_sh < 0) return cudaErrorInvalidValue;
+    return launch_mma_walk<N, NW, MINB, STAGES, LEAN, true>(p, stream);
+  }
+  return launch_mma_walk<N, NW, MINB, STAGES, LEAN, false>(p, stream);
 }
 
 }  // namespace mma

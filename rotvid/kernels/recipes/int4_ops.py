@@ -2,8 +2,9 @@
 ``rotvid::int4_attention`` with their fake (shape-only) implementations, and the public functions on them.
 
 Paths and operand layout: :mod:`rotvid.kernels.cuda_layout`. On sm90 the default kernel is ``"wgmma"`` (block size
-:func:`default_block_n`); elsewhere the arch table's path. A block map (``block_map=``) runs on the ``"wgmma"`` kernel
-(at block_n 64 each map block of 128 keys is walked as two kernel blocks); the mma.sync paths refuse one.
+:func:`default_block_n`); elsewhere the arch table's path. A block map (``block_map=``) runs on every path, the
+``"wgmma"`` kernel and the mma.sync ``"s8"`` / ``"s4"`` ones (at block_n 64 each map block of 128 keys is walked as
+two kernel blocks).
 """
 
 from __future__ import annotations
@@ -214,8 +215,8 @@ def attention_int4_quantized(
     second kernel) -- same maths, fp32 summation order of O and l changed for those rows only;
     False keeps every row's order (the mma.sync path's summation order; the wgmma kernel's P̂ may still differ
     from that path's at rare scores, see the module docstring). ``block_map``: the key blocks each query tile visits
-    (``"wgmma"`` kernel only; as :func:`rotvid.kernels.recipes.int8_fp8_ops.attention_int8fp8_quantized`'s: a
-    skipped block is a block of ``-inf`` scores, a tile that keeps none gives 0, the values are not checked here).
+    (every path; as :func:`rotvid.kernels.recipes.int8_fp8_ops.attention_int8fp8_quantized`'s: a skipped block is
+    a block of ``-inf`` scores, a tile that keeps none gives 0, the values are not checked here).
     """
     if p_mode not in P_MODES:
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
@@ -232,8 +233,6 @@ def attention_int4_quantized(
                          f"pack_reference_quantized with path={path!r})")
     check_sm_scale(sm_scale)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
-    if block_map is not None and kernel != "wgmma":
-        raise ValueError(f"block_map: only the 'wgmma' (Hopper) kernel takes a block map, not the {kernel!r} path")
     b, h = qkv.q_hat.shape[:2]
     map_index, map_count = block_map_operands(block_map, batch=b, heads=h, n_q=n_q, n_kv=n_kv,
                                               device=qkv.q_hat.device)
@@ -274,11 +273,7 @@ def int4_attention_cuda(
     :func:`attention_int4_quantized`'s)."""
     block_n = default_block_n(q.device) if block_n is None else block_n
     qb, qh, qn, qd, kn = check_inputs(q, k, v, layout, kv_lens, block_n)
-    if block_map is not None:  # (before the pre-processing runs)
-        kernel = _resolve_path(_check_path(path, q.device), q.device)
-        if kernel != "wgmma":
-            raise ValueError(f"block_map: only the 'wgmma' (Hopper) kernel takes a block map, not the {kernel!r} path")
-        block_map_operands(block_map, batch=qb, heads=qh, n_q=qn, n_kv=kn, device=q.device)
+    block_map_operands(block_map, batch=qb, heads=qh, n_q=qn, n_kv=kn, device=q.device)  # (before the pre-processing)
     qkv = preprocess_int4_cuda(
         q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k, smooth_v=smooth_v,
         p_mode=p_mode, path=path, smooth_q=smooth_q, sm_scale=sm_scale,

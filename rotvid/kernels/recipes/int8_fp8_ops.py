@@ -12,10 +12,9 @@ s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]). Two kernels of the sa
   P·V (e4m3 mma.sync needs sm89) -- the Ada kernel, testable on an H100 with ``path="mma"``. Its speed on Ada is
   unmeasured (no Ada GPU was available).
 
-A block map (``block_map=``, :class:`~rotvid.kernels.sparsity.BlockMap`) runs on the ``"wgmma"`` kernel: each query
-tile visits only its row's key blocks (the skipped ones are never loaded), with the numerics of
-:func:`rotvid.kernels.reference.attention_int8fp8_from_quantized` under the same map; the ``"mma"`` kernel visits
-every key block and refuses a map.
+A block map (``block_map=``, :class:`~rotvid.kernels.sparsity.BlockMap`) runs on both kernels: each query tile
+visits only its row's key blocks (the skipped ones are never loaded), with the numerics of
+:func:`rotvid.kernels.reference.attention_int8fp8_from_quantized` under the same map.
 """
 
 from __future__ import annotations
@@ -239,7 +238,7 @@ def attention_int8fp8_quantized(
     for those rows only; False keeps every row's order (with a map too: a split takes an even share of its row's
     kept blocks).
     ``block_map``: the key blocks each query tile visits (:class:`~rotvid.kernels.sparsity.BlockMap` for ``n_q``
-    queries and ``n_kv`` keys on the operands' device; ``"wgmma"`` path only): a skipped block is a block of
+    queries and ``n_kv`` keys on the operands' device; both paths): a skipped block is a block of
     ``-inf`` scores, and a query tile that keeps no block before ``kv_lens`` gives 0 (no V mean). Its values are
     not checked here (:meth:`BlockMap.check`; the dispatcher checks them in eager mode).
     """
@@ -247,8 +246,6 @@ def attention_int8fp8_quantized(
     path = _check_int8fp8_device(qkv.q_hat.device, path)
     check_sm_scale(sm_scale)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
-    if block_map is not None and path != "wgmma":
-        raise ValueError(f"block_map: only the 'wgmma' (Hopper) int8-fp8 kernel takes a block map, not {path!r}")
     b, h = qkv.q_hat.shape[:2]
     map_index, map_count = block_map_operands(block_map, batch=b, heads=h, n_q=n_q, n_kv=n_kv,
                                               device=qkv.q_hat.device)
@@ -285,9 +282,7 @@ def int8fp8_attention_cuda(
     :func:`preprocess_int8fp8_cuda`); output has q's shape, layout and dtype."""
     qb, qh, qn, qd, kn = check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     path = _check_int8fp8_device(q.device, path)
-    if block_map is not None and path != "wgmma":  # (before the pre-processing runs)
-        raise ValueError(f"block_map: only the 'wgmma' (Hopper) int8-fp8 kernel takes a block map, not {path!r}")
-    block_map_operands(block_map, batch=qb, heads=qh, n_q=qn, n_kv=kn, device=q.device)
+    block_map_operands(block_map, batch=qb, heads=qh, n_q=qn, n_kv=kn, device=q.device)  # (before the pre-processing)
     qkv = preprocess_int8fp8_cuda(
         q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v, rope=rope
     )
