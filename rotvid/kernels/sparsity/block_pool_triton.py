@@ -78,9 +78,11 @@ def _block_pool_kernel(
     tl.store(sim_ptr + b * ssb + h * ssh + t, sim)
 
 
-# Tokens per load (the block is streamed: two running sums of D floats stay in registers) and warps per program.
-CHUNK = 32
-NUM_WARPS = 4
+# Tokens per load (the block is streamed: two running sums of D floats stay in registers) and warps per program:
+# measured on an H200 over chunk 16/32/64/128 x warps 2/4/8 (head_dim 128, bf16), 64 x 2 was the fastest at both
+# Wan shapes (one tensor: 70 us at 12 x 32760 tokens, 295 us at 40 x 75600; 32 x 4: 129 us / 918 us).
+CHUNK = 64
+NUM_WARPS = 2
 
 
 @torch.library.triton_op("rotvid::block_pool", mutates_args=())
