@@ -8,21 +8,15 @@ For block ``t`` of ``x[b, h]`` with valid tokens ``V = {n in [128 t, 128 t + 128
 - ``sim[b, h, t] = sum_{n in V} cos(x[b, h, n], mean[b, h, t]) / max(c, 1)`` with
   ``cos(u, v) = u·v / max(|u| |v|, 1e-12)`` (0 for an empty block),
 
-in float32 -- the maths of :func:`rotvid.kernels.sparsity.topp._pool`. The kernel reads each block once, streaming
-it in chunks of ``CHUNK`` tokens and keeping two running sums of D floats, ``S = sum_{n in V} x_n`` and
-``U = sum_{n in V} x_n / |x_n|``; then ``mean = S / c`` and, since ``cos(x_n, m) = (x_n / |x_n|)·m / |m|``,
-``sim = U·mean / (|mean| c)``: one pass, no float32 copy of the tensor (the eager form materializes several: cast,
-padding, the weighted products, the norms). Tokens outside ``V`` are not read (they count as 0), and a zero token
-or a zero mean adds 0 (norms below 1e-30 count as 0; the eager form clamps ``|x| |m|`` at 1e-12 instead, which
-differs only for tokens or means of norm ~1e-6 and below). The sums run in another order than PyTorch's
-reductions, so the results differ from the eager form's by float32 rounding, nothing else.
+in float32 -- the maths of :func:`rotvid.kernels.sparsity.topp._pool`. The eager form materializes float32 copies of
+the whole tensor (cast, padding, the weighted products, the norms); this kernel loads each block once (tokens outside
+``V`` are not read: they count as 0), keeps it in registers, and writes ``D + 1`` floats per block. The sums run in
+another order than PyTorch's reductions, so the results differ from the eager form's by float32 rounding (a few ulp
+of the block's magnitude), nothing else.
 
 Programs: one per (block, head, batch row), the block fastest, so neighbouring programs read neighbouring memory in
-the BHND layout. Registered as the opaque custom op ``rotvid::block_pool`` (:func:`torch.library.custom_op`, reading its inputs,
-writing only its outputs) with a fake form, so ``torch.compile(fullgraph=True)`` calls it as it is. (As a
-``triton_op`` traced into the graph, Inductor's analysis of which arguments the kernel writes could fail and copy Q
-and K before the call: the compiled builder measured 4.7% of the dense call at Wan2.1-1.3B 480p on an H200 where its
-pooling alone took 2.1%.)
+the BHND layout. Registered as the custom op ``rotvid::block_pool`` (:func:`torch.library.triton_op`): its fake form
+comes from the op itself, and ``torch.compile(fullgraph=True)`` traces into the kernel.
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ __all__ = ["POOL_DTYPES", "block_pool_triton"]
 
 # The input dtypes the kernel reads (it computes in float32; float64 stays on the eager form).
 POOL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Norms below this count as 0 (a zero token or mean adds 0 to the similarity).
-TINY = tl.constexpr(1e-30)
+_EPS = 1e-12
 
 
 @triton.jit
@@ -52,65 +45,49 @@ def _block_pool_kernel(
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK: tl.constexpr,
-    CHUNK: tl.constexpr,
+    EPS: tl.constexpr,
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
+    n = t * BLOCK + tl.arange(0, BLOCK)
     c = tl.arange(0, BLOCK_D)
-    cmask = c < D
     limit = N
     if HAS_LENS:
         limit = tl.minimum(tl.load(lens_ptr + b).to(tl.int32), N)
-    base = x_ptr + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + c[None, :] * sxd
-    total = tl.zeros([BLOCK_D], dtype=tl.float32)  # sum of the valid tokens
-    unit = tl.zeros([BLOCK_D], dtype=tl.float32)  # sum of the valid tokens over their norms
-    for c0 in tl.static_range(0, BLOCK, CHUNK):
-        n = t * BLOCK + c0 + tl.arange(0, CHUNK)
-        valid = n < limit
-        x = tl.load(base + n[:, None].to(tl.int64) * sxn, mask=valid[:, None] & cmask[None, :], other=0.0)
-        x = x.to(tl.float32)
-        norm = tl.sqrt(tl.sum(x * x, axis=1))
-        total += tl.sum(x, axis=0)
-        unit += tl.sum(x / tl.maximum(norm, TINY)[:, None], axis=0)
-    count = tl.maximum(tl.minimum(limit - t * BLOCK, BLOCK), 1).to(tl.float32)
-    mean = total / count  # [BLOCK_D]
+    valid = n < limit
+    cmask = c < D
+    src = x_ptr + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + n[:, None].to(tl.int64) * sxn + c[None, :] * sxd
+    x = tl.load(src, mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+    count = tl.maximum(tl.sum(valid.to(tl.float32), axis=0), 1.0)
+    mean = tl.sum(x, axis=0) / count  # [BLOCK_D]
+    dot = tl.sum(x * mean[None, :], axis=1)  # [BLOCK]
+    x_norm = tl.sqrt(tl.sum(x * x, axis=1))
     mean_norm = tl.sqrt(tl.sum(mean * mean, axis=0))
-    sim = tl.sum(unit * mean, axis=0) / tl.maximum(mean_norm, TINY) / count
+    cos = dot / tl.maximum(x_norm * mean_norm, EPS)
+    sim = tl.sum(tl.where(valid, cos, 0.0), axis=0) / count
     tl.store(mean_ptr + b.to(tl.int64) * smb + h * smh + t * smt + c, mean, mask=cmask)
     tl.store(sim_ptr + b * ssb + h * ssh + t, sim)
 
 
-# Tokens per load (the block is streamed: two running sums of D floats stay in registers) and warps per program:
-# measured on an H200 over chunk 16/32/64/128 x warps 2/4/8 (head_dim 128, bf16), 64 x 2 was the fastest at both
-# Wan shapes (one tensor: 70 us at 12 x 32760 tokens, 295 us at 40 x 75600; 32 x 4: 129 us / 918 us).
-CHUNK = 64
-NUM_WARPS = 2
-
-
-@torch.library.custom_op("rotvid::block_pool", mutates_args=())
+@torch.library.triton_op("rotvid::block_pool", mutates_args=())
 def _block_pool_op(x: torch.Tensor, kv_lens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     b, h, n, d = x.shape
     t = blocks_for(n)
     mean = torch.empty((b, h, t, d), dtype=torch.float32, device=x.device)
     sim = torch.empty((b, h, t), dtype=torch.float32, device=x.device)
-    _block_pool_kernel[(t, h, b)](
+    block_d = triton.next_power_of_2(d)
+    # the block lives in registers: 128 x BLOCK_D float32, 64 per thread at D = 128
+    num_warps = 4 if block_d <= 64 else 8 if block_d <= 128 else 16
+    torch.library.wrap_triton(_block_pool_kernel)[(t, h, b)](
         x, x if kv_lens is None else kv_lens, mean, sim,
         n,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         mean.stride(0), mean.stride(1), mean.stride(2),
         sim.stride(0), sim.stride(1),
-        HAS_LENS=kv_lens is not None, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK=MAP_BLOCK, CHUNK=CHUNK,
-        num_warps=NUM_WARPS,
+        HAS_LENS=kv_lens is not None, D=d, BLOCK_D=block_d, BLOCK=MAP_BLOCK, EPS=_EPS, num_warps=num_warps,
     )
     return mean, sim
-
-
-@_block_pool_op.register_fake
-def _(x: torch.Tensor, kv_lens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    b, h, n, d = x.shape
-    t = blocks_for(n)
-    return x.new_empty((b, h, t, d), dtype=torch.float32), x.new_empty((b, h, t), dtype=torch.float32)
 
 
 def block_pool_triton(x: torch.Tensor, kv_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
