@@ -36,6 +36,7 @@ import argparse
 import datetime as _dt
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -209,6 +210,9 @@ def format_table(rows) -> str:
 
 
 def _git_commit() -> str:
+    """``$ROTVID_COMMIT`` when set (a machine whose git checkout may be stale), else ``git rev-parse``."""
+    if os.environ.get("ROTVID_COMMIT"):
+        return os.environ["ROTVID_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).resolve().parent).stdout.strip()
