@@ -14,7 +14,7 @@ A query row whose tile keeps no block attends to nothing: its output is 0 (:mod:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,7 +60,10 @@ class BlockMap:
 
     ``B'`` is 1 (one map for the whole batch) or the call's B; ``H'`` is 1 or H. Construction checks shapes and
     dtypes only (no host sync, so a map can be built inside a compiled graph); :meth:`check` checks a map against a
-    call, values included (eager mode only).
+    call, values included (eager mode only), once: ``values_checked`` is set by the first value check that passes
+    and by the builders whose maps are valid by construction (:meth:`from_mask`, the top-p builder), so an eager
+    pipeline that passes the same map to every call syncs with the GPU at most once for it. (A map's tensors changed
+    in place after that are not checked again: build a new map instead.)
     """
 
     indices: torch.Tensor
@@ -68,6 +71,7 @@ class BlockMap:
     n_q: int
     n_kv: int
     block: int = MAP_BLOCK
+    values_checked: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.block != MAP_BLOCK:
@@ -127,7 +131,9 @@ class BlockMap:
         if tq < 1 or tk < 1:
             raise ValueError(f"mask: expected at least one query tile and one key block, got {tuple(mask.shape)}")
         indices, counts = indices_from_mask(mask)
-        return cls(indices, counts, MAP_BLOCK * tq if n_q is None else n_q, MAP_BLOCK * tk if n_kv is None else n_kv)
+        n_q = MAP_BLOCK * tq if n_q is None else n_q
+        n_kv = MAP_BLOCK * tk if n_kv is None else n_kv
+        return cls(indices, counts, n_q, n_kv, values_checked=True)  # valid by construction
 
     @classmethod
     def dense(cls, n_q: int, n_kv: int, device: torch.device | str | None = None) -> "BlockMap":
@@ -183,11 +189,12 @@ class BlockMap:
             raise ValueError(
                 f"block_map: batch and head dimensions ({mb}, {mh}), expected 1 or the call's ({b}, {h}) each"
             )
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or self.values_checked:
             return
         problem = self.value_problem()
         if problem:
             raise ValueError(f"block_map: {problem}")
+        object.__setattr__(self, "values_checked", True)  # (frozen: the one field a check may set)
 
     def value_problem(self) -> str:
         """Why the values are not a valid map ("" when they are); needs a host sync."""

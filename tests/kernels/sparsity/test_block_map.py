@@ -5,6 +5,7 @@ import torch
 
 from rotvid.kernels.sparsity import BlockMap
 from rotvid.kernels.sparsity.block_map import indices_from_mask
+from rotvid.kernels.sparsity.topp import topp_block_map
 
 
 def random_mask(b, h, tq, tk, density, seed):
@@ -62,6 +63,30 @@ def test_check_names_block_map_and_what_was_expected():
     out_of_range = BlockMap(torch.tensor([[[[0, 2]]]], dtype=torch.int32), torch.tensor([[[2]]], dtype=torch.int32), 100, 200)
     with pytest.raises(ValueError, match=r"block_map: indices must lie in \[0, Tk = 2\)"):
         out_of_range.check((1, 1, 100, 64), (1, 1, 200, 64))
+
+
+def test_values_are_checked_once_and_never_for_the_builders_maps(monkeypatch):
+    """An eager pipeline passes one map to every call: its values (a host sync) are checked by the first call only,
+    and not at all for maps built valid (from_mask, the top-p builder); a bad map still fails every time."""
+    calls = []
+    real = BlockMap.value_problem
+    monkeypatch.setattr(BlockMap, "value_problem", lambda self: calls.append(1) or real(self))
+    shapes = (1, 2, 300, 64), (1, 2, 200, 64)
+    built = BlockMap.from_mask(torch.tensor([[True, False], [True, True], [False, True]]), n_q=300, n_kv=200)
+    topp_map = topp_block_map(torch.randn(*shapes[0]), torch.randn(*shapes[1]), tau=0.5).block_map
+    for _ in range(3):
+        built.check(*shapes)
+        topp_map.check(*shapes)
+    assert calls == []
+    by_hand = BlockMap(built.indices.clone(), built.counts.clone(), 300, 200)
+    for _ in range(3):
+        by_hand.check(*shapes)
+    assert len(calls) == 1 and by_hand.values_checked
+    bad = BlockMap(torch.tensor([[[[1, 0]]]], dtype=torch.int32), torch.tensor([[[2]]], dtype=torch.int32), 100, 200)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="strictly ascending"):
+            bad.check((1, 1, 100, 64), (1, 1, 200, 64))
+    assert not bad.values_checked
 
 
 @pytest.mark.parametrize(
