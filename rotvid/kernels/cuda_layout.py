@@ -126,13 +126,7 @@ def block_map_operands(block_map, *, batch: int, heads: int, n_q: int, n_kv: int
         return None, None
     if not isinstance(block_map, BlockMap):
         raise ValueError(f"block_map: expected a rotvid.kernels.sparsity.BlockMap or None, got {type(block_map).__name__}")
-    if (block_map.n_q, block_map.n_kv) != (n_q, n_kv):
-        raise ValueError(f"block_map: a map for {block_map.n_q} queries and {block_map.n_kv} keys, the call has "
-                         f"{n_q} queries and {n_kv} keys")
-    mb, mh = block_map.counts.shape[:2]
-    if mb not in (1, batch) or mh not in (1, heads):
-        raise ValueError(f"block_map: batch and head dimensions ({mb}, {mh}), expected 1 or the call's "
-                         f"({batch}, {heads}) each")
+    block_map.check_fits(batch=batch, heads=heads, n_q=n_q, n_kv=n_kv)
     if block_map.device != torch.device(device):
         raise ValueError(f"block_map: on {block_map.device}, expected the operands' device {device}")
     return block_map.indices.contiguous(), block_map.counts.contiguous()

@@ -180,21 +180,26 @@ class BlockMap:
             raise ValueError(f"block_map: expected 4-D q and k shapes, got {q_shape} and {kv_shape}")
         b, nq, h = (q_shape[0], q_shape[2], q_shape[1]) if layout == "BHND" else q_shape[:3]
         nkv = kv_shape[2] if layout == "BHND" else kv_shape[1]
-        mb, mh = self.counts.shape[:2]
-        if (nq, nkv) != (self.n_q, self.n_kv):
-            raise ValueError(
-                f"block_map: a map for {self.n_q} queries and {self.n_kv} keys, the call has {nq} queries and {nkv} keys"
-            )
-        if mb not in (1, b) or mh not in (1, h):
-            raise ValueError(
-                f"block_map: batch and head dimensions ({mb}, {mh}), expected 1 or the call's ({b}, {h}) each"
-            )
+        self.check_fits(batch=b, heads=h, n_q=nq, n_kv=nkv)
         if torch.compiler.is_compiling() or self.values_checked:
             return
         problem = self.value_problem()
         if problem:
             raise ValueError(f"block_map: {problem}")
         object.__setattr__(self, "values_checked", True)  # (frozen: the one field a check may set)
+
+    def check_fits(self, *, batch: int, heads: int, n_q: int, n_kv: int) -> None:
+        """ValueError naming ``block_map`` unless this map is for ``n_q`` queries and ``n_kv`` keys and its batch /
+        head dimensions are 1 or ``batch`` / ``heads`` (shapes only, no sync)."""
+        if (n_q, n_kv) != (self.n_q, self.n_kv):
+            raise ValueError(
+                f"block_map: a map for {self.n_q} queries and {self.n_kv} keys, the call has {n_q} queries and {n_kv} keys"
+            )
+        mb, mh = self.counts.shape[:2]
+        if mb not in (1, batch) or mh not in (1, heads):
+            raise ValueError(
+                f"block_map: batch and head dimensions ({mb}, {mh}), expected 1 or the call's ({batch}, {heads}) each"
+            )
 
     def value_problem(self) -> str:
         """Why the values are not a valid map ("" when they are); needs a host sync."""
