@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rotvid.kernels import attention, metrics  # noqa: E402
 from rotvid.kernels.sparsity import BlockMap, TokenGrid, build_block_map, parse_sparsity  # noqa: E402
+from rotvid.kernels.sparsity.block_map import blocks_for  # noqa: E402
 from rotvid.rope.tables import apply_rope_interleaved, rope_table_3d  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -139,15 +140,14 @@ def mass_by_frame_distance(q, k, grid, rows=256):
 # ---- the study ------------------------------------------------------------------------------------------------
 
 
-def random_map(heads, t, density, seed, device) -> BlockMap:
+def random_map(heads, n, density, seed, device) -> BlockMap:
+    t = blocks_for(n)
     gen = torch.Generator().manual_seed(seed)
     mask = (torch.rand(1, heads, t, t, generator=gen) < density) | torch.eye(t, dtype=torch.bool)
-    return BlockMap.from_mask(mask.to(device))
+    return BlockMap.from_mask(mask.to(device), n_q=n, n_kv=n)
 
 
 def row(kind, spec, bm, q, k, v, ref, *, kv_t, build_ms=None, dropped=None, sync):
-    n = q.shape[2]
-    bm = BlockMap(bm.indices, bm.counts, n, n)
     masked, kept = exact_attention(q, k, v, bm)
     start = time.perf_counter()
     quant = attention(*kv_t, recipe="int8-fp8", backend="reference", block_map=bm)
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
     locality = mass_by_frame_distance(q, k, grid)
     token_grid = TokenGrid(*grid)
     n = token_grid.num_tokens
-    t_blocks = -(-n // 128)
+    t_blocks = blocks_for(n)
     rows, note = dense_rows(qb, kb, vb, ref, device)
     for spec in _specs(args.radial) + _specs(args.topp):
         spec = parse_sparsity(spec)
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
                         dropped=built.dropped_mass, sync=sync))
         print(f"{spec}: density {rows[-1]['density']:.3f} ({time.time() - t0:.0f} s)", file=sys.stderr)
     for i, density in enumerate(float(x) for x in args.random.split(",") if x.strip()):
-        bm = random_map(args.heads, t_blocks, density, args.seed + i, device)
+        bm = random_map(args.heads, n, density, args.seed + i, device)
         rows.append(row("random", f"random d≈{density} (diagonal kept)", bm, q, k, v, ref, kv_t=(qb, kb, vb),
                         sync=sync))
     order = {"dense": 0, "radial": 1, "topp": 2, "random": 3}

@@ -179,9 +179,8 @@ def finish_worker() -> None:
     leave the process group. A rank that tore its gloo group down while rank 0 still worked was seen to abort
     ("terminate called without an active exception", CI under load). An error exit leaves without waiting
     (:func:`shutdown_worker`, at exit)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    barrier()
+    shutdown_worker()
 
 
 def shutdown_worker() -> None:

@@ -239,26 +239,33 @@ class _OnlineSoftmax:
         self.l = self.l * a + c * l_blk
         self.m = m_new
 
-    def result(self) -> torch.Tensor:
-        """``O / l``; 0 in the rows that kept no key (``l = 0``: a block map skipped all their blocks)."""
-        return torch.where(self.l == 0, torch.zeros_like(self.o), self.o / self.l)
-
-    def zero_empty_rows(self, out: torch.Tensor) -> torch.Tensor:
-        """``out`` with the rows that kept no key set to 0 (after V's mean was added)."""
+    def result(self, scale: torch.Tensor | None = None, mean: torch.Tensor | None = None) -> torch.Tensor:
+        """``O / l`` (times ``scale``, plus ``mean`` when given: V's per-channel scale and mean); 0 in the rows that
+        kept no key (``l = 0``: a block map skipped all their blocks; no V mean there either)."""
+        out = self.o / self.l
+        if scale is not None:
+            out = out * scale
+        if mean is not None:
+            out = out + mean
         return out.masked_fill(self.l == 0, 0)
 
 
+def _map_tiles(block_map: BlockMap | None, device: torch.device) -> torch.Tensor | None:
+    """The map's kept (query tile, key block) pairs, bool [B', H', Tq, Tk] on ``device`` (None without a map): built
+    once per call, read by :func:`_score_mask` for every key block."""
+    return None if block_map is None else block_map.to_dense_mask().to(device)
+
+
 def _score_mask(s: torch.Tensor, start: int, kv_lens: torch.Tensor | None,
-                block_map: BlockMap | None = None) -> torch.Tensor:
+                tiles: torch.Tensor | None = None) -> torch.Tensor:
     """Scores ``s`` [B, H, Nq, n] of keys ``start .. start + n`` with ``-inf`` at keys ``j >= kv_lens[b]`` and in the
-    key blocks ``block_map`` skips for each row's query tile."""
+    key blocks the map skips for each row's query tile (``tiles``: :func:`_map_tiles`)."""
     j = torch.arange(start, start + s.shape[-1], device=s.device)
     if kv_lens is not None:
         valid = (j[None, :] < kv_lens.to(s.device)[:, None]).view(s.shape[0], 1, 1, -1)
         s = s.masked_fill(~valid, -math.inf)
-    if block_map is not None:
-        tiles = block_map.to_dense_mask()[..., j // MAP_BLOCK].to(s.device)  # [B', H', Tq, n]
-        kept = tiles.repeat_interleave(MAP_BLOCK, dim=-2)[..., : s.shape[-2], :]
+    if tiles is not None:
+        kept = tiles[..., j // MAP_BLOCK].repeat_interleave(MAP_BLOCK, dim=-2)[..., : s.shape[-2], :]  # [B', H', Nq, n]
         s = s.masked_fill(~kept, -math.inf)
     return s
 
@@ -287,6 +294,7 @@ def attention_from_quantized(
     sq = qkv.q_scale * qk_scale  # [B, H, Nq, 1]
     b, h, nq, _ = qkv.q_hat.shape
     state = _OnlineSoftmax((b, h, nq, d), dt, qkv.q_hat.device)
+    tiles = _map_tiles(block_map, qkv.q_hat.device)
     bn = qkv.block_n
     for t, start in enumerate(range(0, qkv.n_kv, bn)):
         stop = min(start + bn, qkv.n_kv)
@@ -295,7 +303,7 @@ def attention_from_quantized(
         if qkv.q_block_mean is not None:
             ds = torch.matmul(qkv.q_block_mean, qkv.k_smoothed[:, :, start:stop].transpose(-1, -2))
             s = s + ds * qk_scale
-        s = _score_mask(s, start, qkv.kv_lens, block_map)
+        s = _score_mask(s, start, qkv.kv_lens, tiles)
         m_blk, p, _ = state.block_probs(s)
         v_hat = qkv.v_hat[:, :, start:stop]
         if p_mode == "range":
@@ -308,9 +316,7 @@ def attention_from_quantized(
             p_hat_sum = p_t.double().sum(dim=-1, keepdim=True)
         pv = pv_int.to(dt) * qkv.v_scale[:, :, t : t + 1]  # in units of 1/L, like l_blk
         state.update(m_blk, p_hat_sum.to(dt), pv)
-    out = state.result()
-    if qkv.v_mean is not None:
-        out = state.zero_empty_rows(out + qkv.v_mean)
+    out = state.result(mean=qkv.v_mean)
     return from_bhnd(out.to(out_dtype), layout)
 
 
@@ -348,19 +354,17 @@ def attention_int8fp8_from_quantized(
     b, h, nq, _ = q_hat.shape
     n_kv = k_hat.shape[2]
     state = _OnlineSoftmax((b, h, nq, d), dt, q_hat.device)
+    tiles = _map_tiles(block_map, q_hat.device)
     for start in range(0, n_kv, block_n):
         stop = min(start + block_n, n_kv)
         acc = _int_matmul(q_hat, k_hat[:, :, start:stop]).to(dt)
         s = (acc * sq) * k_scale[:, :, start:stop].to(dt).transpose(-1, -2)
-        s = _score_mask(s, start, kv_lens, block_map)
+        s = _score_mask(s, start, kv_lens, tiles)
         m_blk, p, _ = state.block_probs(s)
         p448 = p * FP8_E4M3_MAX
         pv = torch.matmul(quant_p_fp8(p).double(), v8[:, :, start:stop].double()).to(dt)
         state.update(m_blk, p448.sum(dim=-1, keepdim=True), pv)
-    out = state.result() * v_scale.to(dt)
-    if v_mean is not None:
-        out = state.zero_empty_rows(out + v_mean.to(dt))
-    return out
+    return state.result(v_scale.to(dt), None if v_mean is None else v_mean.to(dt))
 
 
 def attention_blockwise(
@@ -404,17 +408,16 @@ def attention_blockwise(
     valid = key_valid_mask(n_kv, kv_lens, b, q.device)
     qd, kd, vd, v_div = operands(q_s, k_s, v_s, valid, kv_lens)
     state = _OnlineSoftmax((b, h, nq, d), dt, q.device)
+    tiles = _map_tiles(block_map, q.device)
     for start in range(0, n_kv, block_n):
         stop = min(start + block_n, n_kv)
         s = torch.matmul(qd, kd[:, :, start:stop].transpose(-1, -2)) * qk_scale
         if q_mean is not None:
             s = s + torch.matmul(q_mean, k_s[:, :, start:stop].transpose(-1, -2)) * qk_scale
-        s = _score_mask(s, start, kv_lens, block_map)
+        s = _score_mask(s, start, kv_lens, tiles)
         m_blk, p, l_blk = state.block_probs(s)
         state.update(m_blk, l_blk, block_pv(p, vd[:, :, start:stop], v_div))
-    out = state.result()
-    if v_mean is not None:
-        out = state.zero_empty_rows(out + v_mean)
+    out = state.result(mean=v_mean)
     return from_bhnd(out.to(out_dtype), layout)
 
 

@@ -26,7 +26,7 @@ import rotvid.kernels as kernels
 from rotvid.kernels import metrics
 from rotvid.pipelines.adaptive_schedule import AccuracyTable
 from rotvid.kernels.recipes import get_recipe, int4
-from rotvid.kernels.sparsity import SparsitySpec, build_block_map
+from rotvid.kernels.sparsity import SparsitySpec
 from rotvid.pipelines.runtime import AttentionSite
 from rotvid.pipelines.token_grid import patch_sizes
 
@@ -203,13 +203,9 @@ class AccuracyProbe:
             return
         per = self.sparse_tables.setdefault(site.transformer, {})
         for candidate in self.candidates(spec):
-            if candidate.static:
-                maps = runtime.forward_maps.get(site.transformer)
-                if maps is None:
-                    raise ValueError(f"sparsity {candidate}: {runtime.grid_problem.get(site.transformer, 'no grid')}")
-                block_map = maps[candidate].block_map
-            else:
-                block_map = build_block_map(candidate, q, k, kv_lens=kv_lens).block_map
-            out = self._attend(q, k, v, kv_lens, block_map)
+            sparse, problem, *_ = runtime._block_map(site, candidate, q, k, None, kv_lens)
+            if problem is not None:
+                raise ValueError(problem)
+            out = self._attend(q, k, v, kv_lens, sparse.block_map)
             sparse_table = per.setdefault(candidate, AccuracyTable(num_steps=num_steps, num_blocks=site.num_blocks))
             sparse_table.add(step, site.block, metrics.cosine_similarity(ref, out), metrics.relative_l2(ref, out))

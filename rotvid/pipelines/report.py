@@ -47,8 +47,6 @@ _NO_GPU_REASONS = ("cuda: not installed", "cuda: no CUDA GPU", "cuda: inputs are
 
 # The way out, by the CUDA kernel's reason (first match wins), for the one warning per run.
 _GPU_FIXES = (
-    ("block_map", "the CUDA kernels take no block map yet: run --sparsity none (dense, on the kernel), or "
-                  "backend='reference' to run the map on the slow PyTorch reference"),
     ("nvcc", "install a CUDA toolkit matching torch's CUDA {cuda} (nvcc on PATH, or CUDA_HOME set) for the first "
              "build of the kernels"),
     ("not installed", "install rotvid with its CUDA kernels (rotvid.kernels.cuda_backend)"),

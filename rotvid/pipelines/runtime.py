@@ -286,13 +286,11 @@ class Runtime:
         specs = [spec for spec in dict.fromkeys((config.sparsity, *schedule.sparsity_specs)) if spec.enabled]
         self.sparsity_configured = bool(specs)
         self.static_specs: tuple[SparsitySpec, ...] = tuple(spec for spec in specs if spec.static)
-        self.spec_text: dict[SparsitySpec, str] = {spec: str(spec) for spec in specs}
         # {transformer: (spec or None, per block)} for the current step; None: no quantized calls or no step known.
         self.sparse_plan: dict[str, tuple[SparsitySpec | None, ...]] | None = None
-        # {transformer: {spec: SparseMap}} of the forward running now (None: its grid is not known, see
-        # grid_problem); filled by begin_forward, emptied by end_forward.
-        self.forward_maps: dict[str, dict[SparsitySpec, SparseMap] | None] = {}
-        self.grid_problem: dict[str, str] = {}
+        # {transformer: {spec: SparseMap}} of the forward running now, or why it has none (its grid is not known);
+        # filled by begin_forward, emptied by end_forward.
+        self.forward_maps: dict[str, dict[SparsitySpec, SparseMap] | str] = {}
         self._static_maps: dict[tuple[TokenGrid, torch.device], dict[SparsitySpec, SparseMap]] = {}
         report.sparsity = str(config.sparsity)
         report.sparsity_rules = {
@@ -448,11 +446,7 @@ class Runtime:
                     if len(self._static_maps) >= _STATIC_MAP_GRIDS:  # (a few resolutions per process at most)
                         self._static_maps.pop(next(iter(self._static_maps)))
                     self._static_maps[key] = maps
-        if grid is None:
-            self.forward_maps[transformer] = None
-            self.grid_problem[transformer] = f"no token grid for this forward ({problem})"
-            return
-        self.forward_maps[transformer] = maps
+        self.forward_maps[transformer] = maps if grid is not None else f"no token grid for this forward ({problem})"
 
     def end_forward(self, transformer: str) -> None:
         """Forget the maps of ``transformer``'s forward (no later call reads a map of another grid)."""
@@ -471,17 +465,15 @@ class Runtime:
     def _block_map(self, site: AttentionSite, spec: SparsitySpec, q, k, rope, kv_lens):
         """``(SparseMap or None, problem or None, q, k, rope)`` for a call under ``spec`` (module docstring); a
         dynamic map rotates q and k first when their RoPE·R table was deferred (``rope`` is then None)."""
-        text = self.spec_text[spec]
         if spec.static:
-            maps = self.forward_maps.get(site.transformer)
-            if maps is None:
-                problem = self.grid_problem.get(site.transformer, "no token grid for this forward (the forward guard "
-                                                "did not run: compile with apply(compile=True) or "
-                                                "transformer.compile(), not torch.compile(transformer))")
-                return None, f"sparsity {text}: {problem}", q, k, rope
+            maps = self.forward_maps.get(site.transformer, "no token grid for this forward (the forward guard did not "
+                                         "run: compile with apply(compile=True) or transformer.compile(), not "
+                                         "torch.compile(transformer))")
+            if isinstance(maps, str):
+                return None, f"sparsity {spec}: {maps}", q, k, rope
             sparse = maps[spec]
             if (sparse.block_map.n_q, sparse.block_map.n_kv) != (q.shape[2], k.shape[2]):
-                return None, (f"sparsity {text}: the token grid of this forward has {sparse.block_map.n_q} tokens, the "
+                return None, (f"sparsity {spec}: the token grid of this forward has {sparse.block_map.n_q} tokens, the "
                               f"call {q.shape[2]} queries and {k.shape[2]} keys"), q, k, rope
             return sparse, None, q, k, rope
         if rope is not None:
@@ -489,7 +481,7 @@ class Runtime:
         try:
             sparse = build_block_map(spec, q, k, layout="BHND", kv_lens=kv_lens, sm_scale=self.call_options["sm_scale"])
         except ValueError as err:
-            return None, f"sparsity {text}: {err}", q, k, rope
+            return None, f"sparsity {spec}: {err}", q, k, rope
         return sparse, None, q, k, rope
 
     def clear_forward_state(self) -> None:

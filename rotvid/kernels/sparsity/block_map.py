@@ -159,10 +159,6 @@ class BlockMap:
         m = m.repeat_interleave(self.block, dim=-2)[..., : self.n_q, :]
         return m.repeat_interleave(self.block, dim=-1)[..., : self.n_kv]
 
-    def row_mask(self) -> torch.Tensor:
-        """bool [B', H', n_q, Tk]: for each query row, the key blocks its tile visits."""
-        return self.to_dense_mask().repeat_interleave(self.block, dim=-2)[..., : self.n_q, :]
-
     def density(self) -> torch.Tensor:
         """Kept blocks / all blocks (``Tq * Tk`` per batch and head of the map), a float32 0-d tensor (a device value:
         ``float(...)`` syncs)."""

@@ -30,7 +30,7 @@ from rotvid.kernels.sparsity.grid import TokenGrid
 __all__ = [
     "NONE", "REQUIRED", "SPARSITY_VERSION", "MapParam", "SparseMap", "SparsityKind", "SparsitySpec", "accepted_forms",
     "build_block_map", "get_sparsity_kind", "parse_sparsity", "register_sparsity_kind", "sparsity_kind_names",
-    "sparsity_kinds", "unregister_sparsity_kind",
+    "unregister_sparsity_kind",
 ]
 
 SPARSITY_VERSION = 1
@@ -183,10 +183,6 @@ def get_sparsity_kind(name: str) -> SparsityKind:
     if kind is None:
         raise ValueError(f"{WHERE}: unknown kind {name!r}; expected {accepted_forms()}")
     return kind
-
-
-def sparsity_kinds() -> tuple[SparsityKind, ...]:
-    return tuple(_KINDS.values())
 
 
 def sparsity_kind_names() -> tuple[str, ...]:

@@ -127,7 +127,7 @@ def topp_estimate(
 ) -> TopPEstimate:
     """Steps 1-5 of the module docstring on ``q`` [B, H, N_q, D] and ``k`` [B, H, N_kv, D] (BHND views, any
     strides); ``kv_lens`` int [B] (values past ``N_kv`` count as ``N_kv``)."""
-    b, h, nq, d = q.shape
+    nq, d = q.shape[2], q.shape[3]
     nkv = k.shape[2]
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     sm_scale = d**-0.5 if sm_scale is None else sm_scale
@@ -142,11 +142,11 @@ def topp_estimate(
     ranked, order = torch.sort(mass, dim=-1, descending=True)
     before = torch.cumsum(ranked, dim=-1) - ranked
     keep = torch.zeros_like(mass, dtype=torch.bool).scatter(-1, order, (before < tau) & (ranked > 0))
-    keep = keep | (q_sim < sim).unsqueeze(-1) | ((k_sim < sim) & (k_count > 0)).unsqueeze(-2)
+    keep = keep | (q_sim < sim).unsqueeze(-1) | ((k_sim < sim).unsqueeze(-2) & k_live)
     eye = torch.arange(tq, device=q.device).unsqueeze(-1) == torch.arange(tk, device=q.device)
     keep = keep | eye
     dropped = (mass * (~keep).to(dt)).sum(dim=-1)
-    return TopPEstimate(keep, mass, dropped, q_sim, k_sim.expand(b, h, tk))
+    return TopPEstimate(keep, mass, dropped, q_sim, k_sim)
 
 
 def topp_block_map(
