@@ -282,27 +282,32 @@ class RunReport:
         """Whether the run was configured with a block map (the config's, or a block's own in the schedule)."""
         return self.sparsity != "none" or bool(self.sparsity_rules.get("block_sparsity"))
 
+    def _sparse_total(self) -> SparseCell:
+        """Every (block, step) cell's sums in one cell."""
+        total = SparseCell()
+        for cell in self.sparse_cells.values():
+            total.add(cell)
+        return total
+
     @property
     def sparse_calls(self) -> int:
         """Quantized calls that ran with a block map."""
-        return round(sum(c.calls for c in self.sparse_cells.values()))
+        return round(self._sparse_total().calls)
 
     @property
     def mean_density(self) -> float | None:
         """Mean density (kept key blocks / all) over the calls that ran with a map; None when none did."""
-        calls = sum(c.calls for c in self.sparse_cells.values())
-        return sum(c.density_sum for c in self.sparse_cells.values()) / calls if calls else None
+        return self._sparse_total().density
 
     @property
     def mean_dropped_mass(self) -> float | None:
         """Mean estimated dropped mass over the calls that had an estimate (top-p maps); None when none had."""
-        calls = sum(c.estimated_calls for c in self.sparse_cells.values())
-        return sum(c.dropped_sum for c in self.sparse_cells.values()) / calls if calls else None
+        return self._sparse_total().dropped_mass
 
     def dropped_mass_note(self) -> str | None:
         """How the dropped mass was (or was not) estimated; None without sparse calls."""
-        calls = sum(c.calls for c in self.sparse_cells.values())
-        estimated = sum(c.estimated_calls for c in self.sparse_cells.values())
+        total = self._sparse_total()
+        calls, estimated = total.calls, total.estimated_calls
         if not calls:
             return None
         if estimated >= calls:
