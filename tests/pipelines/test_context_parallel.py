@@ -101,6 +101,7 @@ def _worker(rank: int, world: int, port: int, folder: str, out_dir: str, device_
             cases: list) -> None:
     import torch.distributed as dist
 
+    from rotvid.distributed_run import finish_worker, shutdown_worker
     from rotvid.pipelines.context_parallel import enable_context_parallel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -157,8 +158,12 @@ def _worker(rank: int, world: int, port: int, folder: str, out_dir: str, device_
             for recipe in ("fp16", "int4")
         ]
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        shutdown_worker()  # an error leaves at once: the parent reports the rank that failed
+        raise
+    # both ranks leave together, as the CLI's workers do: a rank that tore its gloo group down while
+    # the other still worked was seen to abort ("terminate called without an active exception")
+    finish_worker()
 
 
 # ---- the parent side ----------------------------------------------------------------------------
