@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -161,9 +162,13 @@ def _worker(rank: int, world: int, port: int, folder: str, out_dir: str, device_
     except BaseException:
         shutdown_worker()  # an error leaves at once: the parent reports the rank that failed
         raise
-    # both ranks leave together, as the CLI's workers do: a rank that tore its gloo group down while
-    # the other still worked was seen to abort ("terminate called without an active exception")
+    # both ranks leave together, as the CLI's workers do, then the process ends without the interpreter's
+    # teardown: in CI under load a rank aborted there ("terminate called without an active exception", a
+    # joinable C++ thread destroyed at exit), after its results were written and its group destroyed
     finish_worker()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ---- the parent side ----------------------------------------------------------------------------
@@ -184,12 +189,16 @@ def _spawn(out_dir: Path, folder: Path, device_kind: str, backend: str, cases: l
         nprocs=WORLD, join=False, start_method="spawn",
     )
     deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"context-parallel workers did not finish within {DEADLINE_S} s (hang?)")
+    try:
+        while not ctx.join(timeout=5):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                pytest.fail(f"context-parallel workers did not finish within {DEADLINE_S} s (hang?)")
+    except mp.ProcessExitedException as e:  # say whether the rank died before or after its work was done
+        written = [r for r in range(WORLD) if (out_dir / f"rank{r}.json").exists()]
+        pytest.fail(f"{e} (results written by ranks {written} of {WORLD})")
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
