@@ -205,6 +205,18 @@ def _dense_rules(dense_first_steps: int | None, dense_blocks: str | None) -> dic
     return rules
 
 
+def _dense_flags(dense: dict) -> str:
+    """The options that gave the sparsity rules ``dense`` (from :func:`_dense_rules`), e.g. ``--dense-blocks``."""
+    return ", ".join("--" + k.replace("_", "-") for k in dense)
+
+
+def _check_dense_has_block_map(dense: dict, has_block_map: bool) -> None:
+    """The sparsity rules ``dense`` act on a block map: a ValueError when some are given and the run has no map."""
+    if dense and not has_block_map:
+        raise ValueError(f"{_dense_flags(dense)}: sparsity rules without a block map (pass --sparsity radial or "
+                         "topp:TAU)")
+
+
 def _base_config(config_file: Path | None):
     from rotvid.pipelines.config import RotvidConfig
 
@@ -589,16 +601,11 @@ class _ConfigFactory:
         (``strict``: a single run) or ``cfg`` as it is (an eval's dense variants)."""
         if not self.dense:
             return cfg
-        if not cfg.sparsity.enabled and not cfg.schedule.block_sparsity:
-            if not strict:
-                return cfg
-            raise ValueError(f"{self.dense_flags}: sparsity rules without a block map (pass --sparsity radial or "
-                             "topp:TAU)")
+        has_block_map = cfg.sparsity.enabled or bool(cfg.schedule.block_sparsity)
+        if not strict and not has_block_map:
+            return cfg
+        _check_dense_has_block_map(self.dense, has_block_map)
         return cfg.with_(schedule=replace(cfg.schedule, **self.dense))
-
-    @property
-    def dense_flags(self) -> str:
-        return ", ".join("--" + k.replace("_", "-") for k in self.dense)
 
     def check(self):
         """Validate without loading anything (default schedule); None for the untouched pipeline."""
@@ -832,7 +839,7 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
     for spec in specs:  # every variant's config, before any video is generated
         factory.check_variant(spec.recipe, spec.rotation, spec.sparsity)
     if dense and not any(spec.sparsity.enabled for spec in specs):
-        raise ValueError(f"{factory.dense_flags}: sparsity rules, but no variant has a block map (add :SPARSITY to a "
+        raise ValueError(f"{_dense_flags(dense)}: sparsity rules, but no variant has a block map (add :SPARSITY to a "
                          "variant, e.g. int8-fp8:half:topp0.9, or pass --sparsity)")
     _check_request_before_loading(model, replace(template, prompt=prompts[0]))
     state: dict = {}
@@ -974,9 +981,7 @@ def calibrate(
                 raise ValueError(f"--capture-steps: expected non-negative step numbers, got {capture_steps!r}")
         dense = _dense_rules(dense_first_steps, dense_blocks)
         spec = parse_sparsity(sparsity if sparsity is not None else "none")
-        if dense and not spec.enabled:
-            raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in dense)}: sparsity rules without a block "
-                             "map (pass --sparsity radial or topp:TAU)")
+        _check_dense_has_block_map(dense, spec.enabled)
         if spec.enabled and unconstrained:
             raise ValueError("--sparsity: the unconstrained rotation is not installable, so no schedule is probed "
                              "(drop --unconstrained or --sparsity)")

@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 import pytest
-from PIL import Image
 
 import rotvid.cli
 import rotvid.pipelines.loading
 from rotvid.eval import generation as gen
 from tests.test_cli import TINY, assert_fails, run, tiny_wan  # noqa: F401  (tiny_wan: a fixture)
+from tests.test_cli_i2v import random_image, tiny_i2v  # noqa: F401  (tiny_i2v: a fixture)
 
 # TINY without --frames (the frame rule is what some tests change)
 SMALL = [a for i, a in enumerate(TINY) if not (a == "--frames" or (i and TINY[i - 1] == "--frames"))]
@@ -33,15 +33,6 @@ def no_weights(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny_i2v(tmp_path_factory):
-    from rotvid.pipelines.tiny import build_tiny_pipeline
-
-    folder = tmp_path_factory.mktemp("tiny-i2v-early") / "wan-i2v"
-    build_tiny_pipeline("wan-i2v", folder, num_layers=2)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def tiny_pipe(tiny_wan):
     import torch
 
@@ -50,11 +41,6 @@ def tiny_pipe(tiny_wan):
     pipe = load_pipeline(tiny_wan, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     return pipe
-
-
-def _image(path):
-    Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(path)
-    return path
 
 
 # ---- checks from the config files, before any weight loads ------------------------------------------------------
@@ -73,7 +59,7 @@ def test_config_checks_fail_before_weight_loading_and_name_the_option(command, t
         (["--frames", "6"], ("--frames 6", "4k+1", "--frames 5 or 9")),  # diffusers would silently make 5
         (["--frames", "5", "--height", "70"], ("--height 70", "multiple of 16", "64 or 80")),
         (["--frames", "5", "--width", "8"], ("--width 8", "multiple of 16", "(e.g. 16)")),
-        (["--frames", "5", "--image", _image(tmp_path / "i.png")],
+        (["--frames", "5", "--image", random_image(tmp_path / "i.png", 0)],
          ("--image", "WanPipeline is a text-to-video pipeline and takes no image")),
     ]
     for extra, fragments in cases:

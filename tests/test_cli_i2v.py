@@ -17,6 +17,7 @@ from tests.test_cli import TINY, assert_fails, run, tiny_wan  # noqa: F401  (tin
 
 @pytest.fixture(scope="module")
 def tiny_i2v(tmp_path_factory):
+    """A tiny Wan image-to-video pipeline folder (2 blocks), built once per test module."""
     folder = tmp_path_factory.mktemp("tiny-i2v") / "wan-i2v"
     build_tiny_pipeline("wan-i2v", folder, num_layers=2)
     return folder
@@ -29,7 +30,8 @@ def tiny_hunyuan(tmp_path_factory):
     return folder
 
 
-def _image(path, seed):
+def random_image(path, seed):
+    """A 32x32 RGB image of uniform random pixels (``seed``) saved at ``path``; returns ``path``."""
     Image.fromarray(np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(path)
     return path
 
@@ -42,7 +44,7 @@ def _frames(path):
 
 
 def test_generate_image_to_video_writes_playable_mp4_and_records_the_image(tiny_i2v, tmp_path):
-    img = _image(tmp_path / "first.png", 0)
+    img = random_image(tmp_path / "first.png", 0)
     out = tmp_path / "i2v.mp4"
     r = run("generate", "-p", "a red cat runs", "--image", img, "--model", tiny_i2v, *TINY, "--schedule", "none",
             "--seed", "3", "--out", out)
@@ -61,15 +63,15 @@ def test_generate_image_to_video_writes_playable_mp4_and_records_the_image(tiny_
 
     # another image, same seed: another video (the image really conditions the run)
     other = tmp_path / "other.mp4"
-    r = run("generate", "-p", "a red cat runs", "--image", _image(tmp_path / "second.png", 1), "--model", tiny_i2v,
-            *TINY, "--schedule", "none", "--seed", "3", "--quiet", "--out", other)
+    r = run("generate", "-p", "a red cat runs", "--image", random_image(tmp_path / "second.png", 1),
+            "--model", tiny_i2v, *TINY, "--schedule", "none", "--seed", "3", "--quiet", "--out", other)
     assert r.exit_code == 0, r.output
     assert np.abs(_frames(other) - frames).max() > 8
 
 
 def test_generate_image_to_video_default_schedule_is_the_papers_i2v(tiny_i2v, tmp_path):
     out = tmp_path / "a.mp4"
-    r = run("generate", "-p", "a dog", "--image", _image(tmp_path / "im.png", 2), "--model", tiny_i2v, *TINY,
+    r = run("generate", "-p", "a dog", "--image", random_image(tmp_path / "im.png", 2), "--model", tiny_i2v, *TINY,
             "--quiet", "--out", out)
     assert r.exit_code == 0, r.output
     side = json.loads(out.with_suffix(".json").read_text())
@@ -78,7 +80,7 @@ def test_generate_image_to_video_default_schedule_is_the_papers_i2v(tiny_i2v, tm
 
 
 def test_image_flag_must_match_the_pipeline(tiny_i2v, tiny_wan, tmp_path):  # noqa: F811
-    img = _image(tmp_path / "img.png", 3)
+    img = random_image(tmp_path / "img.png", 3)
     # both messages are call_kwargs' own
     assert_fails(run("generate", "-p", "x", "--model", tiny_wan, *TINY, "--image", img, "--out", tmp_path / "t.mp4"),
                  "--image: WanPipeline is a text-to-video pipeline and takes no image")
@@ -95,7 +97,7 @@ def test_missing_pipeline_requirement_is_one_clear_error(tiny_i2v, tmp_path, mon
     from rotvid.pipelines import model_table
 
     monkeypatch.setitem(model_table.PIPELINE_REQUIREMENTS, "WanImageToVideoPipeline", ("rotvid_no_such_pkg",))
-    assert_fails(run("generate", "-p", "x", "--image", _image(tmp_path / "i.png", 4), "--model", tiny_i2v, *TINY,
+    assert_fails(run("generate", "-p", "x", "--image", random_image(tmp_path / "i.png", 4), "--model", tiny_i2v, *TINY,
                      "--out", tmp_path / "r.mp4"),
                  "WanImageToVideoPipeline needs the Python package(s) rotvid_no_such_pkg", "pip install")
     assert not (tmp_path / "r.mp4").exists()

@@ -86,20 +86,26 @@ def plan_videos(
     return plan
 
 
+def _paired_by_prompt(out: Path, plan: list[PlannedVideo], candidate: VariantSpec, reference: VariantSpec | None,
+                      name: str) -> CandidateSet:
+    """``candidate``'s planned videos, each paired with the video of the same prompt from ``reference`` (``None``:
+    the untouched pipeline), as the candidate set ``name``."""
+
+    def videos_of(variant: VariantSpec | None) -> list[PlannedVideo]:
+        label = None if variant is None else variant.label
+        return [p for p in plan if (None if p.variant is None else p.variant.label) == label]
+
+    ref_paths = {p.index: p.path for p in videos_of(reference)}
+    pairs = tuple(VideoPair(name=p.path.stem, reference=ref_paths[p.index], candidate=p.path)
+                  for p in videos_of(candidate))
+    return CandidateSet(variant=name, source=out / "videos" / candidate.label, pairs=pairs)
+
+
 def _versus_dense(out: Path, plan: list[PlannedVideo], variants: Sequence[VariantSpec], ev: GenerationEvents):
     """Each sparse variant measured against its dense twin, when the twin is one of the variants too."""
     labels = {v.label for v in variants}
-    sets = []
-    for v in variants:
-        twin = v.dense_twin
-        if not v.sparsity.enabled or twin.label not in labels:
-            continue
-        twin_paths = {p.index: p.path for p in plan if p.variant is not None and p.variant.label == twin.label}
-        pairs = tuple(
-            VideoPair(name=p.path.stem, reference=twin_paths[p.index], candidate=p.path)
-            for p in plan if p.variant is not None and p.variant.label == v.label
-        )
-        sets.append(CandidateSet(variant=f"{v.label} vs {twin.label}", source=out / "videos" / v.label, pairs=pairs))
+    sets = [_paired_by_prompt(out, plan, v, v.dense_twin, f"{v.label} vs {v.dense_twin.label}")
+            for v in variants if v.sparsity.enabled and v.dense_twin.label in labels]
     if not sets:
         return []
     return measure("dense twins", str(out / "videos"), sets, on_video=ev.measuring).variants
@@ -159,14 +165,7 @@ def evaluate_generated(
         ev.video_done(item.path, False)
     if not is_main_process():  # multi-process generation: rank 0 alone measures and writes the report
         return None, {}
-    sets = []
-    ref_paths = {p.index: p.path for p in plan if p.variant is None}
-    for v in variants:
-        pairs = tuple(
-            VideoPair(name=p.path.stem, reference=ref_paths[p.index], candidate=p.path)
-            for p in plan if p.variant is not None and p.variant.label == v.label
-        )
-        sets.append(CandidateSet(variant=v.label, source=out / "videos" / v.label, pairs=pairs))
+    sets = [_paired_by_prompt(out, plan, v, None, v.label) for v in variants]
     report = measure("reference", str(out / "videos" / REFERENCE_FOLDER), sets,
                      columns={v.label: v.table_columns() for v in variants}, on_video=ev.measuring)
     report.versus_dense = _versus_dense(out, plan, variants, ev)

@@ -116,20 +116,27 @@ def _vocab_size() -> int:
     return len(_WORDS) + 8
 
 
+def _t5_text_encoder(model_cls, config_cls, text_dim: int) -> tuple:
+    """``(tokenizer, text encoder)`` of the T5 family (``model_cls`` / ``config_cls``: UMT5 for Wan, T5 for
+    CogVideoX): a 2-layer encoder of width ``text_dim`` on the tiny vocabulary, its tokenizer appending eos."""
+    tokenizer = tiny_tokenizer(specials={"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}, post="eos")
+    text_encoder = model_cls(
+        config_cls(
+            vocab_size=_vocab_size(), d_model=text_dim, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+            relative_attention_num_buckets=8, relative_attention_max_distance=16, pad_token_id=0,
+            eos_token_id=1, decoder_start_token_id=0,
+        )
+    ).eval()
+    return tokenizer, text_encoder
+
+
 def _wan_components(num_layers: int, two_experts: bool, seed: int, image_to_video: bool = False) -> dict:
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
     torch.manual_seed(seed)
     text_dim = 32
-    tokenizer = tiny_tokenizer(specials={"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}, post="eos")
-    text_encoder = UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=_vocab_size(), d_model=text_dim, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-            relative_attention_num_buckets=8, relative_attention_max_distance=16, pad_token_id=0,
-            eos_token_id=1, decoder_start_token_id=0,
-        )
-    ).eval()
+    tokenizer, text_encoder = _t5_text_encoder(UMT5EncoderModel, UMT5Config, text_dim)
     z_dim = 4
     vae = AutoencoderKLWan(
         base_dim=8, z_dim=z_dim, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True],
@@ -212,14 +219,7 @@ def _cogvideox_components(num_layers: int, rope: bool, seed: int) -> dict:
 
     torch.manual_seed(seed)
     text_dim = 32
-    tokenizer = tiny_tokenizer(specials={"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}, post="eos")
-    text_encoder = T5EncoderModel(
-        T5Config(
-            vocab_size=_vocab_size(), d_model=text_dim, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-            relative_attention_num_buckets=8, relative_attention_max_distance=16, pad_token_id=0,
-            eos_token_id=1, decoder_start_token_id=0,
-        )
-    ).eval()
+    tokenizer, text_encoder = _t5_text_encoder(T5EncoderModel, T5Config, text_dim)
     latent = 4
     vae = AutoencoderKLCogVideoX(
         in_channels=3, out_channels=3, latent_channels=latent,

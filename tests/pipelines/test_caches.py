@@ -42,6 +42,20 @@ def cache_config(kind: str, pipe, family: str):
     raise ValueError(kind)
 
 
+def run_with_cache(pipe, family, cache, schedule):
+    """One run of ``STEPS`` steps with the diffusers ``cache`` hook on and rotvid (int4, reference backend,
+    ``schedule``) applied, both taken off after: the frames and rotvid's handle."""
+    pipe.transformer.enable_cache(cache)
+    try:
+        handle = apply(pipe, RotvidConfig(recipe="int4", backend="reference", schedule=schedule))
+        try:
+            return pipe(**tiny_call_kwargs(family, steps=STEPS)).frames, handle
+        finally:
+            remove(pipe)
+    finally:
+        pipe.transformer.disable_cache()
+
+
 CASES = [
     ("first-block", "wan"), ("first-block", "cogvideox"), ("first-block", "hunyuan_video"),
     ("faster", "cogvideox"),
@@ -57,15 +71,7 @@ SKIPS = {"first-block", "faster", "pyramid-attention-broadcast", "mag"}  # cache
 def test_cache_hook_with_rotvid_runs_counts_steps_and_reports(tiny, kind, family):
     pipe = tiny(family)
     config = cache_config(kind, pipe, family)
-    pipe.transformer.enable_cache(config)
-    try:
-        handle = apply(pipe, RotvidConfig(recipe="int4", backend="reference", schedule=Schedule(fp16_first_steps=1)))
-        try:
-            out = pipe(**tiny_call_kwargs(family, steps=STEPS)).frames
-        finally:
-            remove(pipe)
-    finally:
-        pipe.transformer.disable_cache()
+    out, handle = run_with_cache(pipe, family, config, Schedule(fp16_first_steps=1))
     assert torch.isfinite(out).all()
     rep = handle.report
     forwards = FORWARDS[family]
@@ -95,15 +101,7 @@ def test_a_redo_under_first_block_cache_resets_the_cache_and_is_finite(tiny, mon
         return torch.full_like(out, float("inf")) if calls[0] == 6 else out
 
     monkeypatch.setattr(runtime_module, "run_attention", attention)
-    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.5))
-    try:
-        handle = apply(pipe, RotvidConfig(recipe="int4", backend="reference", schedule=Schedule()))
-        try:
-            out = pipe(**tiny_call_kwargs("cogvideox", steps=STEPS)).frames
-        finally:
-            remove(pipe)
-    finally:
-        pipe.transformer.disable_cache()
+    out, handle = run_with_cache(pipe, "cogvideox", FirstBlockCacheConfig(threshold=0.5), Schedule())
     assert torch.isfinite(out).all()
     rep = handle.report
     assert len(rep.redos) == 1 and rep.redos[0]["finite_after_redo"]

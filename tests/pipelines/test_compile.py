@@ -39,6 +39,16 @@ def run(pipe, family, steps=3):
     return pipe(**tiny_call_kwargs(family, steps=steps)).frames
 
 
+def eager_run(pipe, family, cfg, steps):
+    """``cfg`` applied without compile for one run of ``steps``, then removed: the frames, the report (as a dict) and
+    the transformer forwards per step -- what the compiled run must reproduce."""
+    handle = apply(pipe, cfg)
+    try:
+        return run(pipe, family, steps), handle.report.to_dict(), dict(handle.tracker.forwards_per_step)
+    finally:
+        remove(pipe)
+
+
 def transformer_inputs(pipe, family, **call_kw):
     """The (args, kwargs) the pipeline passes to its transformer (first forward of a 1-step run;
     ``call_kw``: more :func:`tiny_call_kwargs` arguments, e.g. ``size``)."""
@@ -90,13 +100,7 @@ def test_compiled_run_equals_eager_with_one_graph_per_plan_and_the_same_report(t
     pipe = tiny(family)
     steps = 5
     cfg = RotvidConfig(recipe="int4", backend="reference", schedule=MIXED)
-    handle = apply(pipe, cfg)
-    try:
-        ref = run(pipe, family, steps)
-        ref_report = handle.report.to_dict()
-        ref_forwards = dict(handle.tracker.forwards_per_step)
-    finally:
-        remove(pipe)
+    ref, ref_report, ref_forwards = eager_run(pipe, family, cfg, steps)
     counter = GraphCounter()
     handle = apply(pipe, cfg, compile={"backend": counter})
     try:
@@ -146,12 +150,7 @@ def test_a_table_with_many_distinct_plans_reads_the_plan_as_data_in_one_graph(ti
     steps = 8
     cells = tuple((s, b) for s in range(steps) for b in range(4) if (s + 1) >> b & 1)  # block b FP16: bit b of s+1
     cfg = RotvidConfig(recipe="int4", backend="reference", schedule=Schedule(fp16_cells=cells))
-    handle = apply(pipe, cfg)
-    try:
-        ref = run(pipe, family, steps)
-        ref_report = handle.report.to_dict()
-    finally:
-        remove(pipe)
+    ref, ref_report, _ = eager_run(pipe, family, cfg, steps)
     counter = GraphCounter()
     handle = apply(pipe, cfg, compile={"backend": counter})
     try:
@@ -170,11 +169,7 @@ def test_aot_eager_with_a_mask_equals_eager(tiny):
     """HunyuanVideo passes a text-padding mask: under compile it takes the torch.cond path."""
     pipe = tiny("hunyuan_video")
     cfg = RotvidConfig(recipe="int4", backend="reference", schedule=MIXED)
-    apply(pipe, cfg)
-    try:
-        ref = run(pipe, "hunyuan_video", steps=3)
-    finally:
-        remove(pipe)
+    ref, _, _ = eager_run(pipe, "hunyuan_video", cfg, steps=3)
     handle = apply(pipe, cfg, compile={"backend": "aot_eager"})
     try:
         out = run(pipe, "hunyuan_video", steps=3)
@@ -194,11 +189,7 @@ def test_inductor_matches_eager(tiny):
     """
     pipe = tiny("wan", num_layers=2)
     cfg = RotvidConfig(recipe="fp16", rotation="half")
-    apply(pipe, cfg)
-    try:
-        ref = run(pipe, "wan", steps=2)
-    finally:
-        remove(pipe)
+    ref, _, _ = eager_run(pipe, "wan", cfg, steps=2)
     handle = apply(pipe, cfg, compile=True)
     try:
         out = run(pipe, "wan", steps=2)
@@ -313,11 +304,7 @@ def test_apply_under_inference_mode_then_a_no_grad_run_counts(tiny):
 def test_compile_true_compiles_both_experts_of_wan22(tiny):
     pipe = tiny("wan2.2", num_layers=2)
     cfg = RotvidConfig(recipe="int4", backend="reference", schedule=MIXED)
-    apply(pipe, cfg)
-    try:
-        ref = run(pipe, "wan2.2", steps=4)
-    finally:
-        remove(pipe)
+    ref, _, _ = eager_run(pipe, "wan2.2", cfg, steps=4)
     counter = GraphCounter()
     handle = apply(pipe, cfg, compile={"backend": counter})
     try:
