@@ -22,10 +22,6 @@ source) and writes it, with the raw per-case numbers, to ``benchmarks/results/``
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import math
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -34,15 +30,20 @@ from statistics import mean
 
 import torch
 
-from rotvid.kernels import metrics
-from rotvid.kernels.recipes import attention_reference
-from rotvid.kernels.reference import DEFAULT_BLOCK_N
-from rotvid.rope.dumps import load_qkv_dump
-from rotvid.rope.hadamard import hadamard_matrix
-from rotvid.rope.incoherence import incoherence, incoherence_summary
-from rotvid.rope.model_facts import get_rope_facts
-from rotvid.rope.rotations import PairRotation, Rotation, make_rotation
-from rotvid.rope.synthetic import synthetic_rope_qkv
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rotvid.kernels import metrics  # noqa: E402
+from rotvid.kernels.recipes import attention_reference  # noqa: E402
+from rotvid.kernels.reference import DEFAULT_BLOCK_N  # noqa: E402
+from rotvid.rope.dumps import load_qkv_dump  # noqa: E402
+from rotvid.rope.hadamard import hadamard_matrix  # noqa: E402
+from rotvid.rope.incoherence import incoherence, incoherence_summary  # noqa: E402
+from rotvid.rope.model_facts import get_rope_facts  # noqa: E402
+from rotvid.rope.rotations import PairRotation, Rotation, make_rotation  # noqa: E402
+from rotvid.rope.synthetic import synthetic_rope_qkv  # noqa: E402
+
+from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.study_io import RESULTS_DIR, command_line, local_stamp, parse_grid, write_results  # noqa: E402
 
 HEAD_DIMS = {"wan": 128, "hunyuan_video": 128, "cogvideox": 64}
 DEFAULT_FAMILIES = ("wan", "hunyuan_video", "cogvideox")
@@ -50,7 +51,6 @@ DEFAULT_GRIDS = ((4, 8, 12), (5, 12, 16), (8, 15, 20))
 DEFAULT_ROTATIONS = ("none", "interleaved", "half", "full")
 DEFAULT_RECIPES = ("int4", "int4-sym-p", "int4-fp8", "int8-fp8", "nvfp4")
 P_MODE = {"int4": "range", "int4-sym-p": "sym", "int4-fp8": "fp8", "int8-fp8": "fp8", "nvfp4": "fp4", "fp16": "-"}
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 @dataclass
@@ -226,26 +226,6 @@ def format_v_table(aggs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _parse_grid(text: str) -> tuple[int, int, int]:
-    try:
-        f, h, w = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"grid must look like FxHxW (e.g. 4x8x12), got {text!r}") from None
-    if min(f, h, w) < 1:
-        raise argparse.ArgumentTypeError(f"grid sizes must be >= 1, got {text!r}")
-    return f, h, w
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--families", default=",".join(DEFAULT_FAMILIES), help="synthetic RoPE families (comma list, '' for none)")
@@ -278,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
     for f in families:
         if f not in HEAD_DIMS:
             raise SystemExit(f"--families: unknown family {f!r} (known: {', '.join(HEAD_DIMS)})")
-    grids = [_parse_grid(g) for g in args.grids.split(",") if g]
+    grids = [parse_grid(g) for g in args.grids.split(",") if g]
     rotations = [r for r in args.rotations.split(",") if r]
     recipes = [r for r in args.recipes.split(",") if r]
     t0 = time.time()
@@ -302,12 +282,10 @@ def main(argv: list[str] | None = None) -> dict:
     v_aggs.sort(key=lambda a: (sources.index(a["source"]), recipes.index(a["recipe"]), a["v_hadamard"]))
     fp_worst = min(r["sqnr_db"] for r in exact)
     elapsed = time.time() - t0
-    commit = _git_commit()
-    stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
-    command = "python benchmarks/accuracy_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    commit = git_commit()
     header = (
-        f"# Accuracy study ({stamp}, commit {commit})\n\n"
-        f"command: `{command.strip()}`  \n"
+        f"# Accuracy study ({local_stamp()}, commit {commit})\n\n"
+        f"command: `{command_line('accuracy_study.py', argv)}`  \n"
         f"cases: {len(cases)} tensor sets ({', '.join(sorted({c.source for c in cases}))}); "
         f"V Hadamard in main table: {args.v_hadamard}; key block {args.block_n or 'reference default (64)'}; "
         f"smoothing: K{(', Q per ' + (str(args.q_block) + ' rows' if args.q_block > 0 else 'head')) if args.smooth_q else ''}{', V' if args.smooth_v else ''}; "
@@ -327,12 +305,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(text)
     result = {"text": text, "rows": rows, "v_rows": v_rows, "exact_rows": exact, "commit": commit, "elapsed_s": elapsed}
     if not args.no_write:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        name = f"accuracy_{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}_{commit}"
-        (args.out_dir / f"{name}.md").write_text(text + "\n")
-        (args.out_dir / f"{name}.json").write_text(json.dumps({k: v for k, v in result.items() if k != "text"}, indent=1))
-        print(f"\nwrote {args.out_dir / name}.md and .json", file=sys.stderr)
-        result["written"] = str(args.out_dir / name)
+        stem = write_results(args.out_dir, "accuracy", commit, text, {k: v for k, v in result.items() if k != "text"})
+        print(f"\nwrote {stem}.md and .json", file=sys.stderr)
+        result["written"] = str(stem)
     return result
 
 

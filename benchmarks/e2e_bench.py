@@ -42,11 +42,8 @@ kernels, not a fast path — unless ``--allow-reference`` is given.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -62,18 +59,13 @@ from rotvid.pipelines import (  # noqa: E402
 )
 from rotvid.pipelines.compiling import compile_transformers, uncompile_transformers  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+from benchmarks.provenance import device_description, git_commit, utc_stamp  # noqa: E402
+from benchmarks.random_wan import (  # noqa: E402
+    LATENT_480P, LATENT_720P, WAN21_13B, WAN_14B, build_random_wan, video_tokens,
+)
+from benchmarks.results_log import add_append_options, append_table  # noqa: E402
+from benchmarks.timing import call_ms, sync  # noqa: E402
 
-WAN21_13B = dict(
-    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads", eps=1e-6,
-)
-WAN_14B = dict(
-    patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
-    text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads", eps=1e-6,
-)
 TINY = dict(
     patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64, in_channels=4, out_channels=4,
     text_dim=32, freq_dim=32, ffn_dim=64, num_layers=6, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
@@ -99,11 +91,11 @@ class Setup:
 
 def make_setup(name: str, steps: int, slice_layers: int) -> Setup:
     if name == "wan2.1-1.3b-480p":
-        return Setup("wan2.1-1.3b 480p 81f", WAN21_13B, (1, 16, 21, 60, 104), 512, "cuda", torch.bfloat16, steps)
+        return Setup("wan2.1-1.3b 480p 81f", WAN21_13B, LATENT_480P, 512, "cuda", torch.bfloat16, steps)
     if name == "wan14b-720p-slice":
         cfg = dict(WAN_14B, num_layers=slice_layers)
-        return Setup(f"wan 14B 720p 81f, {slice_layers}-block slice", cfg, (1, 16, 21, 90, 160), 512, "cuda",
-                     torch.bfloat16, steps, middle_slice=True)
+        return Setup(f"wan 14B 720p 81f, {slice_layers}-block slice", cfg, LATENT_720P, 512, "cuda", torch.bfloat16,
+                     steps, middle_slice=True)
     raise ValueError(f"--setups: expected names among {', '.join(SETUPS)}, got {name!r}")
 
 
@@ -112,34 +104,9 @@ def tiny_setup(steps: int) -> Setup:
     return Setup("tiny wan (smoke)", TINY, (1, 4, 3, 16, 16), 16, dev, torch.float32, steps)
 
 
-def cast_like_from_pretrained(model, dtype: torch.dtype) -> None:
-    """Cast parameters to ``dtype`` except the modules diffusers keeps in float32 when loading
-    (``model._keep_in_fp32_modules``: Wan's rope, time embedder, scale/shift tables, norms)."""
-    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
-    for name, p in model.named_parameters():
-        parts = set(name.split("."))
-        p.data = p.data.to(torch.float32 if parts & keep else dtype)
-
-
 def build(setup: Setup, seed: int):
-    """The transformer with random weights and random inputs of the real shapes."""
-    from diffusers import WanTransformer3DModel
-
-    torch.manual_seed(seed)
-    with torch.device(setup.device):
-        model = WanTransformer3DModel(**setup.config)
-    cast_like_from_pretrained(model, setup.dtype)
-    model = model.eval().requires_grad_(False)
-    g = torch.Generator(device=setup.device).manual_seed(seed + 1)
-    x = torch.randn(setup.latent, generator=g, device=setup.device, dtype=setup.dtype)
-    text = torch.randn(1, setup.text_len, setup.config["text_dim"], generator=g, device=setup.device, dtype=setup.dtype)
-    t = torch.tensor([500.0], device=setup.device)
-    return model, dict(hidden_states=x, encoder_hidden_states=text, timestep=t, return_dict=False)
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+    """The setup's transformer with random weights and random inputs of the real shapes."""
+    return build_random_wan(setup.config, setup.latent, setup.text_len, setup.device, setup.dtype, seed)
 
 
 def first_forward_s(model, inputs, device: str) -> float:
@@ -160,28 +127,14 @@ def time_forward(model, inputs, device: str, warmup: int, iters: int) -> tuple[f
         sync(device)
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(iters):
-            if device == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                model(**inputs)
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                model(**inputs)
-                times.append((time.perf_counter() - t0) * 1e3)
+        times = [call_ms(lambda: model(**inputs), device) for _ in range(iters)]
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
     return statistics.median(times), peak
 
 
 def kernel_probe(setup: Setup, recipe: str, backend: str) -> tuple[str, str]:
     """(backend name, reason) the dispatcher picks for one self-attention of this shape."""
-    b, c, f, h, w = setup.latent
-    p = setup.config["patch_size"]
-    n = (f // p[0]) * (h // p[1]) * (w // p[2])
+    b, n = setup.latent[0], video_tokens(setup.config, setup.latent)
     heads, d = setup.config["num_attention_heads"], setup.config["attention_head_dim"]
     q = torch.randn(b, heads, n, d, device=setup.device, dtype=setup.dtype)
     try:
@@ -383,32 +336,14 @@ def run_setup(setup: Setup, args) -> list[dict]:
     return rows
 
 
-def device_name(setup: Setup) -> str:
-    if setup.device == "cuda":
-        return torch.cuda.get_device_name()
-    return f"CPU ({os.cpu_count()} threads)"
-
-
-def git_commit() -> str:
-    commit = os.environ.get("ROTVID_COMMIT")
-    if commit:
-        return commit
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _fmt(value, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
 def markdown(results: list[tuple[Setup, list[dict]]], args) -> str:
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     first = results[0][0]
     lines = [
-        f"### e2e_bench: {device_name(first)}, {date}, commit {git_commit()}",
+        f"### e2e_bench: {device_description(first.device)}, {utc_stamp()}, commit {git_commit()}",
         "",
         f"torch {torch.__version__}; random weights; text {first.text_len} tokens, {first.dtype}; rotation "
         f"{args.rotation}, recipe {args.recipe}, schedule {args.schedule}; compile mode {args.compile_mode}; median "
@@ -483,9 +418,7 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--warmup", type=int, default=None, help="warm-up forwards per row (default 2; tiny 1)")
     ap.add_argument("--iters", type=int, default=None, help="timed forwards per row (default 5; tiny 2)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--append", type=Path, default=None,
-                    help=f"results file to append to (default {RESULTS.relative_to(RESULTS.parents[1])} for full runs)")
-    ap.add_argument("--no-append", action="store_true", help="print only")
+    add_append_options(ap)
     ap.add_argument("--sparsity", nargs="+", default=[], metavar="SPEC",
                     help="also time the all-calls row with each block map (e.g. radial topp:0.9; see --sparsity of "
                          "rotvid generate); the row gives the map's measured mean density")
@@ -560,11 +493,7 @@ def main(argv: list[str] | None = None) -> str:
     print(md)
     if args.json_out is not None:
         write_json(results, args.json_out)
-    target = args.append if args.append is not None else (None if args.tiny else RESULTS)
-    if target is not None and not args.no_append:
-        with open(target, "a") as fh:
-            fh.write("\n" + md)
-        print(f"appended to {target}")
+    append_table(md, args)
     return md
 
 

@@ -35,11 +35,8 @@ JSON: the sparse and FlexAttention methods per shape (with ``density``; the rotv
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -56,6 +53,9 @@ from rotvid.kernels.sparsity import MAP_BLOCK, BlockMap, TokenGrid  # noqa: E402
 from rotvid.kernels.sparsity.block_map import blocks_for  # noqa: E402
 from rotvid.kernels.sparsity.radial import radial_block_mask  # noqa: E402
 from rotvid.kernels.sparsity.topp import topp_block_map  # noqa: E402
+
+from benchmarks.provenance import git_commit, utc_stamp  # noqa: E402
+from benchmarks.timing import call_ms  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -137,12 +137,7 @@ def time_ms(fn, *, min_reps=3, budget_ms=1500.0) -> float:
     """
     fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    first = start.elapsed_time(end)
+    first = call_ms(fn, "cuda")
     reps = max(min_reps, min(50, int(budget_ms / max(first, 1e-3))))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for s, e in events:
@@ -437,8 +432,8 @@ def results_json(rows: list[dict]) -> dict:
                 entry[extra] = round(r[extra], 4)
     out = {
         "device": torch.cuda.get_device_name(),
-        "commit": os.environ.get("ROTVID_COMMIT") or _git_commit(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(),
+        "date": utc_stamp(),
         "shapes": shapes,
     }
     if builds:
@@ -448,10 +443,8 @@ def results_json(rows: list[dict]) -> dict:
 
 def markdown(rows: list[dict], block_n: int) -> str:
     dev = torch.cuda.get_device_name()
-    commit = os.environ.get("ROTVID_COMMIT") or _git_commit()
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        f"### kernel_bench: {dev}, {date}, commit {commit}",
+        f"### kernel_bench: {dev}, {utc_stamp()}, commit {git_commit()}",
         "",
         f"torch {torch.__version__}, CUDA {torch.version.cuda}; rotvid block_n={block_n}; bf16 random inputs; "
         "time = median over interleaved rounds (every method once per round, the order rotating) of each round's median; "
@@ -481,13 +474,6 @@ def markdown(rows: list[dict], block_n: int) -> str:
 
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "kernel_bench.json"
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:

@@ -1,25 +1,42 @@
-"""Old vs new Hopper attention kernels without a GPU: per shipping instantiation, ptxas resources (registers,
-spills, stack, barriers), dynamic shared memory, and the PTX and SASS instruction histograms.
+"""Old vs new attention kernels without a GPU, per shipping instantiation: ptxas resources (registers, spills, stack),
+shared memory and the PTX and SASS instructions of one kernel family.
 
-    python benchmarks/kernel_ptx_diff.py --old-rev aa5d692               # old: that commit's csrc, new: this tree's
-    python benchmarks/kernel_ptx_diff.py --old OLD_CSRC --new NEW_CSRC   # two csrc folders
+    python benchmarks/kernel_ptx_diff.py --family hopper --old-rev aa5d692              # that commit vs this tree
+    python benchmarks/kernel_ptx_diff.py --family hopper --old OLD_CSRC --new NEW_CSRC  # two csrc folders
+    python benchmarks/kernel_ptx_diff.py --family mma --old-rev aa5d692 [--new ROOT] [--archs 80,86,89,90a] [--sass]
 
-Each tree's Hopper launchers (the ``.cu`` files of its csrc folder that include ``tma_map.cuh`` or
-``hopper_launch.cuh``) are compiled as the extension builds them for sm90a, ``nvcc -std=c++17 -O3
--gencode=arch=compute_90a,code=sm_90a``, once with ``-Xptxas -v -c`` and once with ``-ptx``, so the kernels compared
-are exactly the instantiations the launchers ship. Kernel names are demangled (``c++filt``) and matched across trees
-by what they compute -- numerics, head_dim, block_n, P mode, Q smoothing (:data:`FAMILIES`); the schedule column
-shows each tree's (stages, ping-pong, pipe). Dynamic shared memory is each tree's own constant (``Cfg::SMEM`` /
-``SmemLayout::SMEM``), printed by a small host program. "PTX numeric ops in the same order" compares the sequence of
-the instructions that decide the output's bits (:data:`NUMERIC_OPS`: float arithmetic, conversions, ex2, wgmma,
-shuffles, dp4a). SASS comes from ``cuobjdump -sass`` (on PATH, or the one
-triton ships); "SASS same" means the instruction sequences are equal, operands included; otherwise it counts the new
-listing's instructions outside the longest common opcode subsequence (moved or changed).
+``--old`` is a csrc folder or a git revision of this repository (its ``rotvid/kernels/csrc``, exported with ``git
+archive``; ``--old-rev`` names a revision only); ``--new`` a csrc folder or a repository root (default: this tree).
+Each launcher source is compiled with the flags of the extension and ``.ci/compile_cuda`` (``nvcc -std=c++17 -O3
+-gencode=arch=compute_X,code=sm_X``; ``$NVCC`` or the nvcc on PATH), once with ``-ptx`` and once to an object with
+``-Xptxas -v``, so the kernels compared are exactly the instantiations the launchers ship. SASS comes from
+``cuobjdump -sass`` (``$CUOBJDUMP``, on PATH, or the one triton ships).
 
-Exits 1 when a kernel of the old tree is missing from the new one, its registers, spills, stack or shared memory
-differ (spills that both trees have are shown, not failed) or its numeric ops differ in kind or order;
-instruction-count deltas are printed (opcode: old -> new) for the reader to explain. A kernel only the new tree has
-(the block-sparse instantiations, ``SPARSE = true``, keyed "... sparse") is listed with its own resources.
+``--family hopper``: the wgmma + TMA kernels, sm90a. The launchers are the ``.cu`` files of each tree that include
+``tma_map.cuh`` or ``hopper_launch.cuh`` (``--units`` names others). Kernel names are demangled (``c++filt``) and
+matched across trees by what they compute -- numerics, head_dim, block_n, P mode, Q smoothing
+(:data:`HOPPER_TEMPLATES`); the schedule column shows each tree's (stages, ping-pong, pipe). Dynamic shared memory is
+each tree's own constant (``Cfg::SMEM`` / ``SmemLayout::SMEM``), printed by a small host program. "PTX numeric ops in
+the same order" compares the sequence of the instructions that decide the output's bits (:data:`NUMERIC_OPS`: float
+arithmetic, conversions, ex2, wgmma, shuffles, dp4a). SASS is compared whenever cuobjdump is found; "SASS same" means
+the instruction sequences are equal, operands included; otherwise it counts the new listing's instructions outside
+the longest common opcode subsequence (moved or changed). Exits 1 when a kernel of the old tree is missing from the
+new one, its registers, spills, stack or shared memory differ (spills that both trees have are shown, not failed) or
+its numeric ops differ in kind or order; instruction-count deltas are printed (opcode: old -> new) for the reader to
+explain. A kernel only the new tree has (the block-sparse instantiations, ``SPARSE = true``, keyed "... sparse") is
+listed with its own resources.
+
+``--family mma``: the mma.sync kernels (``--archs``, default sm80/86/89/90a; ``--units``, default
+:data:`MMA_UNITS`), compared unit by unit, with SASS only under ``--sass``. Kernels of old and new are paired by
+:func:`mma_key` (numerics, head_dim, block_n, path, P mode and schedule), so a kernel without a partner means the
+schedule changed (except a block-sparse instantiation, ``SPARSE = true``, keyed "... sparse": listed with its
+resources, not failed; the dense one, ``SPARSE = false``, has the key of the kernel from before the flag). Per kernel:
+the PTX and SASS opcode histograms and how many lines of their texts differ (registers, labels and mangled names
+renumbered, so 0 means the same code; "(order)" after the count: the same lines, some in another order). Exits 1 when
+any pair differs in resources or in an opcode histogram.
+
+Compiling and reading the listings is :mod:`benchmarks.kernel_listing`; :data:`HOPPER_TEMPLATES` and :data:`MMA_KEYS`
+are the only parts that know the kernels' names.
 """
 
 from __future__ import annotations
@@ -27,24 +44,29 @@ from __future__ import annotations
 import argparse
 import collections
 import difflib
-import importlib.util
 import re
-import shutil
-import subprocess
 import sys
-import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-CSRC = "rotvid/kernels/csrc"
-NVCC_FLAGS = ["-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a"]
-LAUNCHER_INCLUDES = re.compile(r'#include "(tma_map|hopper_launch)\.cuh"')
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernel_listing import (  # noqa: E402
+    CSRC, REPO, KernelListing, compile_listing, demangle, export_csrc, find_cuobjdump, is_git_revision, nvcc,
+    nvcc_flags, opcode, opcode_histogram, run,
+)
+
+FAMILIES = ("hopper", "mma")
+DEFAULT_ARCHS = {"hopper": "90a", "mma": "80,86,89,90a"}
+
+# ---- hopper: the wgmma + TMA kernels -----------------------------------------------------------------------------
+
+HOPPER_LAUNCHER_INCLUDES = re.compile(r'#include "(tma_map|hopper_launch)\.cuh"')
 
 
 @dataclass(frozen=True)
-class Family:
+class HopperTemplate:
     """Kernels of one template, before or after the refactor: how to read their key and their shared memory."""
 
     pattern: re.Pattern  # on the demangled name
@@ -63,34 +85,40 @@ class Family:
 
 
 _B = r"(true|false)"
-FAMILIES = (
+HOPPER_TEMPLATES = (
     # aa5d692: int4_attention_wgmma_kernel<D, BN, PMODE, STAGES, PINGPONG, PIPE, SQ, FP8PV>
-    Family(re.compile(r"rotvid::wg::int4_attention_wgmma_kernel<(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), " + _B
-                      + r", (\d+)>"),
-           "int4 d{0} bn{1} pmode{2} sq={6}", "{3},{4},{5}", ("int4_attention_wgmma.cuh",),
-           "rotvid::wg::Cfg<{0}, {3}, {1}>::SMEM"),
+    HopperTemplate(re.compile(r"rotvid::wg::int4_attention_wgmma_kernel<(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), "
+                              + _B + r", (\d+)>"),
+                   "int4 d{0} bn{1} pmode{2} sq={6}", "{3},{4},{5}", ("int4_attention_wgmma.cuh",),
+                   "rotvid::wg::Cfg<{0}, {3}, {1}>::SMEM"),
     # aa5d692: int8fp8_attention_wgmma_kernel<D, BN, STAGES, PINGPONG, PIPE, NWG, MAGIC>
-    Family(re.compile(r"rotvid::wg8::int8fp8_attention_wgmma_kernel<(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)>"),
-           "int8fp8 d{0} bn{1}", "{2},{3},{4} magic={6}", ("int8fp8_attention_wgmma.cuh",),
-           "rotvid::wg8::Cfg<{0}, {2}, {1}, {5}>::SMEM"),
+    HopperTemplate(re.compile(r"rotvid::wg8::int8fp8_attention_wgmma_kernel<(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), "
+                              r"(\d+)>"),
+                   "int8fp8 d{0} bn{1}", "{2},{3},{4} magic={6}", ("int8fp8_attention_wgmma.cuh",),
+                   "rotvid::wg8::Cfg<{0}, {2}, {1}, {5}>::SMEM"),
     # hopper_attention_kernel<Int4ValuedNumerics<D, BN, PMODE, SQ>, STAGES, PINGPONG, PIPE[, SPARSE]>
-    Family(re.compile(r"rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int4ValuedNumerics<(\d+), (\d+), "
-                      r"(\d+), " + _B + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?>"),
-           "int4 d{0} bn{1} pmode{2} sq={3}", "{4},{5},{6}", ("hopper_attention.cuh", "hopper_int4_numerics.cuh"),
-           "rotvid::hopper::SmemLayout<rotvid::hopper::Int4ValuedNumerics<{0}, {1}, {2}, {3}>, {4}>::SMEM", 8),
+    HopperTemplate(re.compile(r"rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int4ValuedNumerics<(\d+), "
+                              r"(\d+), (\d+), " + _B + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?>"),
+                   "int4 d{0} bn{1} pmode{2} sq={3}", "{4},{5},{6}", ("hopper_attention.cuh", "hopper_int4_numerics.cuh"),
+                   "rotvid::hopper::SmemLayout<rotvid::hopper::Int4ValuedNumerics<{0}, {1}, {2}, {3}>, {4}>::SMEM", 8),
     # hopper_attention_kernel<Int8Fp8Numerics<D, MAGIC>, STAGES, PINGPONG, PIPE[, SPARSE]>
-    Family(re.compile(r"rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int8Fp8Numerics<(\d+), " + _B
-                      + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?>"),
-           "int8fp8 d{0} bn128", "{2},{3},{4} magic={1}", ("hopper_attention.cuh", "hopper_int8fp8_numerics.cuh"),
-           "rotvid::hopper::SmemLayout<rotvid::hopper::Int8Fp8Numerics<{0}, {1}>, {2}>::SMEM", 6),
+    HopperTemplate(re.compile(r"rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int8Fp8Numerics<(\d+), " + _B
+                              + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?>"),
+                   "int8fp8 d{0} bn128", "{2},{3},{4} magic={1}", ("hopper_attention.cuh", "hopper_int8fp8_numerics.cuh"),
+                   "rotvid::hopper::SmemLayout<rotvid::hopper::Int8Fp8Numerics<{0}, {1}>, {2}>::SMEM", 6),
     # combine_splits_kernel<D[, SPARSE]>
-    Family(re.compile(r"rotvid::(?:wg|hopper)::combine_splits_kernel<(\d+)(?:, " + _B + r")?>"), "combine d{0}", "",
-           (), None, 2),
+    HopperTemplate(re.compile(r"rotvid::(?:wg|hopper)::combine_splits_kernel<(\d+)(?:, " + _B + r")?>"), "combine d{0}",
+                   "", (), None, 2),
 )
+
+# PTX instructions that decide the output's bits: float arithmetic, comparisons and conversions, ex2, the integer
+# max (int8-fp8's row max) and row sums (dp4a), shuffles, the tensor-core products
+NUMERIC_OPS = re.compile(r"^(fma|mul|add|sub|neg|abs|min|max|div|rcp|sqrt|selp|setp)\.(\w+\.)*f32|^(min|max)\.s32"
+                         r"|^(ex2|cvt\.rn|wgmma\.mma_async|shfl|dp4a)")
 
 
 @dataclass
-class Kernel:
+class HopperKernel:
     name: str  # demangled
     key: str
     schedule: str
@@ -101,142 +129,43 @@ class Kernel:
     sass: list = field(default_factory=list)  # instruction texts in order
 
 
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    res = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if res.returncode != 0:
-        raise SystemExit(f"kernel_ptx_diff: command failed: {' '.join(cmd)}\n{res.stderr}")
-    return res
-
-
-def demangle(names: list[str]) -> dict[str, str]:
-    if not names:
-        return {}
-    filt = shutil.which("c++filt")
-    if filt is None:
-        raise SystemExit("kernel_ptx_diff: c++filt not found (binutils): kernel names cannot be demangled")
-    out = run([filt], input="\n".join(names) + "\n").stdout.splitlines()
-    return dict(zip(names, out))
-
-
-def cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    spec = importlib.util.find_spec("triton")
-    if spec is not None and spec.origin is not None:
-        cand = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if cand.exists():
-            return str(cand)
+def hopper_template(name: str) -> tuple[HopperTemplate, re.Match] | None:
+    """The template a demangled kernel name instantiates, and the match of its arguments; None if unknown."""
+    for tmpl in HOPPER_TEMPLATES:
+        m = tmpl.pattern.search(name)
+        if m:
+            return tmpl, m
     return None
 
 
-# PTX instructions that decide the output's bits: float arithmetic, comparisons and conversions, ex2, the integer
-# max (int8-fp8's row max) and row sums (dp4a), shuffles, the tensor-core products
-NUMERIC_OPS = re.compile(r"^(fma|mul|add|sub|neg|abs|min|max|div|rcp|sqrt|selp|setp)\.(\w+\.)*f32|^(min|max)\.s32"
-                         r"|^(ex2|cvt\.rn|wgmma\.mma_async|shfl|dp4a)")
-
-
-def ptx_opcodes(ptx: str) -> dict[str, list[str]]:
-    """Opcodes (full, with their suffixes) in order per .entry of a PTX file."""
-    heads = list(re.finditer(r"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$]+)\s*\(", ptx, re.M))
-    out = {}
-    for i, m in enumerate(heads):
-        body = ptx[m.end(): heads[i + 1].start() if i + 1 < len(heads) else len(ptx)]
-        body = body[body.index("{") + 1:] if "{" in body else body
-        ops = []
-        for line in body.splitlines():
-            line = line.split("//")[0].strip()
-            if not line or line[0] in ".{}()" or line.endswith(":"):
-                continue
-            tok = line.split()
-            if tok[0].startswith("@"):
-                tok = tok[1:]
-            if tok:
-                ops.append(tok[0].rstrip(";"))
-        out[m.group(1)] = ops
-    return out
-
-
-def sass_listings(dump: str) -> dict[str, list[str]]:
-    """Instruction texts (address and encoding stripped) per function of a cuobjdump -sass listing."""
-    out, cur = {}, None
-    for line in dump.splitlines():
-        m = re.match(r"\s*Function : (\S+)", line)
-        if m:
-            cur = out.setdefault(m.group(1), [])
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;\s*/\*", line)
-        if m and cur is not None:
-            cur.append(re.sub(r"\s+", " ", m.group(1)))
-    return out
-
-
-def sass_opcode(instr: str) -> str:
-    tok = instr.split()
-    if tok and tok[0].startswith("@"):
-        tok = tok[1:]
-    return tok[0] if tok else ""
-
-
-def parse_ptxas(log: str) -> dict[str, dict]:
-    res, cur = {}, None
-    for line in log.splitlines():
-        m = re.search(r"Compiling entry function '([^']+)'", line) or re.search(r"Function properties for (\S+)", line)
-        if m:
-            cur = res.setdefault(m.group(1), {})
-            continue
-        if cur is None:
-            continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m:
-            cur.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
-        m = re.search(r"Used (\d+) registers", line)
-        if m:
-            cur["registers"] = int(m.group(1))
-        m = re.search(r"used (\d+) barriers", line)
-        if m:
-            cur["barriers"] = int(m.group(1))
-    return res
-
-
-def classify(name: str) -> tuple[Family, re.Match] | None:
-    for fam in FAMILIES:
-        m = fam.pattern.search(name)
-        if m:
-            return fam, m
-    return None
-
-
-def build_tree(csrc: Path, work: Path, objdump: str | None) -> dict[str, Kernel]:
-    """Every kernel of the tree's Hopper launchers, keyed by what it computes."""
-    sources = sorted(f for f in csrc.glob("*.cu") if LAUNCHER_INCLUDES.search(f.read_text()))
-    if not sources:
-        raise SystemExit(f"kernel_ptx_diff: no Hopper launcher (.cu including tma_map.cuh / hopper_launch.cuh) in {csrc}")
-    mangled_res, mangled_ptx, mangled_sass = {}, {}, {}
+def hopper_tree(csrc: Path, units: list[str] | None, work: Path, cuobjdump: str | None) -> dict[str, HopperKernel]:
+    """Every kernel of the tree's Hopper launchers (``units``, or the sources including the launcher headers), keyed
+    by what it computes."""
+    if units is None:
+        sources = sorted(f for f in csrc.glob("*.cu") if HOPPER_LAUNCHER_INCLUDES.search(f.read_text()))
+        if not sources:
+            raise SystemExit(f"kernel_ptx_diff: no Hopper launcher (.cu including tma_map.cuh / hopper_launch.cuh) "
+                             f"in {csrc}")
+    else:
+        sources = [csrc / u for u in units]
+    listings: dict[str, KernelListing] = {}
     for src in sources:
-        obj, ptx = work / (src.stem + ".o"), work / (src.stem + ".ptx")
-        log = run(["nvcc", *NVCC_FLAGS, "-Xptxas", "-v", "-c", str(src), "-o", str(obj)]).stderr
-        mangled_res.update(parse_ptxas(log))
-        run(["nvcc", *NVCC_FLAGS, "-ptx", str(src), "-o", str(ptx)])
-        mangled_ptx.update(ptx_opcodes(ptx.read_text()))
-        if objdump:
-            mangled_sass.update(sass_listings(run([objdump, "-sass", str(obj)]).stdout))
-    names = demangle(sorted(set(mangled_res) | set(mangled_ptx)))
-    kernels: dict[str, Kernel] = {}
+        listings.update(compile_listing(src, "90a", work, cuobjdump))
+    kernels: dict[str, HopperKernel] = {}
     smem_exprs = {}
-    for mangled, pretty in names.items():
-        found = classify(pretty)
+    for mangled, pretty in demangle(sorted(listings)).items():
+        found = hopper_template(pretty)
         if found is None:
             print(f"  (not compared: {pretty})")
             continue
-        fam, m = found
-        ops = mangled_ptx.get(mangled, [])
-        k = Kernel(pretty, fam.key_of(m), fam.schedule.format(*m.groups()),
-                   mangled_res.get(mangled, {}), None, collections.Counter(ops),
-                   [op for op in ops if NUMERIC_OPS.match(op)], mangled_sass.get(mangled, []))
+        tmpl, m = found
+        lst = listings[mangled]
+        ops = [opcode(i) for i in lst.ptx]
+        k = HopperKernel(pretty, tmpl.key_of(m), tmpl.schedule.format(*m.groups()), lst.resources, None,
+                         collections.Counter(ops), [op for op in ops if NUMERIC_OPS.match(op)], lst.sass or [])
         kernels[k.key] = k
-        if fam.smem:
-            smem_exprs[k.key] = (fam.headers, fam.smem.format(*m.groups()))
+        if tmpl.smem:
+            smem_exprs[k.key] = (tmpl.headers, tmpl.smem.format(*m.groups()))
     if smem_exprs:  # each kernel's dynamic shared memory, as the tree's own constant
         headers = list(dict.fromkeys(h for hs, _ in smem_exprs.values() for h in hs))
         prog = work / "smem.cu"
@@ -244,44 +173,25 @@ def build_tree(csrc: Path, work: Path, objdump: str | None) -> dict[str, Kernel]
                         + "".join(f'  std::printf("%s\\t%d\\n", "{key}", (int)({expr}));\n'
                                   for key, (_, expr) in smem_exprs.items()) + "}\n")
         exe = work / "smem"
-        run(["nvcc", *NVCC_FLAGS, "-I", str(csrc), str(prog), "-o", str(exe)])
+        run([nvcc(), *nvcc_flags("90a"), "-I", str(csrc), str(prog), "-o", str(exe)])
         for line in run([str(exe)]).stdout.splitlines():
             key, val = line.split("\t")
             kernels[key].smem = int(val)
     return kernels
 
 
-def delta(old: collections.Counter, new: collections.Counter) -> str:
+def _count_delta(old: collections.Counter, new: collections.Counter) -> str:
     ops = sorted(set(old) | set(new))
     return ", ".join(f"{op}: {old[op]} -> {new[op]}" for op in ops if old[op] != new[op])
 
 
-def export_rev(rev: str, dest: Path) -> Path:
-    archive = dest / "csrc.tar"
-    with archive.open("wb") as fh:
-        subprocess.run(["git", "-C", str(REPO), "archive", rev, CSRC], stdout=fh, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest / "tree")
-    return dest / "tree" / CSRC
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--old", type=Path, help="the old tree's csrc folder")
-    ap.add_argument("--old-rev", help="or a git revision of this repository whose csrc is the old tree")
-    ap.add_argument("--new", type=Path, default=REPO / CSRC, help="the new tree's csrc folder (default: this tree's)")
-    args = ap.parse_args()
-    if (args.old is None) == (args.old_rev is None):
-        ap.error("give exactly one of --old, --old-rev")
-    objdump = cuobjdump()
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        old_csrc = export_rev(args.old_rev, tmp) if args.old_rev else args.old
-        trees = {}
-        for label, csrc in (("old", old_csrc), ("new", args.new)):
-            (tmp / label).mkdir()
-            print(f"building the {label} tree's Hopper launchers ({csrc}) ...", flush=True)
-            trees[label] = build_tree(Path(csrc).resolve(), tmp / label, objdump)
+def hopper_report(old_csrc: Path, new_csrc: Path, units: list[str] | None, cuobjdump: str | None, tmp: Path) -> int:
+    """Build both trees, print the table and the opcode deltas; 1 when a kernel is missing or differs, else 0."""
+    trees = {}
+    for label, csrc in (("old", old_csrc), ("new", new_csrc)):
+        (tmp / label).mkdir()
+        print(f"building the {label} tree's Hopper launchers ({csrc}) ...", flush=True)
+        trees[label] = hopper_tree(csrc, units, tmp / label, cuobjdump)
     old, new = trees["old"], trees["new"]
     bad = False
     print("\n| kernel | schedule old / new | registers | spill st / ld | stack | barriers | dyn. smem B | "
@@ -309,12 +219,12 @@ def main() -> int:
         same_res = all(ro.get(f) == rn.get(f) for f in ("registers", "spill_stores", "spill_loads", "stack")) and \
             o.smem == n.smem
         bad |= not same_res or o.numeric != n.numeric
-        if objdump is None:
+        if cuobjdump is None:
             sass_same = "n/a (no cuobjdump)"
         elif o.sass == n.sass:
             sass_same = "yes"
         else:  # instructions of the new listing outside the longest matching opcode runs
-            ops_o, ops_n = [sass_opcode(i) for i in o.sass], [sass_opcode(i) for i in n.sass]
+            ops_o, ops_n = [opcode(i) for i in o.sass], [opcode(i) for i in n.sass]
             matched = sum(b.size for b in difflib.SequenceMatcher(None, ops_o, ops_n, autojunk=False).get_matching_blocks())
             sass_same = f"no: {len(ops_n) - matched} moved or changed"
         print(f"| {key} | {o.schedule} / {n.schedule} | {pair(ro.get('registers'), rn.get('registers'))} | "
@@ -323,8 +233,8 @@ def main() -> int:
               f"{pair(o.smem, n.smem)} | {sum(o.ptx.values())} / {sum(n.ptx.values())} | "
               f"{'yes' if o.numeric == n.numeric else 'NO'} ({len(n.numeric)}) | "
               f"{len(o.sass)} / {len(n.sass)} | {sass_same} |")
-        d_ptx = delta(o.ptx, n.ptx)
-        d_sass = delta(collections.Counter(map(sass_opcode, o.sass)), collections.Counter(map(sass_opcode, n.sass)))
+        d_ptx = _count_delta(o.ptx, n.ptx)
+        d_sass = _count_delta(opcode_histogram(o.sass), opcode_histogram(n.sass))
         if d_ptx or d_sass:
             details.append(f"- {key}: PTX {{{d_ptx or 'same'}}}; SASS {{{d_sass or 'same'}}}")
     print("\nOpcode deltas (old -> new):" if details else "\nPTX and SASS opcode histograms identical for every kernel.")
@@ -332,6 +242,199 @@ def main() -> int:
     if bad:
         print("\nkernel_ptx_diff: a kernel is missing from one tree, or its resources differ or spill (see the table)")
     return 1 if bad else 0
+
+
+# ---- mma: the mma.sync kernels ------------------------------------------------------------------------------------
+
+MMA_UNITS = ("attn_s4_d64.cu", "attn_s4_d128.cu", "attn_s8_d64.cu", "attn_s8_d128.cu", "attn_int8fp8_mma.cu")
+MMA_RESOURCES = ("registers", "spill_stores", "spill_loads", "stack", "smem")  # compared; a difference fails
+
+
+def _walk_key(kind: str, n: int):
+    """The key of ``mma_attention_kernel<..., SPARSE>`` whose first ``n`` integer arguments come before the SPARSE
+    flag: the dense instantiation keyed as the kernel from before the flag, the block-sparse one with "sparse"."""
+
+    def key(a: tuple) -> tuple:
+        if len(a) > n:
+            return (kind, *a[:n], "sparse") if a[n] else (kind, *a[:n])
+        return (kind, *a)
+
+    return key
+
+
+# mangled kernel name -> comparable key: (pattern, key of the template's integer arguments in order)
+MMA_KEYS = (
+    # before the skeleton: int4_attention_kernel<D, BN, S4, PMODE, NW, MINB, STAGES, LEAN>
+    (re.compile(r"int4_attention_kernel"), lambda a: ("int4", *a)),
+    # int8fp8_attention_mma_kernel<D, NW, MINB> (2 stages, not lean)
+    (re.compile(r"int8fp8_attention_mma_kernel"), lambda a: ("int8fp8", *a, 2, 0)),
+    # mma_attention_kernel<Int4Numerics<D, BN, S4, PMODE>, NW, MINB, STAGES, LEAN[, SPARSE]>
+    (re.compile(r"mma_attention_kernel.*Int4Numerics"), _walk_key("int4", 8)),
+    # mma_attention_kernel<Int8Fp8Numerics<D>, NW, MINB, STAGES, LEAN[, SPARSE]>
+    (re.compile(r"mma_attention_kernel.*Int8Fp8Numerics"), _walk_key("int8fp8", 5)),
+)
+
+
+def mma_key(mangled: str) -> tuple | None:
+    """The comparable key of a mangled kernel name (its integer template arguments in order), None if unknown."""
+    args = tuple(int(v) for v in re.findall(r"L[ib](\d+)E", mangled))
+    for pattern, key in MMA_KEYS:
+        if pattern.search(mangled):
+            return key(args)
+    return None
+
+
+def canonical_text(body: str) -> str:
+    """The instruction text with registers and labels renumbered in order of first use (a label's function index,
+    ``$L__BB<function>_<block>``, dropped: it moves when instantiations are added to a file) and mangled names
+    (kernel, parameters, shared-memory symbol) replaced: two texts equal here differ in names only."""
+    seen: dict[str, str] = {}
+    count: collections.Counter = collections.Counter()
+
+    def rename(m: re.Match) -> str:
+        name = m.group(0)
+        if name not in seen:
+            kind = re.sub(r"\d+(_\d+)?$", "", name)
+            seen[name] = f"{kind}{count[kind]}"
+            count[kind] += 1
+        return seen[name]
+
+    body = re.sub(r"\b_Z\w+", lambda m: "SYM" if "param" not in m.group(0) else "PARAM", body)
+    return re.sub(r"%[a-z]+\d+|\$L__\w+|\bU?[RP]\d+\b", rename, body)
+
+
+def text_diff_lines(old: list[str], new: list[str]) -> str:
+    """Lines that differ (removed + added) between the canonical texts, "0" for the same code; "(order)" when the
+    removed and the added lines are the same lines (the same instructions, some in another order)."""
+    a = canonical_text("\n".join(old)).splitlines()
+    b = canonical_text("\n".join(new)).splitlines()
+    removed, added = collections.Counter(), collections.Counter()
+    for line in difflib.unified_diff(a, b, lineterm="", n=0):
+        if line.startswith("-") and not line.startswith("---"):
+            removed[line[1:]] += 1
+        elif line.startswith("+") and not line.startswith("+++"):
+            added[line[1:]] += 1
+    n = sum(removed.values()) + sum(added.values())
+    return f"{n} (order)" if n and removed == added else str(n)
+
+
+def mma_unit(csrc: Path, unit: str, arch: str, work: Path, cuobjdump: str | None) -> dict[tuple, KernelListing]:
+    """The mma.sync kernels of one launcher source for ``arch``, by :func:`mma_key`; SASS with its guard predicates
+    taken off (as the PTX's)."""
+    work.mkdir(exist_ok=True)
+    out = {}
+    for name, lst in compile_listing(csrc / unit, arch, work, cuobjdump).items():
+        key = mma_key(name)
+        if key is None:
+            continue
+        sass = None if lst.sass is None else [re.sub(r"^@!?U?P\w+\s+", "", i) for i in lst.sass]
+        out[key] = KernelListing(lst.resources, lst.ptx, sass)
+    return out
+
+
+def mma_compare(old: KernelListing, new: KernelListing) -> dict:
+    """One row of the table: histogram deltas (opcode: new - old) and differing lines of the PTX and SASS texts."""
+    row = {}
+    for kind in ("ptx", "sass"):
+        a, b = getattr(old, kind), getattr(new, kind)
+        if a is None or b is None:
+            continue
+        h_old, h_new = opcode_histogram(a), opcode_histogram(b)
+        row[kind] = {
+            "n": (len(a), len(b)),
+            "delta": {op: h_new[op] - h_old[op] for op in sorted(set(h_old) | set(h_new)) if h_new[op] != h_old[op]},
+            "diff_lines": text_diff_lines(a, b),
+        }
+    return row
+
+
+def _fmt_res(r: dict) -> str:
+    return f"{r.get('registers', '?')}r/{r.get('spill_stores', '?')}s/{r.get('stack', '?')}st" if r else "-"
+
+
+def mma_report(old_csrc: Path, new_csrc: Path, archs: list[str], units: list[str], cuobjdump: str | None,
+               tmp: Path) -> int:
+    """Compile every unit of both trees per arch and print one row per kernel; 1 when a pair differs, else 0."""
+    failed = False
+    head = ["arch", "unit", "kernel", "regs/spill/stack old", "new"]
+    for kind in ("PTX", "SASS") if cuobjdump else ("PTX",):
+        head += [f"{kind} instr old/new", f"{kind} histogram (new - old)", f"{kind} lines differing"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for arch in archs:
+        for unit in units:
+            old = mma_unit(old_csrc, unit, arch, tmp / "build-old", cuobjdump)
+            new = mma_unit(new_csrc, unit, arch, tmp / "build-new", cuobjdump)
+            for key in sorted(set(old) | set(new), key=str):
+                if key not in old and key[-1] == "sparse":  # a block-sparse kernel: nothing to compare
+                    print(f"| sm_{arch} | {unit} | {key} | only in new | {_fmt_res(new[key].resources)} |")
+                    continue
+                if key not in old or key not in new:
+                    failed = True
+                    print(f"| sm_{arch} | {unit} | {key} | only in {'old' if key in old else 'new'} |")
+                    continue
+                ro, rn = old[key].resources, new[key].resources
+                row = mma_compare(old[key], new[key])
+                kinds = [row[k] for k in ("ptx", "sass") if k in row]
+                failed |= any(ro.get(f) != rn.get(f) for f in MMA_RESOURCES) or any(r["delta"] for r in kinds)
+                cells = []
+                for r in kinds:
+                    cells += [f"{r['n'][0]}/{r['n'][1]}", str(r["delta"] or "same"), r["diff_lines"]]
+                print(f"| sm_{arch} | {unit} | {key} | {_fmt_res(ro)} | {_fmt_res(rn)} | " + " | ".join(cells) + " |")
+    return 1 if failed else 0
+
+
+# ---- command line ---------------------------------------------------------------------------------------------------
+
+
+def new_csrc_of(path: Path) -> Path:
+    """``--new``: a repository root (its ``rotvid/kernels/csrc``) or a csrc folder."""
+    if (path / CSRC).is_dir():
+        return path / CSRC
+    if path.is_dir():
+        return path
+    raise SystemExit(f"kernel_ptx_diff: --new: expected a csrc folder or a repository root, got {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", required=True, choices=FAMILIES,
+                    help="hopper: the wgmma + TMA kernels (sm90a); mma: the mma.sync kernels")
+    ap.add_argument("--old", help="the old kernels: a csrc folder, or a git revision of this repository")
+    ap.add_argument("--old-rev", help="the old kernels: a git revision of this repository (its csrc)")
+    ap.add_argument("--new", type=Path, default=REPO,
+                    help="the new kernels: a csrc folder or a repository root (default: this tree)")
+    ap.add_argument("--archs", default=None,
+                    help="comma-separated compute capabilities (default: hopper 90a, the only one it builds for; "
+                         f"mma {DEFAULT_ARCHS['mma']})")
+    ap.add_argument("--units", default=None,
+                    help="comma-separated launcher sources to compile (default: hopper, each tree's .cu files that "
+                         f"include tma_map.cuh or hopper_launch.cuh; mma, {','.join(MMA_UNITS)})")
+    ap.add_argument("--sass", action="store_true",
+                    help="compare SASS, and fail without cuobjdump (mma compares SASS only with it; hopper whenever "
+                         "cuobjdump is found)")
+    args = ap.parse_args(argv)
+    if (args.old is None) == (args.old_rev is None):
+        ap.error("give exactly one of --old, --old-rev")
+    archs = (args.archs or DEFAULT_ARCHS[args.family]).split(",")
+    if args.family == "hopper" and archs != ["90a"]:
+        ap.error(f"--archs: the hopper family builds for sm90a only, got {args.archs!r}")
+    units = args.units.split(",") if args.units else (None if args.family == "hopper" else list(MMA_UNITS))
+    cuobjdump = find_cuobjdump() if args.sass or args.family == "hopper" else None
+    if args.sass and cuobjdump is None:
+        ap.error("--sass needs cuobjdump ($CUOBJDUMP, on PATH, or triton's)")
+    old_rev = args.old_rev
+    if args.old is not None and not Path(args.old).is_dir():
+        if not is_git_revision(args.old):
+            ap.error(f"--old: expected a csrc folder or a git revision of this repository, got {args.old!r}")
+        old_rev = args.old
+    new_csrc = new_csrc_of(args.new).resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        old_csrc = export_csrc(old_rev, tmp / "old-tree") if old_rev else Path(args.old).resolve()
+        if args.family == "hopper":
+            return hopper_report(old_csrc, new_csrc, units, cuobjdump, tmp)
+        return mma_report(old_csrc, new_csrc, archs, units, cuobjdump, tmp)
 
 
 if __name__ == "__main__":

@@ -33,27 +33,23 @@ SDPA on N GPUs within 5% of its 1-GPU speedup.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+from benchmarks.provenance import device_description, git_commit, utc_stamp  # noqa: E402
+from benchmarks.random_wan import LATENT_720P, WAN_14B, build_random_wan, video_tokens  # noqa: E402
+from benchmarks.results_log import add_append_options, append_table  # noqa: E402
+from benchmarks.timing import call_ms, sync  # noqa: E402
 
-WAN21_14B = dict(
-    patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
-    text_dim=4096, freq_dim=256, ffn_dim=13824, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
-)
-LATENT_720P = (1, 16, 21, 90, 160)
 TINY = dict(
     patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=64, in_channels=4, out_channels=4,
     text_dim=32, freq_dim=32, ffn_dim=64, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
@@ -65,51 +61,19 @@ LATENT_TINY = (1, 4, 4, 8, 16)
 # ---- worker (one process per GPU, under torchrun) ------------------------------------------------
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _time(fn, device: str, warmup: int, iters: int) -> float:
     """Median ms of ``fn()`` (CUDA events on GPUs, perf_counter on CPU); every rank calls it."""
     import torch.distributed as dist
 
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     times = []
     for _ in range(iters):
         if dist.is_initialized():
             dist.barrier()
-        if device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        times.append(call_ms(fn, device))
     return statistics.median(times)
-
-
-def _build(config: dict, layers: int, latent: tuple, text_len: int, device: str, dtype, seed: int):
-    from diffusers import WanTransformer3DModel
-
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = WanTransformer3DModel(**config, num_layers=layers)
-    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
-    for name, p in model.named_parameters():  # as from_pretrained casts
-        p.data = p.data.to(torch.float32 if set(name.split(".")) & keep else dtype)
-    model = model.eval().requires_grad_(False)
-    g = torch.Generator(device=device).manual_seed(seed + 1)
-    x = torch.randn(latent, generator=g, device=device, dtype=dtype)
-    text = torch.randn(1, text_len, config["text_dim"], generator=g, device=device, dtype=dtype)
-    t = torch.tensor([500.0], device=device)
-    return model, dict(hidden_states=x, encoder_hidden_states=text, timestep=t, return_dict=False)
 
 
 def worker(args) -> None:
@@ -128,10 +92,10 @@ def worker(args) -> None:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         device, dtype, backend, config, latent, text_len = f"cuda:{local}", torch.bfloat16, args.backend, \
-            WAN21_14B, LATENT_720P, 512
+            WAN_14B, LATENT_720P, 512
     if world > 1:
         dist.init_process_group("gloo" if args.tiny else "nccl")
-    model, inputs = _build(config, args.layers, latent, text_len, device, dtype, args.seed)
+    model, inputs = build_random_wan(dict(config, num_layers=args.layers), latent, text_len, device, dtype, args.seed)
     if world > 1:
         enable_context_parallel(model, world)
 
@@ -154,9 +118,7 @@ def worker(args) -> None:
 
     a2a_ms = 0.0
     if world > 1:
-        b, _, f, h, w = latent
-        p = config["patch_size"]
-        n = (f // p[0]) * (h // p[1]) * (w // p[2])
+        b, n = latent[0], video_tokens(config, latent)
         heads, d = config["num_attention_heads"], config["attention_head_dim"]
         group = ulysses_group(model._parallel_config)
         shard = torch.randn(b, heads, n // world, d, device=device, dtype=dtype)
@@ -172,7 +134,7 @@ def worker(args) -> None:
         fallbacks = report["fallbacks"]
         Path(args.worker_out).write_text(json.dumps({
             "world": world, "rows": rows, "a2a_ms": a2a_ms, "backends": report["backends"], "fallbacks": fallbacks,
-            "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({os.cpu_count()} threads)",
+            "device_name": device_description(device),
         }))
     if world > 1:
         dist.destroy_process_group()
@@ -192,24 +154,12 @@ def launch(args, world: int, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def git_commit() -> str:
-    commit = os.environ.get("ROTVID_COMMIT")
-    if commit:
-        return commit
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def markdown(results: list[dict], args) -> str:
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     latent = LATENT_TINY if args.tiny else LATENT_720P
     name = "tiny Wan" if args.tiny else "Wan2.1-14B 720p 81f"
     one = next((r for r in results if r["world"] == 1), None)
     lines = [
-        f"### parallel_bench: {results[0]['device_name']}, {date}, commit {git_commit()}",
+        f"### parallel_bench: {results[0]['device_name']}, {utc_stamp()}, commit {git_commit()}",
         "",
         f"torch {torch.__version__}; {name} slice of {args.layers} blocks, random weights; latents "
         f"{'x'.join(map(str, latent))}; recipe {args.recipe} on every block, rotation {args.rotation} + V/O Hadamard; "
@@ -260,9 +210,7 @@ def main(argv: list[str] | None = None) -> str | None:
     ap.add_argument("--warmup", type=int, default=None, help="warm-up forwards per row (default 3; tiny 1)")
     ap.add_argument("--iters", type=int, default=None, help="timed forwards per row (default 10; tiny 2)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--append", type=Path, default=None,
-                    help=f"results file to append to (default {RESULTS.relative_to(RESULTS.parents[1])} for full runs)")
-    ap.add_argument("--no-append", action="store_true", help="print only")
+    add_append_options(ap)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)  # set by the launcher on its workers
     args = ap.parse_args(argv)
     try:
@@ -289,11 +237,7 @@ def main(argv: list[str] | None = None) -> str | None:
         results = [launch(args, w, Path(tmp) / f"world{w}.json") for w in worlds]
     md = markdown(results, args)
     print(md)
-    target = args.append if args.append is not None else (None if args.tiny else RESULTS)
-    if target is not None and not args.no_append:
-        with open(target, "a") as fh:
-            fh.write("\n" + md)
-        print(f"appended to {target}")
+    append_table(md, args)
     return md
 
 

@@ -15,8 +15,8 @@
 #             KERNEL_ARGS, default --rotvid-only --no-sage --shapes wan1.3b-480p cogvideox5b) in AB_ROUNDS rounds
 #             (default 2) alternating the working tree and a copy whose rotvid/kernels/csrc is AB_CSRC (a saved
 #             csrc folder, e.g. `git archive OLD rotvid/kernels/csrc | tar -x -C build/ab_old`, then
-#             AB_CSRC=build/ab_old/rotvid/kernels/csrc), or AB_TREE (a saved rotvid/ + benchmarks/ of the old commit,
-#             for when the source lists differ; this tree's kernel_bench.py is used in it); each tree has its own
+#             AB_CSRC=build/ab_old/rotvid/kernels/csrc), or AB_TREE (a saved rotvid/ of the old commit, for when the
+#             source lists differ; this tree's benchmarks/ is used with it); each tree has its own
 #             extension cache. Bits of every kernel configuration: benchmarks/skeleton_ab.py
 #
 # Before the steps it installs the carried wheels (./.whl/*.whl, e.g. diffusers; git-ignored), unpacks the
@@ -119,7 +119,7 @@ for step in "${steps[@]}"; do
     ab)
       rm -rf build/ab_tree && mkdir -p build/ab_tree
       if [ -n "${AB_TREE:-}" ]; then
-        cp -r "$AB_TREE"/rotvid "$AB_TREE"/benchmarks build/ab_tree/ && cp benchmarks/kernel_bench.py build/ab_tree/benchmarks/
+        cp -r "$AB_TREE"/rotvid benchmarks build/ab_tree/  # this tree's kernel_bench.py and the modules it imports
       else
         cp -r rotvid benchmarks build/ab_tree/ && rm -rf build/ab_tree/rotvid/kernels/csrc \
           && cp -r "$AB_CSRC" build/ab_tree/rotvid/kernels/csrc

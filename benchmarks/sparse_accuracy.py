@@ -33,11 +33,7 @@ Writes ``results/sparse_accuracy_<date>_<commit>.md`` and ``.json`` unless ``--n
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,7 +47,9 @@ from rotvid.kernels.sparsity import BlockMap, TokenGrid, build_block_map, parse_
 from rotvid.kernels.sparsity.block_map import blocks_for  # noqa: E402
 from rotvid.rope.tables import apply_rope_interleaved, rope_table_3d  # noqa: E402
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.study_io import RESULTS_DIR, command_line, local_stamp, parse_grid, write_results  # noqa: E402
+
 CPU_GRID = (12, 16, 24)
 GPU_GRID = (21, 30, 52)  # Wan2.1 480p after patchifying
 RADIAL = ("radial", "radial:window=8", "radial:window=4", "radial:window=2", "radial:window=0",
@@ -209,29 +207,10 @@ def format_table(rows) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str:
-    """``$ROTVID_COMMIT`` when set (a machine whose git checkout may be stale), else ``git rev-parse``."""
-    if os.environ.get("ROTVID_COMMIT"):
-        return os.environ["ROTVID_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _grid(text: str) -> tuple[int, int, int]:
-    try:
-        f, h, w = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"grid must look like FxHxW (e.g. 12x16x24), got {text!r}") from None
-    return f, h, w
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--grid", type=_grid, default=None, help=f"FxHxW tokens (default {CPU_GRID} on CPU, {GPU_GRID} on GPU)")
+    p.add_argument("--grid", type=parse_grid, default=None, help=f"FxHxW tokens (default {CPU_GRID} on CPU, {GPU_GRID} on GPU)")
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
@@ -294,14 +273,12 @@ def main(argv: list[str] | None = None) -> dict:
                         sync=sync))
     order = {"dense": 0, "radial": 1, "topp": 2, "random": 3}
     rows.sort(key=lambda r: (order[r["kind"]], -r["density"]))
-    commit = _git_commit()
-    stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    commit = git_commit()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    command = "python benchmarks/sparse_accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv)
     where = ", ".join(f"Δf {b}: {m:.3f}" for b, m in locality.items())
     text = "\n".join([
-        f"# Sparse attention accuracy ({stamp}, commit {commit}, {name})\n",
-        f"command: `{command.strip()}`  ",
+        f"# Sparse attention accuracy ({local_stamp()}, commit {commit}, {name})\n",
+        f"command: `{command_line('sparse_accuracy.py', argv)}`  ",
         f"SYNTHETIC RoPE-structured inputs with spatio-temporal locality (generator in the script's docstring): grid "
         f"{'x'.join(map(str, grid))} = {n} tokens ({t_blocks} blocks of 128), {args.heads} heads, head_dim "
         f"{args.head_dim}, bf16 inputs; shared {args.shared}, content {args.content}, noise {args.noise}, field "
@@ -318,11 +295,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"rows": rows, "grid": grid, "device": name, "commit": commit, "locality": locality,
               "args": {k_: v_ for k_, v_ in vars(args).items() if k_ != "out_dir"}, "note": note}
     if not args.no_write:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        base = f"sparse_accuracy_{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}_{commit}"
-        (args.out_dir / f"{base}.md").write_text(text + "\n")
-        (args.out_dir / f"{base}.json").write_text(json.dumps(result, indent=1))
-        print(f"\nwrote {base}.md and .json in --out-dir", file=sys.stderr)
+        stem = write_results(args.out_dir, "sparse_accuracy", commit, text, result)
+        print(f"\nwrote {stem.name}.md and .json in --out-dir", file=sys.stderr)
     return result
 
 

@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rotvid.kernels import cuda_backend as cb  # noqa: E402
 
+from benchmarks.timing import call_ms  # noqa: E402
+
 SHAPES = {"wan14b-720p": (1, 40, 75600, 128), "wan1.3b-480p": (1, 12, 32760, 128), "cogvideox5b": (1, 48, 17776, 64)}
 
 
@@ -64,12 +66,7 @@ def isolated_ms(fn, calls: int, sleep_s: float) -> float:
     for _ in range(calls):
         torch.cuda.synchronize()
         time.sleep(sleep_s)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(call_ms(fn, "cuda"))
     return statistics.median(times)
 
 

@@ -32,12 +32,12 @@
 //   static store(p, o, l_run, row_base, g, t, b, h)
 //
 // Bits and instructions: the policies do the floating-point operations of the two kernels this one replaced, in the
-// same order; benchmarks/kernel_ptx_diff_mma.py compares builds of two commits. The source order below is part of
-// that: the dense walk is written out (KeyBlocks{0, nblk}, the partial-block test inline) because KeyBlocks::dense /
-// partial, called with block_n as an argument, change the integer code (the widening multiply of the block index,
-// the loop guard, the mask predicates); O, m, l are declared before Q^ and the policies' arrays in N::Scores (not
-// as locals of their functions, which the inliner hoists to the kernel's entry), which keeps the loop registers in
-// the order of before (else ptxas moves registers around on some instantiations).
+// same order; benchmarks/kernel_ptx_diff.py --family mma compares builds of two commits. The source order below is
+// part of that: the dense walk is written out (KeyBlocks{0, nblk}, the partial-block test inline) because
+// KeyBlocks::dense / partial, called with block_n as an argument, change the integer code (the widening multiply of
+// the block index, the loop guard, the mask predicates); O, m, l are declared before Q^ and the policies' arrays in
+// N::Scores (not as locals of their functions, which the inliner hoists to the kernel's entry), which keeps the loop
+// registers in the order of before (else ptxas moves registers around on some instantiations).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -67,8 +67,8 @@ struct Int4Numerics {
   __device__ __forceinline__ View view(const float* scales, int) const { return View{scales, scales + BN}; }
 
   // The block's per-thread arrays, declared by the skeleton (where an array is declared decides the order of the
-  // compiler's registers, and so the instructions: kernel_ptx_diff_mma.py): the scores as floats (k_scale, Q
-  // smoothing's bias, masked keys -inf) from block_max to p_fragments, and the P words there.
+  // compiler's registers, and so the instructions: kernel_ptx_diff.py --family mma): the scores as floats (k_scale,
+  // Q smoothing's bias, masked keys -inf) from block_max to p_fragments, and the P words there.
   struct Scores {
     float x[T::NT][4];
     uint32_t pw[T::NT][4];  // float bits; low byte / nibble = P~

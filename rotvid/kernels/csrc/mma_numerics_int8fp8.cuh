@@ -67,8 +67,8 @@ struct Int8Fp8Numerics {
   __device__ __forceinline__ View view(const float* scales, int t) const { return View{scales[t]}; }
 
   // The block's per-thread arrays, declared by the skeleton (where an array is declared decides the order of the
-  // compiler's registers: kernel_ptx_diff_mma.py): sq ks of rows g, g + 8 from block_max to p_fragments, the scores
-  // of one n-tile as integers (block_max), 448 p of one k-step (p_fragments).
+  // compiler's registers: kernel_ptx_diff.py --family mma): sq ks of rows g, g + 8 from block_max to p_fragments,
+  // the scores of one n-tile as integers (block_max), 448 p of one k-step (p_fragments).
   struct Scores {
     float sqk[2];
     int a[4];

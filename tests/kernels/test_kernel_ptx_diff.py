@@ -1,0 +1,133 @@
+"""The old-vs-new kernel comparison (benchmarks/kernel_ptx_diff.py, both families) and the listings it reads
+(benchmarks/kernel_listing.py) on fixed texts: no nvcc, no GPU."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+pd = pytest.importorskip("benchmarks.kernel_ptx_diff")
+kl = pytest.importorskip("benchmarks.kernel_listing")
+
+
+def test_mma_keys_pair_the_old_and_the_new_kernels():
+    # int4_attention_kernel<64, 64, false, kPSym, 4, 4, 2, true> and its mma_attention_kernel twin
+    old = "_ZN6rotvid4attn21int4_attention_kernelILi64ELi64ELb0ELi1ELi4ELi4ELi2ELb1EEEvNS_10AttnParamsE"
+    new = ("_ZN6rotvid3mma20mma_attention_kernelINS0_12Int4NumericsILi64ELi64ELb0ELi1EEELi4ELi4ELi2ELb1EE"
+           "EvNS_10AttnParamsE")
+    assert pd.mma_key(old) == pd.mma_key(new) == ("int4", 64, 64, 0, 1, 4, 4, 2, 1)
+    # the old int8-fp8 kernel had 2 stages and no lean addressing, not template parameters
+    old8 = "_ZN6rotvid4mma828int8fp8_attention_mma_kernelILi128ELi8ELi1EEEvNS_10AttnParamsE"
+    new8 = "_ZN6rotvid3mma20mma_attention_kernelINS0_15Int8Fp8NumericsILi128EEELi8ELi1ELi2ELb0EEEvNS_10AttnParamsE"
+    assert pd.mma_key(old8) == pd.mma_key(new8) == ("int8fp8", 128, 8, 1, 2, 0)
+    sparse8 = "_ZN6rotvid3mma20mma_attention_kernelINS0_15Int8Fp8NumericsILi128EEELi8ELi1ELi2ELb0ELb1EEEvNS_10AttnParamsE"
+    assert pd.mma_key(sparse8) == ("int8fp8", 128, 8, 1, 2, 0, "sparse")
+    assert pd.mma_key("_ZN6rotvid2wg5otherILi64EEEvv") is None
+
+
+def test_hopper_keys_pair_the_old_and_the_new_kernels():
+    old = "void rotvid::wg8::int8fp8_attention_wgmma_kernel<128, 128, 3, 2, 1, 2, 0>(rotvid::AttnParams)"
+    dense = ("void rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int8Fp8Numerics<128, false>, 3, 2, 1, "
+             "false>(rotvid::AttnParams, CUtensorMap_st, CUtensorMap_st, CUtensorMap_st)")
+    keys = {}
+    for name in (old, dense, dense.replace("1, false>(", "1, true>(")):
+        tmpl, m = pd.hopper_template(name)
+        keys[name] = (tmpl.key_of(m), tmpl.schedule.format(*m.groups()))
+    assert keys[old] == ("int8fp8 d128 bn128", "3,2,1 magic=0")
+    assert keys[dense] == ("int8fp8 d128 bn128", "3,2,1 magic=false")
+    assert keys[dense.replace("1, false>(", "1, true>(")] == ("int8fp8 d128 bn128 sparse", "3,2,1 magic=false")
+    tmpl, m = pd.hopper_template("void rotvid::hopper::combine_splits_kernel<64, true>(rotvid::AttnParams)")
+    assert tmpl.key_of(m) == "combine d64 sparse" and tmpl.smem is None
+    assert pd.hopper_template("void rotvid::hopper::other<1>()") is None
+
+
+def test_ptxas_resources_per_kernel():
+    log = """ptxas info    : Compiling entry function '_Z1av' for 'sm_89'
+ptxas info    : Function properties for _Z1av
+    16 bytes stack frame, 12 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 128 registers, used 1 barriers, 16 bytes cumulative stack size, 504 bytes cmem[0]
+ptxas info    : Function properties for _Z1bv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 255 registers, 1024 bytes smem, 504 bytes cmem[0]
+"""
+    got = kl.ptxas_resources(log)
+    assert got["_Z1av"] == {"stack": 16, "spill_stores": 12, "spill_loads": 8, "registers": 128, "smem": 0,
+                            "barriers": 1}
+    assert got["_Z1bv"] == {"stack": 0, "spill_stores": 0, "spill_loads": 0, "registers": 255, "smem": 1024}
+
+
+def test_ptx_entries_end_at_their_own_closing_brace():
+    # an inline asm block closes its brace at column 0, as nvcc writes it: the entry goes on after it
+    ptx = """.visible .entry _Z1av(
+	.param .u64 _Z1av_param_0
+)
+{
+	.reg .pred 	%p<2>;
+	mov.u32 	%r1, 0;
+	// begin inline asm
+	{
+.reg .pred done;
+WAIT_0:
+mbarrier.try_wait.parity.shared::cta.b64 done, [%r2], %r3, %r4;
+@!done bra WAIT_0;
+}
+
+	// end inline asm
+	@%p1 bra 	$L__BB0_2;
+	mov.b64 	{%r5, %r6}, %rd1;
+$L__BB0_2:
+	ret;
+
+}
+	// .globl	_Z1bv
+.visible .entry _Z1bv()
+{
+	exit;
+}
+"""
+    got = kl.ptx_entries(ptx)
+    assert got == {"_Z1av": ["mov.u32 \t%r1, 0;", "mbarrier.try_wait.parity.shared::cta.b64 done, [%r2], %r3, %r4;",
+                             "bra WAIT_0;", "bra \t$L__BB0_2;", "mov.b64 \t{%r5, %r6}, %rd1;", "ret;"],
+                   "_Z1bv": ["exit;"]}  # (the text as nvcc writes it, tabs kept: the mma family diffs it)
+    assert kl.opcode_histogram(got["_Z1av"]) == {"mov.u32": 1, "mbarrier.try_wait.parity.shared::cta.b64": 1,
+                                                 "bra": 2, "mov.b64": 1, "ret": 1}
+
+
+def test_sass_entries_keep_the_guard_and_fold_white_space():
+    dump = """	code for sm_89
+		Function : _Z1av
+	.headerflags	@"EF_CUDA_SM89"
+        /*0000*/                   IMAD.MOV.U32 R1, RZ, RZ, c[0x0][0x28] ;  /* 0x00000a00ff017624 */
+                                                                             /* 0x000fc40000000f00 */
+        /*0010*/              @!P0 BRA   0x40 ;                              /* 0x0000002000008947 */
+"""
+    got = kl.sass_entries(dump)
+    assert got == {"_Z1av": ["IMAD.MOV.U32 R1, RZ, RZ, c[0x0][0x28]", "@!P0 BRA 0x40"]}
+    assert [kl.opcode(i) for i in got["_Z1av"]] == ["IMAD.MOV.U32", "BRA"]
+
+
+def test_text_diff_tells_names_order_and_code_apart():
+    old = ["mov.u32 %r4, _Z3oldv_param_0;", "mov.f32 %f7, 0f00000000;", "mov.f32 %f9, 0f3F800000;",
+           "selp.f32 %f7, %f7, 0fFF800000, %p2;", "selp.f32 %f9, %f9, 0fFF800000, %p2;", "add.s32 %r5, %r4, 1;"]
+    renamed = ["mov.u32 %r1, _Z3newv_param_0;", "mov.f32 %f2, 0f00000000;", "mov.f32 %f3, 0f3F800000;",
+               "selp.f32 %f2, %f2, 0fFF800000, %p8;", "selp.f32 %f3, %f3, 0fFF800000, %p8;", "add.s32 %r9, %r1, 1;"]
+    assert pd.text_diff_lines(old, renamed) == "0"
+    swapped = [*renamed[:3], renamed[4], renamed[3], renamed[5]]  # the same two selects, the other way round
+    assert pd.text_diff_lines(old, swapped) == "2 (order)"
+    changed = [*renamed[:5], "add.s32 %r9, %r1, 2;"]
+    assert pd.text_diff_lines(old, changed) == "2"
+    assert kl.opcode_histogram(kl.ptx_instructions("\n".join(old) + "\n$L__BB0_1:\n@%p1 bra $L__BB0_1;")) == {
+        "mov.u32": 1, "mov.f32": 2, "selp.f32": 2, "add.s32": 1, "bra": 1}
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--family", "hopper"], "exactly one of --old, --old-rev"),
+    (["--family", "hopper", "--old-rev", "HEAD", "--old", "x"], "exactly one of --old, --old-rev"),
+    (["--family", "hopper", "--old-rev", "HEAD", "--archs", "89"], "sm90a only"),
+    (["--family", "mma", "--old", "no-such-folder-or-revision"], "--old: expected a csrc folder or a git revision"),
+    (["--old-rev", "HEAD"], "--family"),
+])
+def test_bad_command_lines_stop_before_compiling(argv, words, capsys):
+    with pytest.raises(SystemExit):
+        pd.main(argv)
+    assert words in capsys.readouterr().err
