@@ -58,8 +58,7 @@ class ReferenceBackend:
         opts["block_m"] = opts.get("block_m") or reference.DEFAULT_BLOCK_M
         # (the recipe's reference key block: int8-fp8's is its kernels' 128, so a fallback keeps their numerics)
         opts["block_n"] = opts.get("block_n") or recipe.reference_block_n
-        sm_scale = opts.pop("sm_scale", None)
-        sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+        sm_scale = reference.resolve_sm_scale(opts.pop("sm_scale", None), q.shape[-1])
         return recipe.reference(q, k, v, sm_scale=sm_scale, **opts)
 
 

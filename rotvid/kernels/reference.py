@@ -274,6 +274,45 @@ def _qk_scale(sm_scale: float, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(sm_scale * LOG2E, dtype=dtype)
 
 
+def resolve_sm_scale(sm_scale: float | None, head_dim: int) -> float:
+    """The score scale of a call: ``sm_scale``, or ``head_dim ** -0.5`` when None."""
+    return head_dim**-0.5 if sm_scale is None else sm_scale
+
+
+def _int_scores(q_hat: torch.Tensor, sq: torch.Tensor, k_hat: torch.Tensor, k_scale: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+    """Step 3 on integer operands: ``(float(q̂·k̂) * sq) * s_kᵀ`` in ``dtype``, with ``sq = s_q * qk_scale``
+    [B, H, Nq, 1] and one key block's ``k_hat`` and per-key ``k_scale`` [B, H, n, 1]."""
+    return (_int_matmul(q_hat, k_hat).to(dtype) * sq) * k_scale.transpose(-1, -2)
+
+
+def _q_smoothing_correction(q_mean: torch.Tensor, k_s: torch.Tensor, qk_scale: torch.Tensor) -> torch.Tensor:
+    """Step 1's ``ΔS = mean(q)·k_sᵀ`` over one key block's smoothed keys ``k_s``, in the log2 domain (times
+    ``qk_scale``)."""
+    return torch.matmul(q_mean, k_s.transpose(-1, -2)) * qk_scale
+
+
+def _attend_key_blocks(block_scores, block_pv_sum, *, shape_o, dtype: torch.dtype, device: torch.device, n_kv: int,
+                       block_n: int, kv_lens: torch.Tensor | None, block_map: BlockMap | None) -> _OnlineSoftmax:
+    """Steps 3-6 over the key blocks of ``block_n`` keys, in ascending order: the walk every recipe shares.
+
+    ``block_scores(start, stop)``: the log2-domain scores [B, H, Nq, stop - start] of keys ``start .. stop`` (step 3,
+    ΔS included), masked here (keys past ``kv_lens``, blocks ``block_map`` skips); ``block_pv_sum(t, start, stop, p,
+    l_blk) -> (pv, l_blk)``: key block ``t``'s P·V and row sum from its probabilities ``p = exp2(s - m_blk)`` and
+    their row sum (steps 4-5). Returns the running ``(m, l, O)`` after the last block (step 6; its ``result`` is the
+    output).
+    """
+    state = _OnlineSoftmax(shape_o, dtype, device)
+    tiles = _map_tiles(block_map, device)
+    for t, start in enumerate(range(0, n_kv, block_n)):
+        stop = min(start + block_n, n_kv)
+        s = _score_mask(block_scores(start, stop), start, kv_lens, tiles)
+        m_blk, p, l_blk = state.block_probs(s)
+        pv, l_blk = block_pv_sum(t, start, stop, p, l_blk)
+        state.update(m_blk, l_blk, pv)
+    return state
+
+
 def attention_from_quantized(
     qkv: QuantizedQKV,
     *,
@@ -288,23 +327,16 @@ def attention_from_quantized(
     if p_mode not in ("range", "sym"):
         raise ValueError(f"p_mode must be 'range' or 'sym', got {p_mode!r}")
     dt = qkv.q_scale.dtype
-    d = qkv.head_dim
-    sm_scale = d**-0.5 if sm_scale is None else sm_scale
-    qk_scale = _qk_scale(sm_scale, dt).to(qkv.q_scale.device)
+    qk_scale = _qk_scale(resolve_sm_scale(sm_scale, qkv.head_dim), dt).to(qkv.q_scale.device)
     sq = qkv.q_scale * qk_scale  # [B, H, Nq, 1]
-    b, h, nq, _ = qkv.q_hat.shape
-    state = _OnlineSoftmax((b, h, nq, d), dt, qkv.q_hat.device)
-    tiles = _map_tiles(block_map, qkv.q_hat.device)
-    bn = qkv.block_n
-    for t, start in enumerate(range(0, qkv.n_kv, bn)):
-        stop = min(start + bn, qkv.n_kv)
-        acc = _int_matmul(qkv.q_hat, qkv.k_hat[:, :, start:stop]).to(dt)
-        s = (acc * sq) * qkv.k_scale[:, :, start:stop].transpose(-1, -2)
+
+    def block_scores(start, stop):
+        s = _int_scores(qkv.q_hat, sq, qkv.k_hat[:, :, start:stop], qkv.k_scale[:, :, start:stop], dt)
         if qkv.q_block_mean is not None:
-            ds = torch.matmul(qkv.q_block_mean, qkv.k_smoothed[:, :, start:stop].transpose(-1, -2))
-            s = s + ds * qk_scale
-        s = _score_mask(s, start, qkv.kv_lens, tiles)
-        m_blk, p, _ = state.block_probs(s)
+            s = s + _q_smoothing_correction(qkv.q_block_mean, qkv.k_smoothed[:, :, start:stop], qk_scale)
+        return s
+
+    def block_pv_sum(t, start, stop, p, _):
         v_hat = qkv.v_hat[:, :, start:stop]
         if p_mode == "range":
             p_t = quant_p_range_int4(p)
@@ -315,9 +347,12 @@ def attention_from_quantized(
             pv_int = _int_matmul(p_t, v_hat.transpose(-1, -2))
             p_hat_sum = p_t.double().sum(dim=-1, keepdim=True)
         pv = pv_int.to(dt) * qkv.v_scale[:, :, t : t + 1]  # in units of 1/L, like l_blk
-        state.update(m_blk, p_hat_sum.to(dt), pv)
-    out = state.result(mean=qkv.v_mean)
-    return from_bhnd(out.to(out_dtype), layout)
+        return pv, p_hat_sum.to(dt)
+
+    b, h, nq, d = qkv.q_hat.shape
+    state = _attend_key_blocks(block_scores, block_pv_sum, shape_o=(b, h, nq, d), dtype=dt, device=qkv.q_hat.device,
+                               n_kv=qkv.n_kv, block_n=qkv.block_n, kv_lens=qkv.kv_lens, block_map=block_map)
+    return from_bhnd(state.result(mean=qkv.v_mean).to(out_dtype), layout)
 
 
 def attention_int8fp8_from_quantized(
@@ -347,23 +382,20 @@ def attention_int8fp8_from_quantized(
     of the exponent's constant (``MAGIC`` in ``csrc/hopper_int8fp8_numerics.cuh``). Returns float32 (B, H, Nq, D).
     """
     dt = torch.float32
-    d = q_hat.shape[-1]
-    sm_scale = d**-0.5 if sm_scale is None else sm_scale
-    qk_scale = _qk_scale(sm_scale, dt).to(q_hat.device)
+    b, h, nq, d = q_hat.shape
+    qk_scale = _qk_scale(resolve_sm_scale(sm_scale, d), dt).to(q_hat.device)
     sq = q_scale.to(dt) * qk_scale
-    b, h, nq, _ = q_hat.shape
-    n_kv = k_hat.shape[2]
-    state = _OnlineSoftmax((b, h, nq, d), dt, q_hat.device)
-    tiles = _map_tiles(block_map, q_hat.device)
-    for start in range(0, n_kv, block_n):
-        stop = min(start + block_n, n_kv)
-        acc = _int_matmul(q_hat, k_hat[:, :, start:stop]).to(dt)
-        s = (acc * sq) * k_scale[:, :, start:stop].to(dt).transpose(-1, -2)
-        s = _score_mask(s, start, kv_lens, tiles)
-        m_blk, p, _ = state.block_probs(s)
-        p448 = p * FP8_E4M3_MAX
+    k_scale = k_scale.to(dt)
+
+    def block_scores(start, stop):
+        return _int_scores(q_hat, sq, k_hat[:, :, start:stop], k_scale[:, :, start:stop], dt)
+
+    def block_pv_sum(t, start, stop, p, _):
         pv = torch.matmul(quant_p_fp8(p).double(), v8[:, :, start:stop].double()).to(dt)
-        state.update(m_blk, p448.sum(dim=-1, keepdim=True), pv)
+        return pv, (p * FP8_E4M3_MAX).sum(dim=-1, keepdim=True)
+
+    state = _attend_key_blocks(block_scores, block_pv_sum, shape_o=(b, h, nq, d), dtype=dt, device=q_hat.device,
+                               n_kv=k_hat.shape[2], block_n=block_n, kv_lens=kv_lens, block_map=block_map)
     return state.result(v_scale.to(dt), None if v_mean is None else v_mean.to(dt))
 
 
@@ -399,26 +431,26 @@ def attention_blockwise(
     out_dtype = q.dtype
     b, h, nq, d = q.shape
     n_kv = k.shape[2]
-    sm_scale = d**-0.5 if sm_scale is None else sm_scale
     q_s, k_s, v_s, q_mean, v_mean = smooth_qkv(
         q, k, v, kv_lens=kv_lens, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block
     )
     dt = q_s.dtype
-    qk_scale = _qk_scale(sm_scale, dt).to(q.device)
+    qk_scale = _qk_scale(resolve_sm_scale(sm_scale, d), dt).to(q.device)
     valid = key_valid_mask(n_kv, kv_lens, b, q.device)
     qd, kd, vd, v_div = operands(q_s, k_s, v_s, valid, kv_lens)
-    state = _OnlineSoftmax((b, h, nq, d), dt, q.device)
-    tiles = _map_tiles(block_map, q.device)
-    for start in range(0, n_kv, block_n):
-        stop = min(start + block_n, n_kv)
+
+    def block_scores(start, stop):
         s = torch.matmul(qd, kd[:, :, start:stop].transpose(-1, -2)) * qk_scale
         if q_mean is not None:
-            s = s + torch.matmul(q_mean, k_s[:, :, start:stop].transpose(-1, -2)) * qk_scale
-        s = _score_mask(s, start, kv_lens, tiles)
-        m_blk, p, l_blk = state.block_probs(s)
-        state.update(m_blk, l_blk, block_pv(p, vd[:, :, start:stop], v_div))
-    out = state.result(mean=v_mean)
-    return from_bhnd(out.to(out_dtype), layout)
+            s = s + _q_smoothing_correction(q_mean, k_s[:, :, start:stop], qk_scale)
+        return s
+
+    def block_pv_sum(t, start, stop, p, l_blk):
+        return block_pv(p, vd[:, :, start:stop], v_div), l_blk
+
+    state = _attend_key_blocks(block_scores, block_pv_sum, shape_o=(b, h, nq, d), dtype=dt, device=q.device,
+                               n_kv=n_kv, block_n=block_n, kv_lens=kv_lens, block_map=block_map)
+    return from_bhnd(state.result(mean=v_mean).to(out_dtype), layout)
 
 
 def attention_int4(
@@ -440,8 +472,6 @@ def attention_int4(
 ) -> torch.Tensor:
     """The INT4 recipes end to end (steps 1-6): ``p_mode`` ``"range"`` (``int4``) or ``"sym"`` (``int4-sym-p``).
     Output in q's shape, layout and dtype; ``block_map`` as :func:`attention_from_quantized`'s."""
-    d = q.shape[-1]
-    sm_scale = d**-0.5 if sm_scale is None else sm_scale
     qkv = preprocess_int4(
         q, k, v, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
         smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block,

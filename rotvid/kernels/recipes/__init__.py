@@ -33,7 +33,7 @@ from rotvid.kernels.recipes.registry import (
     register_recipe,
     unregister_recipe,
 )
-from rotvid.kernels.reference import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
+from rotvid.kernels.reference import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, resolve_sm_scale
 from rotvid.kernels.sparsity import BlockMap
 
 __all__ = [
@@ -69,11 +69,10 @@ def attention_reference(
     (:class:`rotvid.kernels.sparsity.BlockMap`; skipped blocks are blocks of ``-inf`` scores, see
     :mod:`rotvid.kernels.reference`); None: all of them.
     """
-    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     sparse = {} if block_map is None else {"block_map": block_map}
     return get_recipe(recipe).reference(
-        q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, block_m=block_m, block_n=block_n,
-        smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block, **sparse,
+        q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=resolve_sm_scale(sm_scale, q.shape[-1]), block_m=block_m,
+        block_n=block_n, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block, **sparse,
     )
 
 

@@ -64,28 +64,33 @@ def _describe_cuda() -> str:
     return text + f", block_n {default_block_n()} by default"
 
 
-RECIPE = Recipe(
+def _int4_recipe(p_mode: str, *, name: str, summary: str, **auto) -> Recipe:
+    """An INT4 recipe whose P is ``p_mode`` (``"range"``: range-optimized, ``"sym"``: symmetric), with the INT4
+    smoothing above, the reference and CUDA kernel of that P and the Hopper note; ``auto``: its ``auto_on`` /
+    ``auto_elsewhere`` rows (:class:`~rotvid.kernels.recipes.base.Recipe`)."""
+    return Recipe(
+        name=name,
+        summary=summary,
+        labels=RecipeLabels(datatype="INT4", optim_p="✓" if p_mode == "range" else "×"),
+        quantized=True,
+        **SMOOTHING,
+        reference=partial(attention_int4, p_mode=p_mode),
+        reference_block_n=DEFAULT_BLOCK_N,
+        kernels={"cuda": _cuda_kernel(p_mode)},
+        requested_notes={(9, 0): HOPPER_FOUR_BIT_NOTE},
+        **auto,
+    )
+
+
+RECIPE = _int4_recipe(
+    "range",
     name="int4",
     summary="RotateAttention: INT4 Q/K/V, range-optimized INT4 P (the paper's recipe)",
-    labels=RecipeLabels(datatype="INT4", optim_p="✓"),
-    quantized=True,
-    **SMOOTHING,
-    reference=partial(attention_int4, p_mode="range"),
-    reference_block_n=DEFAULT_BLOCK_N,
-    kernels={"cuda": _cuda_kernel("range")},
     auto_on=AUTO_ON,
     auto_elsewhere=ELSEWHERE_REASON,
-    requested_notes={(9, 0): HOPPER_FOUR_BIT_NOTE},
 )
-
-SYM_P_RECIPE = Recipe(
+SYM_P_RECIPE = _int4_recipe(
+    "sym",
     name="int4-sym-p",
     summary="INT4 Q/K/V with symmetric INT4 P in [0, 7] (the ablation of range-optimized P)",
-    labels=RecipeLabels(datatype="INT4", optim_p="×"),
-    quantized=True,
-    **SMOOTHING,
-    reference=partial(attention_int4, p_mode="sym"),
-    reference_block_n=DEFAULT_BLOCK_N,
-    kernels={"cuda": _cuda_kernel("sym")},
-    requested_notes={(9, 0): HOPPER_FOUR_BIT_NOTE},
 )
