@@ -203,7 +203,7 @@ class AccuracyProbe:
             return
         per = self.sparse_tables.setdefault(site.transformer, {})
         for candidate in self.candidates(spec):
-            sparse, problem, *_ = runtime._block_map(site, candidate, q, k, None, kv_lens)
+            sparse, problem, *_ = runtime.block_map_for_call(site, candidate, q, k, None, kv_lens)
             if problem is not None:
                 raise ValueError(problem)
             out = self._attend(q, k, v, kv_lens, sparse.block_map)

@@ -462,7 +462,7 @@ class Runtime:
         plan = self.sparse_plan
         return None if plan is None else plan[site.transformer][site.block]
 
-    def _block_map(self, site: AttentionSite, spec: SparsitySpec, q, k, rope, kv_lens):
+    def block_map_for_call(self, site: AttentionSite, spec: SparsitySpec, q, k, rope, kv_lens):
         """``(SparseMap or None, problem or None, q, k, rope)`` for a call under ``spec`` (module docstring); a
         dynamic map rotates q and k first when their RoPE·R table was deferred (``rope`` is then None)."""
         if spec.static:
@@ -571,7 +571,7 @@ class Runtime:
         sparse = None
         spec = self.planned_sparsity(site)
         if problem is None and spec is not None:
-            sparse, problem, q, k, rope = self._block_map(site, spec, q, k, rope, kv_lens)
+            sparse, problem, q, k, rope = self.block_map_for_call(site, spec, q, k, rope, kv_lens)
         if problem is None:
             block_map = None if sparse is None else sparse.block_map
             try:  # validated and the backend chosen once, here
