@@ -105,7 +105,7 @@ def worker(args) -> None:
 
     rows = {"bf16 SDPA" if dtype == torch.bfloat16 else f"{str(dtype).removeprefix('torch.')} SDPA":
             _time(forward, device, args.warmup, args.iters)}
-    cfg = RotvidConfig(recipe=args.recipe, rotation=args.rotation, vo_hadamard=True, backend=backend,
+    cfg = RotvidConfig(recipe=args.recipe, rotation=args.rotation, vo_hadamard="online", backend=backend,
                        schedule=Schedule())
     handle = apply(model, cfg)
     try:

@@ -7,8 +7,10 @@
 2. for every block of every stack, replaces the processor of the **self**-attention module
    (``attn.set_processor``) with the family's rotvid processor; cross-attention (Wan's
    ``attn2``: text and image context) and HunyuanVideo's text token-refiner are left as they are;
-3. fuses the per-head V/O Hadamard into the weights (:func:`rotvid.rope.hadamard.fuse_v_hadamard`),
-   keeping a CPU copy of every touched parameter so that ``remove`` restores them bit for bit;
+3. touches no weight by default: the per-head V/O Hadamard runs online (``vo_hadamard="online"``: V·H into
+   each quantized call, its inverse on the output, :mod:`rotvid.pipelines.runtime`); only
+   ``vo_hadamard="fused"`` fuses it into W_v / W_o (:func:`rotvid.rope.hadamard.fuse_v_hadamard`), keeping a
+   CPU copy of every touched parameter so that ``remove`` restores them bit for bit;
 4. builds the Q/K rotation per block (:func:`rotvid.rope.rotations.make_rotation`; per-block
    learned files are ``select``-ed by block index);
 5. wraps the scheduler for the step tracker and hooks the transformers' forwards (and the context-parallel
@@ -23,12 +25,17 @@ no call counters, and no compile when ``apply`` compiled.
 
 diffusers' contract while applied
 ---------------------------------
-* ``state_dict()`` / ``save_pretrained()`` give the model's own weights: a state-dict hook on each
-  transformer replaces the V/O-Hadamard-fused ``to_v`` / ``to_out`` / ``add_v_proj`` / ``to_add_out``
-  / ``proj_out`` entries by what ``remove`` would restore (the CPU copies taken at ``apply``, bit for
-  bit; with ``exact_remove=False`` the arithmetic un-fusion). A checkpoint saved while applied is
-  the model's own, so ``apply`` on it fuses once. (A hook, not a refusal: diffusers' own
-  save/load round trips and ``test_save_load``-style checks keep working.)
+* The weights are the user's. With the default ``vo_hadamard="online"`` (and ``"off"``) no parameter is
+  changed, so whatever a user does to the model while rotvid is applied -- LoRAs loaded, fused, switched or
+  unloaded before or after ``apply``, ``load_state_dict``, sequential / group offloading, dtype casts,
+  ``save_pretrained`` -- gives what it gives without rotvid.
+* ``vo_hadamard="fused"`` rewrites ``to_v`` / ``to_out`` / ``add_v_proj`` / ``to_add_out`` / ``proj_out``
+  while applied. Then ``state_dict()`` / ``save_pretrained()`` still give the model's own weights (a
+  state-dict hook puts back what ``remove`` would restore, in each live parameter's dtype), and every change
+  to those weights is refused with one error: ``load_state_dict`` with any of their keys raises at once, and
+  a LoRA or other adapter layer put in their place, an in-place write (``fuse_lora``, ``copy_``) or an
+  offloading hook that replaces them raises at the next forward and at ``remove`` (which then leaves those
+  weights as they are). A LoRA loaded before ``apply`` makes a fused ``apply`` fail, naming the layer.
 * ``fuse_qkv_projections()`` on the pipeline or transformer while applied raises (it would replace
   or bypass rotvid's processors); so does the next forward after any other replacement of a rotvid
   processor (``set_attn_processor``).
@@ -81,6 +88,8 @@ class _Installed:
     output_projection: nn.Linear | None
     vo_fused: bool
     snapshots: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (live param, CPU copy)
+    # vo_fused: what the fusion left, to refuse later changes: (block, path, linear, [(name, param, version)])
+    watch: list[tuple[nn.Module, str, nn.Module, list[tuple[str, torch.Tensor, int]]]] = field(default_factory=list)
     processor: object = None  # the rotvid processor installed
     transformer: str = ""
 
@@ -158,6 +167,9 @@ class RotvidHandle:
                     f"(by {type(inst.attn.processor).__name__}; fuse_qkv_projections() or set_attn_processor()), "
                     "which would bypass rotvid. Restore it, or call rotvid.pipelines.remove(pipe) first."
                 )
+        changed = [c for inst in self._installed if inst.transformer == name for c in _fused_changes(inst)]
+        if changed:
+            raise RuntimeError(_fused_changes_message(changed, "refused"))
         tracked = self.tracker.in_run()
         if tracked:
             self.tracker.count_forward(name)
@@ -397,12 +409,16 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
                     out_proj = _get(blk, paths[0]) if paths else None
                 inst = _Installed(attn, attn.processor, head_dim, out_proj, vo_fused=False, transformer=tname)
                 handle._installed.append(inst)
-                if config.vo_hadamard and hadamard_block > 1:
+                if config.vo_hadamard == "fused" and hadamard_block > 1:
                     if exact_remove:
                         inst.snapshots = _snapshot(blk, stack)
                     with torch.no_grad():
-                        fuse_v_hadamard(attn, head_dim, output_projection=out_proj, block=hadamard_block)
+                        try:
+                            fuse_v_hadamard(attn, head_dim, output_projection=out_proj, block=hadamard_block)
+                        except ValueError as err:
+                            raise ValueError(f"vo_hadamard='fused': {where}: {err}") from None
                     inst.vo_fused = True
+                    inst.watch = _watch(blk, stack)
                 handle.runtime.add_site(site, attn, rotator)
                 inst.processor = PROCESSORS[stack.processor_kind](handle.runtime, site, rotator,
                                                                   inst.original_processor)
@@ -411,7 +427,9 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
         handle._report.sites[tname] = num_blocks
         handle._hooks.append(transformer.register_forward_pre_hook(_forward_pre_hook(handle, tname, family)))
         handle._hooks.append(transformer.register_forward_hook(_forward_post_hook(handle)))
-        handle._hooks.append(transformer.register_state_dict_post_hook(_state_dict_hook(handle, tname)))
+        if config.vo_hadamard == "fused":
+            handle._hooks.append(transformer.register_state_dict_post_hook(_state_dict_hook(handle, tname)))
+            handle._hooks.append(transformer.register_load_state_dict_pre_hook(_load_state_dict_refusal(handle, tname)))
     scheduler = None if isinstance(handle.target, nn.Module) else getattr(handle.target, "scheduler", None)
     if scheduler is not None:
         handle.tracker.attach(scheduler)
@@ -423,14 +441,67 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
                 handle._refused.append((owner, method))
 
 
+def _watch(block: nn.Module, stack: BlockStack) -> list:
+    """What the fusion left on ``block``'s V / output projections: each layer and its parameters' versions."""
+    out = []
+    for path in list(stack.v_projections) + [p for p, _ in stack.out_projections]:
+        lin = _get(block, path)
+        if lin is not None:
+            params = [(n, p, p._version) for n, p in (("weight", lin.weight), ("bias", lin.bias)) if p is not None]
+            out.append((block, path, lin, params))
+    return out
+
+
+def _fused_changes(inst: _Installed) -> list[str]:
+    """What changed since the fusion among ``inst``'s fused weights (a layer replaced, a parameter replaced or
+    written in place): one phrase each; empty when nothing did."""
+    changes = []
+    for block, path, lin, params in inst.watch:
+        where = f"{inst.processor.site.key if inst.processor is not None else inst.transformer} {path}"
+        now = _get(block, path)
+        if now is not lin:
+            changes.append(f"{where} replaced by {type(now).__module__}.{type(now).__qualname__}")
+            continue
+        for name, param, version in params:
+            current = getattr(lin, name, None)
+            if current is not param:
+                changes.append(f"{where}.{name} replaced (an offloading hook or a new parameter)")
+            elif param._version != version:
+                changes.append(f"{where}.{name} written in place (load_state_dict, fuse_lora, copy_)")
+    return changes
+
+
+def _fused_changes_message(changes: list[str], outcome: str) -> str:
+    shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
+    return (f"rotvid: vo_hadamard='fused' rewrote the V/O weights while applied, and they were changed since "
+            f"({shown}): {outcome}. Change weights before apply or after rotvid.remove(pipe), or apply with "
+            "vo_hadamard='online' (the default), which touches no weight and composes with LoRAs, "
+            "load_state_dict and offloading.")
+
+
+def _load_state_dict_refusal(handle: RotvidHandle, name: str):
+    """Load-state-dict pre hook (fused mode): refuse a state dict that writes a fused V/O weight."""
+
+    def hook(module, state_dict, prefix, *args):
+        if not handle.active:
+            return
+        fused = [prefix + key for key in handle.original_state(name)]
+        hit = [key for key in fused if key in state_dict]
+        if hit:
+            raise RuntimeError(_fused_changes_message([f"load_state_dict with {hit[0]}" + (
+                f" and {len(hit) - 1} more fused keys" if len(hit) > 1 else "")], "refused"))
+
+    return hook
+
+
 def _vo_hadamard_block(config: RotvidConfig, handle: RotvidHandle, tname: str, head_dim: int) -> int:
-    """The V/O Hadamard block for ``head_dim`` (1: no fusion), with a report note when it is not H_{head_dim}."""
-    if not config.vo_hadamard:
+    """The V/O Hadamard block for ``head_dim`` (1: none), with a report note when it is not H_{head_dim}."""
+    if config.vo_hadamard == "off":
         return 1
     block = vo_hadamard_block(head_dim)
     if block == 1:
         note = (f"{tname}: no V/O Hadamard (head_dim {head_dim} is odd: no Hadamard block divides it); "
-                "vo_hadamard=False says the same")
+                "vo_hadamard='off' says the same")
     elif block < head_dim:
         note = (f"{tname}: V/O Hadamard block-diagonal, {head_dim // block} blocks of {block} (head_dim {head_dim} "
                 "is not a power of two)")
@@ -458,8 +529,8 @@ def _state_dict_hook(handle: RotvidHandle, name: str):
         if not handle.active:
             return
         for key, value in handle.original_state(name).items():
-            if prefix + key in state_dict:
-                state_dict[prefix + key] = value
+            if prefix + key in state_dict:  # in the live parameter's dtype (a cast model saves one dtype)
+                state_dict[prefix + key] = value.to(state_dict[prefix + key].dtype)
 
     return hook
 
@@ -500,7 +571,8 @@ def _install_guards(handle: RotvidHandle) -> None:
     handle.tracker.add_listener(handle._ensure_guards)
 
 
-def _uninstall(handle: RotvidHandle) -> None:
+def _uninstall(handle: RotvidHandle) -> list[str]:
+    """Undo ``apply``; returns the fused V/O weights changed while applied (left as they are)."""
     handle.tracker.remove_listener(handle._ensure_guards)
     for guard in handle._guards.values():
         guard.uninstall()
@@ -516,16 +588,22 @@ def _uninstall(handle: RotvidHandle) -> None:
     handle._hooks = []
     handle.tracker.detach()
     handle._scheduler = None
+    changed = []
     for inst in reversed(handle._installed):
         inst.attn.set_processor(inst.original_processor)
         if inst.vo_fused:
-            with torch.no_grad():
-                unfuse_v_hadamard(inst.attn, inst.head_dim, output_projection=inst.output_projection)
-                for live, saved in inst.snapshots:
-                    live.copy_(saved)
+            problems = _fused_changes(inst)
+            if problems:  # the user's change is left as it is (restoring would undo it): remove() says so
+                changed.extend(problems)
+            else:
+                with torch.no_grad():
+                    unfuse_v_hadamard(inst.attn, inst.head_dim, output_projection=inst.output_projection)
+                    for live, saved in inst.snapshots:
+                        live.copy_(saved)
             inst.vo_fused = False
     handle._installed = []
     handle.active = False
+    return changed
 
 
 def remove(pipe) -> RunReport:
@@ -540,7 +618,10 @@ def remove(pipe) -> RunReport:
     handle = getattr(pipe, HANDLE_ATTR, None)
     if handle is None:
         raise ValueError("pipe: rotvid is not applied to this pipeline (nothing to remove)")
-    _uninstall(handle)
+    changed = _uninstall(handle)
     delattr(pipe, HANDLE_ATTR)
     logger.info("rotvid removed")
+    if changed:
+        raise RuntimeError(_fused_changes_message(changed, "rotvid is removed, and those weights are left as they "
+                                                          "are now (the Hadamard is still in the ones not replaced)"))
     return handle.report

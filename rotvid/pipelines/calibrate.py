@@ -201,7 +201,7 @@ def calibrate(
     # Pass 1: capture Q/K/V exactly as the untouched model computes them.
     capture = QKVCapture(steps=opts.capture_steps, max_tokens=opts.max_tokens, seed=opts.seed,
                          dump=_dump_spec(pipe, family, transformers, opts))
-    config = RotvidConfig(recipe=fp16.RECIPE.name, rotation="none", vo_hadamard=False, backend="reference")
+    config = RotvidConfig(recipe=fp16.RECIPE.name, rotation="none", vo_hadamard="off", backend="reference")
     _run_observed(pipe, config, capture, prompts, call, say, "capture")
 
     # Learn per block.
@@ -247,7 +247,8 @@ def calibrate(
     recipe, recipe_reason = resolve_recipe(opts.recipe, _execution_device(pipe, transformers))
     say(f"probe recipe: {recipe} ({recipe_reason})")
     probe = AccuracyProbe(recipe=recipe, backend=opts.backend, taus=opts.taus)
-    config = RotvidConfig(recipe=fp16.RECIPE.name, rotation=f"learned:{rot_path}", vo_hadamard=True,
+    # the probe itself runs the online V/O Hadamard around each measured call (AccuracyProbe.vo_online)
+    config = RotvidConfig(recipe=fp16.RECIPE.name, rotation=f"learned:{rot_path}", vo_hadamard="off",
                           backend=opts.backend, sparsity=opts.sparsity, schedule=opts.sparsity_schedule())
     if opts.sparsity.enabled:
         taus = f" (tau per block among {', '.join(map(str, opts.taus))})" if opts.taus else ""

@@ -10,6 +10,7 @@ from rotvid.atomic import write_file_atomically
 from rotvid.kernels.recipes import AUTO, get_recipe, recipe_names
 from rotvid.kernels.sparsity import SparsitySpec, parse_sparsity
 from rotvid.pipelines.schedule import Schedule, schedule_preset
+from rotvid.rope.hadamard import VO_HADAMARD_MODES
 
 __all__ = [
     "RotvidConfig", "CONFIG_VERSION", "CONFIG_RECIPES", "PIPELINE_RECIPES", "ROTATION_KINDS", "BACKENDS",
@@ -67,7 +68,12 @@ class RotvidConfig:
             (every call FP16 — the fusions alone).
         rotation: Q/K rotation: ``none``, ``interleaved``, ``half``, ``full`` (D×D Hadamard after
             RoPE) or ``learned:<file.safetensors>``.
-        vo_hadamard: fuse a per-head Hadamard into W_v / W_o (exact; zero run-time cost).
+        vo_hadamard: the per-head V/O Hadamard (RotateAttention's V rotation; exact in full precision):
+            ``online`` (the default) -- V·H before each quantized call and its inverse on the call's output, so no
+            weight of the model is touched and LoRAs, ``load_state_dict``, offloading, casts and saving compose as
+            without rotvid; ``fused`` -- the paper's offline fusion into W_v / W_o (zero run-time cost; while
+            applied, every change to those weights is refused with one error); ``off`` -- none. ``True`` /
+            ``False`` (older configs) mean ``online`` / ``off``.
         smooth_k / smooth_q / smooth_v: smoothing switches passed to the kernel. K is smoothed by
             default; V by the recipe's default when ``smooth_v`` is ``None`` (the default: on for the
             INT4 recipes, off for the FP8-V recipes, :attr:`Recipe.smooth_v
@@ -90,7 +96,7 @@ class RotvidConfig:
 
     recipe: str = "auto"
     rotation: str = "half"
-    vo_hadamard: bool = True
+    vo_hadamard: str = "online"
     smooth_k: bool = True
     smooth_q: bool | None = None
     smooth_v: bool | None = None
@@ -113,8 +119,12 @@ class RotvidConfig:
                 f"rotation: expected one of {', '.join(ROTATION_KINDS)} or 'learned:<file.safetensors>', "
                 f"got {self.rotation!r}"
             )
-        for name in ("vo_hadamard", "smooth_k"):
-            _check_bool(name, getattr(self, name))
+        if isinstance(self.vo_hadamard, bool):  # older configs: True was the (then fused) rotation, now online
+            object.__setattr__(self, "vo_hadamard", "online" if self.vo_hadamard else "off")
+        if self.vo_hadamard not in VO_HADAMARD_MODES:
+            raise ValueError(f"vo_hadamard: expected one of {', '.join(VO_HADAMARD_MODES)} (or true / false), "
+                             f"got {self.vo_hadamard!r}")
+        _check_bool("smooth_k", self.smooth_k)
         for name in ("smooth_q", "smooth_v"):
             if getattr(self, name) is not None:
                 _check_bool(name, getattr(self, name))

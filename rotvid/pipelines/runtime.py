@@ -108,6 +108,7 @@ from rotvid.pipelines.call_counts import SiteCounters
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.report import GPU_FALLBACK, UNTRACKED_RULE, RunReport
 from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
+from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block
 
 __all__ = [
     "AttentionSite", "Runtime", "key_padding_lengths", "key_padding_lengths_on_device", "on_cuda_device", "REDO",
@@ -259,6 +260,9 @@ class Runtime:
             recipe=config.recipe, layout="BHND", sm_scale=None, smooth_k=config.smooth_k, smooth_q=config.smooth_q,
             smooth_v=config.smooth_v, block_m=config.block_m, block_n=config.block_n,
         )
+        # The online V/O Hadamard (RotvidConfig.vo_hadamard): V·H into each quantized call, its inverse on the
+        # output; the FP16 calls run the model's own V (nothing to undo). No weight is touched.
+        self.vo_online = config.vo_hadamard == "online"
         self.tracker = tracker
         self.report = report
         self._mask_key: torch.Tensor | None = None
@@ -513,6 +517,11 @@ class Runtime:
             raise StepUnknownError(self.plan_problem)
         return PLANNED if plan[site.transformer][site.block] else None
 
+    def _vo_block(self, v: torch.Tensor) -> int:
+        """The block of the online V/O Hadamard of a quantized call on ``v`` (1: none; ``vo_hadamard`` not
+        ``online``, or an odd head_dim)."""
+        return vo_hadamard_block(v.shape[-1]) if self.vo_online else 1
+
     def attend(
         self,
         site: AttentionSite,
@@ -591,7 +600,8 @@ class Runtime:
             counters.add("quantized", why)
             if sparse is not None:
                 counters.add_sparse(sparse.block_map.density(), _mean(sparse.dropped_mass))
-            return run_into_bnhd(call, q, k, v, rope=rope)
+            block = self._vo_block(v)
+            return unrotate_o_online(run_into_bnhd(call, q, k, rotate_v_online(v, block), rope=rope), block)
         # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.
         take = run if ok is None else (ok if run is None else run & ok)
         counters.add("quantized", why, take)
@@ -602,7 +612,9 @@ class Runtime:
         operands = (q, k, v) if kv_lens is None else (q, k, v, kv_lens)
 
         def quantized(q, k, v, *lens):
-            return run_attention(call, q, k, v, kv_lens=lens[0] if lens else None, rope=rope)
+            block = self._vo_block(v)
+            out = run_attention(call, q, k, rotate_v_online(v, block), kv_lens=lens[0] if lens else None, rope=rope)
+            return unrotate_o_online(out, block)
 
         def fp16(q, k, v, *lens):
             return fp16_attention()

@@ -46,7 +46,15 @@ __all__ = [
     "block_hadamard_matrix",
     "fuse_v_hadamard_single_stream",
     "unfuse_v_hadamard_single_stream",
+    "VO_HADAMARD_MODES",
+    "rotate_v_online",
+    "unrotate_o_online",
 ]
+
+# How the V/O Hadamard runs (``RotvidConfig.vo_hadamard``): ``online`` -- V·H before a quantized call and its
+# inverse on that call's output, no weight touched; ``fused`` -- the paper's offline fusion into W_v / W_o (zero
+# run-time cost; the weights are rewritten while applied); ``off`` -- none.
+VO_HADAMARD_MODES = ("online", "fused", "off")
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +137,88 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
     return (y.reshape(*lead, d) * _inv_sqrt(d, cd)).to(x.dtype)
 
 
+# ---- the online V/O Hadamard ------------------------------------------------------------------------------------
+# V·H before a quantized call and O·H after it (H symmetric and orthogonal: its own inverse), H = I ⊗ H_block. Both
+# products use the unnormalized ±1 Sylvester matrix times a power of two, so every matrix entry is exact in every
+# float dtype and the pair multiplies to exactly I: V gets 2^-ceil(k/2), O gets 2^-floor(k/2) with block = 2^k
+# (1/16 and 1/8 for 128). V's scale does not matter to any recipe (its quantization scales are per channel), and
+# V·H stays within 2^floor(k/2) times max|V| (8× for D=128), far from fp16's range at the magnitudes models give V.
+_SIGN_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def _signs(block: int, dtype: torch.dtype, device: torch.device, exponent: int) -> torch.Tensor:
+    """The ±1 Sylvester matrix of ``block`` (a power of two) times ``2 ** -exponent``, [block, block] in ``dtype`` on
+    ``device``: cached eagerly; built in the graph (a few integer ops on [block, block]) while compiling."""
+    key = (block, dtype, device, exponent)
+    if not torch.compiler.is_compiling():
+        cached = _SIGN_CACHE.get(key)
+        if cached is None:
+            cached = _SIGN_CACHE[key] = _sign_matrix(block, dtype, device, exponent)
+        return cached
+    return _sign_matrix(block, dtype, device, exponent)
+
+
+def _sign_matrix(block: int, dtype: torch.dtype, device, exponent: int) -> torch.Tensor:
+    # H[i, j] = (-1)^popcount(i & j): the Sylvester construction, entry by entry
+    i = torch.arange(block, device=device)
+    both = i[:, None] & i[None, :]
+    parity = torch.zeros_like(both)
+    bit = 1
+    while bit < block:
+        parity = parity ^ ((both & bit) != 0).to(both.dtype)
+        bit <<= 1
+    return ((1 - 2 * parity).to(torch.float32) * 2.0 ** -exponent).to(dtype)
+
+
+def _online(x: torch.Tensor, block: int, exponent: int) -> torch.Tensor:
+    """``x`` times ``I ⊗ (±1 Sylvester matrix of block) · 2^-exponent`` over its last dim, in x's dtype and with x's
+    layout kept: a BHND view of BNHD memory (what the processors hand the runtime) comes back as one."""
+    d = x.shape[-1]
+    signs = _signs(block, x.dtype, x.device, exponent)
+    bnhd = x.dim() == 4 and x.transpose(1, 2).is_contiguous() and not x.is_contiguous()
+    y = x.transpose(1, 2) if bnhd else x
+    if block == d:
+        y = torch.matmul(y, signs)
+    else:
+        y = torch.matmul(y.unflatten(-1, (d // block, block)), signs).flatten(-2)
+    return y.transpose(1, 2) if bnhd else y
+
+
+def rotate_v_online(v: torch.Tensor, block: int) -> torch.Tensor:
+    """V's side of the online V/O Hadamard: ``v @ (I ⊗ H_block)`` up to the power-of-two scale
+    ``2^-ceil(k/2) · sqrt(block)`` (block = 2^k) that :func:`unrotate_o_online` undoes exactly.
+
+    ``v`` [..., D] (BHND, any layout), ``block`` a power of two dividing D (:func:`vo_hadamard_block`; 1 returns
+    ``v``). Attention is linear in V, so ``unrotate_o_online(attention(q, k, rotate_v_online(v, b)), b)`` is
+    ``attention(q, k, v)`` up to the rounding of the two products in v's dtype."""
+    if block == 1:
+        return v
+    k = block.bit_length() - 1
+    return _online(v, block, (k + 1) // 2)
+
+
+def unrotate_o_online(o: torch.Tensor, block: int) -> torch.Tensor:
+    """The output's side of the online V/O Hadamard (:func:`rotate_v_online`): ``o @ (I ⊗ H_block)`` times the
+    power of two that makes the pair the identity."""
+    if block == 1:
+        return o
+    k = block.bit_length() - 1
+    return _online(o, block, k // 2)
+
+
 def is_v_hadamard_fused(attn: nn.Module) -> bool:
     """True if :func:`fuse_v_hadamard` has been applied to ``attn`` (and not undone)."""
     return getattr(attn, FUSED_ATTR, None) is not None
+
+
+def _check_plain_linear(name: str, module) -> None:
+    """ValueError unless ``module`` is an ``nn.Linear`` (a LoRA / adapter wrapper is named by its full type)."""
+    if not isinstance(module, nn.Linear):
+        kind = f"{type(module).__module__}.{type(module).__qualname__}"
+        hint = (" (an adapter layer, e.g. a LoRA: the fused V/O Hadamard rewrites plain weights only; "
+                "vo_hadamard='online' rotates at run time and leaves every weight and adapter as it is)"
+                if hasattr(module, "base_layer") else "")
+        raise ValueError(f"{name} must be an nn.Linear for the fused V/O Hadamard, got {kind}{hint}")
 
 
 def _value_targets(attn: nn.Module) -> list[tuple[str, nn.Linear, int, int]]:
@@ -148,8 +235,7 @@ def _value_targets(attn: nn.Module) -> list[tuple[str, nn.Linear, int, int]]:
         lin = getattr(attn, name, None)
         if lin is None:
             continue
-        if not isinstance(lin, nn.Linear):
-            raise ValueError(f"attn.{name} must be an nn.Linear, got {type(lin).__name__}")
+        _check_plain_linear(f"attn.{name}", lin)
         out = lin.out_features
         if out % fused_parts:
             raise ValueError(f"attn.{name}.out_features={out} is not divisible by {fused_parts} (fused chunks)")
@@ -169,8 +255,7 @@ def _output_targets(attn: nn.Module, output_projection: nn.Linear | None, inner:
                 "modules built without to_out, e.g. HunyuanVideo single-stream blocks' proj_out)"
             )
         first = to_out[0] if isinstance(to_out, (nn.ModuleList, nn.Sequential)) else to_out
-        if not isinstance(first, nn.Linear):
-            raise ValueError(f"attn.to_out[0] must be an nn.Linear, got {type(first).__name__}")
+        _check_plain_linear("attn.to_out[0]", first)
         targets.append(("to_out[0]", first, 0, first.in_features))
     elif output_projection is None:
         raise ValueError(
@@ -179,8 +264,7 @@ def _output_targets(attn: nn.Module, output_projection: nn.Linear | None, inner:
             "attention output, or use fuse_v_hadamard_single_stream(block, head_dim)"
         )
     else:
-        if not isinstance(output_projection, nn.Linear):
-            raise ValueError(f"output_projection must be an nn.Linear, got {type(output_projection).__name__}")
+        _check_plain_linear("output_projection", output_projection)
         if output_projection.in_features < inner:
             raise ValueError(
                 f"output_projection.in_features={output_projection.in_features} < inner_dim={inner}: it "
@@ -189,8 +273,7 @@ def _output_targets(attn: nn.Module, output_projection: nn.Linear | None, inner:
         targets.append(("output_projection", output_projection, 0, inner))
     add_out = getattr(attn, "to_add_out", None)
     if add_out is not None:
-        if not isinstance(add_out, nn.Linear):
-            raise ValueError(f"attn.to_add_out must be an nn.Linear, got {type(add_out).__name__}")
+        _check_plain_linear("attn.to_add_out", add_out)
         targets.append(("to_add_out", add_out, 0, add_out.in_features))
     return targets
 

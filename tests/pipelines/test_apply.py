@@ -42,7 +42,7 @@ def self_attentions(pipe):
 def test_fp16_recipe_with_rotation_and_vo_hadamard_equals_untouched(tiny, family, rotation):
     pipe = tiny(family)
     ref = run(pipe, family)
-    handle = apply(pipe, RotvidConfig(recipe="fp16", rotation=rotation, vo_hadamard=True))
+    handle = apply(pipe, RotvidConfig(recipe="fp16", rotation=rotation, vo_hadamard="fused"))
     try:
         out = run(pipe, family)
     finally:
@@ -238,7 +238,7 @@ def test_remove_gives_back_bit_identical_weights_processors_and_outputs(tiny):
     attrs = [dict(vars(a)) for a in self_attentions(pipe)]  # every attribute, the non-persistent buffer names too
     nonpersistent = [set(a._non_persistent_buffers_set) for a in self_attentions(pipe)]
     ref = run(pipe, "hunyuan_video")
-    apply(pipe, RotvidConfig(recipe="int4", rotation="half", vo_hadamard=True, backend="reference"))
+    apply(pipe, RotvidConfig(recipe="int4", rotation="half", vo_hadamard="fused", backend="reference"))
     # (the live parameters: state_dict() gives the model's own weights while applied, tests/pipelines/test_contract.py)
     changed = [k for k, v in pipe.transformer.named_parameters() if not torch.equal(v, before[k])]
     assert any("to_v" in k for k in changed) and any("proj_out" in k for k in changed)
@@ -399,7 +399,7 @@ def test_load_pipeline_from_local_folder_keeps_wan_vae_in_float32(tiny, tiny_dir
 def test_remove_without_snapshots_unfuses_arithmetically(tiny):
     pipe = tiny("cogvideox")
     before = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
-    apply(pipe, RotvidConfig(vo_hadamard=True), exact_remove=False)
+    apply(pipe, RotvidConfig(vo_hadamard="fused"), exact_remove=False)
     remove(pipe)
     after = pipe.transformer.state_dict()
     for k in before:

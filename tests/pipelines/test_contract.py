@@ -25,7 +25,7 @@ def cogvideox_inputs():
 def test_save_while_applied_writes_the_models_own_weights_and_reapplies_the_same(tiny, tmp_path):
     pipe = tiny("hunyuan_video")  # to_v, add_v_proj, to_out, to_add_out and the single-stream proj_out
     before = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
-    cfg = RotvidConfig(recipe="int4", backend="reference")
+    cfg = RotvidConfig(recipe="int4", backend="reference", vo_hadamard="fused")
     handle = apply(pipe, cfg)
     try:
         live = dict(pipe.transformer.named_parameters())
@@ -54,7 +54,7 @@ def test_save_while_applied_writes_the_models_own_weights_and_reapplies_the_same
 def test_state_dict_without_snapshots_unfuses_arithmetically(tiny):
     pipe = tiny("cogvideox")
     before = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
-    apply(pipe, RotvidConfig(vo_hadamard=True), exact_remove=False)
+    apply(pipe, RotvidConfig(vo_hadamard="fused"), exact_remove=False)
     try:
         state = pipe.transformer.state_dict()
     finally:
@@ -81,7 +81,7 @@ def test_head_dim_not_a_power_of_two_gets_a_block_diagonal_vo_hadamard(head_dim,
     before = {k: v.clone() for k, v in tr.state_dict().items()}
     with torch.no_grad():
         ref = tr(**inputs)[0]
-    handle = apply(tr, RotvidConfig(recipe="fp16", rotation="half", vo_hadamard=True))
+    handle = apply(tr, RotvidConfig(recipe="fp16", rotation="half", vo_hadamard="fused"))
     try:
         with torch.no_grad():
             out = tr(**inputs)[0]

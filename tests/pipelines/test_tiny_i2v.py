@@ -60,7 +60,7 @@ def test_fp16_recipe_with_rotation_and_vo_hadamard_equals_untouched(tiny, rotati
     pipe = tiny(FAMILY)
     ref = run(pipe)
     cross = [blk.attn2.processor for blk in pipe.transformer.blocks]
-    handle = apply(pipe, RotvidConfig(recipe="fp16", rotation=rotation, vo_hadamard=True))
+    handle = apply(pipe, RotvidConfig(recipe="fp16", rotation=rotation, vo_hadamard="fused"))
     try:
         assert [blk.attn2.processor for blk in pipe.transformer.blocks] == cross  # cross-attention untouched
         out = run(pipe)
@@ -75,7 +75,7 @@ def test_vo_hadamard_is_really_fused(tiny):
     """Guard on the equality above: the fused weights differ from the originals while applied."""
     pipe = tiny(FAMILY)
     before = pipe.transformer.blocks[1].attn1.to_v.weight.detach().clone()
-    apply(pipe, RotvidConfig(recipe="fp16", rotation="half", vo_hadamard=True))
+    apply(pipe, RotvidConfig(recipe="fp16", rotation="half", vo_hadamard="fused"))
     try:
         fused = pipe.transformer.blocks[1].attn1.to_v.weight.detach().clone()
     finally:
