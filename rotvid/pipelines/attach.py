@@ -65,7 +65,7 @@ from rotvid.pipelines.report import RunReport
 from rotvid.pipelines.runtime import AttentionSite, Runtime
 from rotvid.pipelines.step_tracker import StepTracker
 from rotvid.pipelines.token_grid import forward_token_grid
-from rotvid.rope.hadamard import fuse_v_hadamard, unfuse_v_hadamard, unfused_v_hadamard_values, vo_hadamard_block
+from rotvid.rope.hadamard import FUSED_ATTR, fuse_v_hadamard, unfuse_v_hadamard, unfused_v_hadamard_values, vo_hadamard_block
 from rotvid.rope.model_facts import get_rope_facts
 from rotvid.rope.rotations import Rotation, make_rotation
 
@@ -595,6 +595,7 @@ def _uninstall(handle: RotvidHandle) -> list[str]:
             problems = _fused_changes(inst)
             if problems:  # the user's change is left as it is (restoring would undo it): remove() says so
                 changed.extend(problems)
+                vars(inst.attn).pop(FUSED_ATTR, None)  # rotvid's mark goes: the weights are the user's again
             else:
                 with torch.no_grad():
                     unfuse_v_hadamard(inst.attn, inst.head_dim, output_projection=inst.output_projection)
