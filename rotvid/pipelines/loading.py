@@ -143,7 +143,7 @@ def load_pipeline(
         raise HubUnreachableError(hub_unreachable_message(str(model), source, exc)) from exc
     find_transformers(pipe)
     if is_local:
-        from rotvid.pipelines.tiny import read_tiny_call_defaults
+        from rotvid.pipelines.folder_defaults import read_tiny_call_defaults
 
         defaults = read_tiny_call_defaults(source)
         if defaults:

@@ -201,14 +201,17 @@ def read_pipeline_config(model: str | os.PathLike | None) -> PipelineConfig:
     defaults = {k: signature[k].default for k in _SIZE_ARGUMENTS
                 if k in signature and signature[k].default is not inspect.Parameter.empty}
     if is_local:  # a tiny pipeline's (or the bundled proxy's) own call defaults
-        from rotvid.pipelines.tiny import read_tiny_call_defaults
+        from rotvid.pipelines.folder_defaults import read_tiny_call_defaults
 
         defaults.update({k: v for k, v in (read_tiny_call_defaults(source) or {}).items() if k in _SIZE_ARGUMENTS})
     size_multiple = temporal = spatial = None
     latent_multiple = patch_hw = patch_t = 1
     rope_max = inner_dim = None
     _, te_cls = _component(index, ("text_encoder",))
-    te = _read_json(source, is_local, "text_encoder/config.json", model=name, required=False) if te_cls else None
+    try:  # the text encoder's limits only inform a check: a file that cannot be fetched leaves them unknown
+        te = _read_json(source, is_local, "text_encoder/config.json", model=name, required=False) if te_cls else None
+    except (HubUnreachableError, ValueError):
+        te = None
     text_max = (te or {}).get("max_position_embeddings")
     text_max = int(text_max) if isinstance(text_max, int) and text_max > 0 else None
     text_heads = (te or {}).get("num_heads") or (te or {}).get("num_attention_heads")
