@@ -184,19 +184,6 @@ def _check_request_before_loading(model: str, template, device: str | None = Non
                     dtype_bytes=DTYPES[dtype.lower()].itemsize)
 
 
-def _steps_of_schedule(schedule, steps: int | None, source: str) -> int | None:
-    """The run's --steps: a schedule made for N steps (``num_steps``) gives N when --steps is not given, and refuses
-    another count (its table names the cells of an N-step run); ``source``: the option it came from."""
-    n = getattr(schedule, "num_steps", None)
-    if n is None or steps == n:
-        return steps
-    if steps is None:
-        return n
-    raise ValueError(f"{source}: calibrated for {n} steps, but --steps is {steps} (its table names the (step, block) "
-                     f"cells of a {n}-step run): pass --steps {n} (or leave --steps out), or calibrate again with "
-                     f"--steps {steps}")
-
-
 def _schedule(value: str | None, steps: int | None = None):
     """A preset name or a JSON file (a Schedule, or a RotvidConfig whose schedule is taken)."""
     import json
@@ -221,7 +208,9 @@ def _schedule(value: str | None, steps: int | None = None):
     schedule = Schedule.from_dict(data)
     if schedule.num_steps is None and isinstance(calibrated, int) and calibrated > 0:
         schedule = replace(schedule, num_steps=calibrated)
-    _steps_of_schedule(schedule, steps, f"--schedule {p}")
+    from rotvid.request_checks import steps_of_schedule
+
+    steps_of_schedule(schedule, steps, f"--schedule {p}")
     return schedule
 
 
@@ -500,7 +489,9 @@ def generate(
         from rotvid.eval.generation import (
             call_kwargs, check_outputs, finished, generate_video, read_sidecar, request_record, video_name,
         )
-        from rotvid.request_checks import check_backend_device, check_output_file, check_output_folder
+        from rotvid.request_checks import (
+            check_backend_device, check_output_file, check_output_folder, steps_of_schedule,
+        )
 
         prompts = _prompts(prompt, prompt_file)
         _check_model(model)
@@ -534,7 +525,7 @@ def generate(
         cfg = factory.check()
         if cfg is not None:
             check_backend_device(cfg.backend, device, "--backend" if backend is not None else f"--config {config}: backend")
-            template = replace(template, steps=_steps_of_schedule(
+            template = replace(template, steps=steps_of_schedule(
                 cfg.schedule, steps, f"--schedule {schedule}" if schedule is not None else f"--config {config}"))
         _check_request_before_loading(model, replace(template, prompt=prompts[0]), device, dtype)
         if resuming:  # a finished video of another request: refused now, not after loading
@@ -893,12 +884,12 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
     template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height, width=width,
                                  frames=frames, steps=steps, guidance_scale=guidance_scale,
                                  max_sequence_length=max_sequence_length, fps=fps)
-    from rotvid.request_checks import check_backend_device
+    from rotvid.request_checks import check_backend_device, steps_of_schedule
 
     check_backend_device(backend, device)
     factory = _ConfigFactory(model, schedule=_schedule(schedule, steps), backend=backend, smoothing=smoothing,
                              dense=dense)
-    template = replace(template, steps=_steps_of_schedule(factory.schedule, steps, f"--schedule {schedule}"))
+    template = replace(template, steps=steps_of_schedule(factory.schedule, steps, f"--schedule {schedule}"))
     for spec in specs:  # every variant's config, before any video is generated
         factory.check_variant(spec.recipe, spec.rotation, spec.sparsity)
     if dense and not any(spec.sparsity.enabled for spec in specs):

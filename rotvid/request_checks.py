@@ -28,6 +28,7 @@ __all__ = [
     "memory_lower_bound",
     "device_memory",
     "check_backend_device",
+    "steps_of_schedule",
 ]
 
 GIB = 1024 ** 3
@@ -217,3 +218,16 @@ def check_backend_device(backend: str | None, device: str, option: str = "--back
                          "--backend auto or reference")
     if device != "auto" and torch.device(device).type != "cuda":
         raise ValueError(f"{option} cuda: the run is on --device {device}; the CUDA kernels need --device cuda")
+
+
+def steps_of_schedule(schedule, steps: int | None, source: str) -> int | None:
+    """The run's --steps: a schedule made for N steps (``num_steps``) gives N when --steps is not given, and refuses
+    another count (its table names the cells of an N-step run); ``source``: the option it came from."""
+    n = getattr(schedule, "num_steps", None)
+    if n is None or steps == n:
+        return steps
+    if steps is None:
+        return n
+    raise ValueError(f"{source}: calibrated for {n} steps, but --steps is {steps} (its table names the (step, block) "
+                     f"cells of a {n}-step run): pass --steps {n} (or leave --steps out), or calibrate again with "
+                     f"--steps {steps}")
