@@ -30,9 +30,17 @@ DEFAULT_MODEL = "wan2.1-t2v-1.3b"
 _STATE = {"verbose": False}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details (INFO level).")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the rotvid version and exit.")] = False,
 ) -> None:
     _STATE["verbose"] = verbose
     root = logging.getLogger()
@@ -55,6 +63,11 @@ def _user_errors():
         _fail(exc)
     except OSError as exc:  # e.g. a hub id that cannot be fetched offline
         _fail(exc)
+    except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        if not isinstance(exc, MemoryError) and not any(s in str(exc) for s in ("out of memory", "allocate memory")):
+            raise
+        _fail(RuntimeError(f"out of memory ({' '.join(str(exc).split())[:200]}): ask for a smaller --height, --width, "
+                           "--frames or --max-sequence-length, or use a device with more memory"))
     except KeyboardInterrupt:
         typer.echo("Interrupted (finished videos are kept; run the same command again to resume: `rotvid eval` and "
                    "`rotvid generate --prompt-file` skip them).", err=True)
@@ -145,8 +158,10 @@ def _request_template(*, seed, negative_prompt, image, height, width, frames, st
     for name, value in (("--height", height), ("--width", width), ("--frames", frames), ("--steps", steps),
                         ("--max-sequence-length", max_sequence_length), ("--fps", fps)):
         _check_positive(name, value)
-    if image is not None and not Path(image).is_file():
-        raise FileNotFoundError(f"--image {image} does not exist")
+    if image is not None:
+        from rotvid.request_checks import check_image
+
+        check_image(image)
     return GenerationRequest(
         prompt="", seed=seed, negative_prompt=negative_prompt, image=str(image) if image is not None else None,
         height=height, width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
@@ -154,13 +169,19 @@ def _request_template(*, seed, negative_prompt, image, height, width, frames, st
     )
 
 
-def _check_request_before_loading(model: str, template) -> None:
-    """What the pipeline's config files can tell (--image, --height/--width multiples, the frame rule), checked
-    before any weight loads (a 14B model takes minutes to load)."""
+def _check_request_before_loading(model: str, template, device: str | None = None, dtype: str = "bf16") -> None:
+    """What the pipeline's config files can tell (--image, --height/--width multiples, the frame rule, the model's
+    limits and the memory the size needs on ``device``), checked before any weight loads (a 14B model takes minutes
+    to load)."""
     from rotvid.eval.generation import check_request
+    from rotvid.pipelines.loading import DTYPES
     from rotvid.pipelines.pipeline_config import read_pipeline_config
+    from rotvid.request_checks import check_size_fits
 
-    check_request(read_pipeline_config(model), template)
+    config = read_pipeline_config(model)
+    check_request(config, template)
+    check_size_fits(config, template, _run_device(device) if device is not None else None,
+                    dtype_bytes=DTYPES[dtype.lower()].itemsize)
 
 
 def _schedule(value: str | None, steps: int | None = None):
@@ -180,14 +201,17 @@ def _schedule(value: str | None, steps: int | None = None):
         data = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"--schedule {p}: not valid JSON ({exc})") from None
+    calibrated = None
     if isinstance(data, dict) and "version" in data and "schedule" in data:
-        calibrated = (data.get("accuracy") or {}).get("num_steps")
-        if steps is not None and isinstance(calibrated, int) and calibrated != steps:
-            raise ValueError(f"--schedule {p}: calibrated for {calibrated} steps, but --steps is {steps} (its table "
-                             f"names the (step, block) cells of a {calibrated}-step run): pass --steps {calibrated}, "
-                             f"or calibrate again with --steps {steps}")
+        calibrated = (data.get("accuracy") or {}).get("num_steps")  # files written before Schedule.num_steps
         data = data["schedule"]
-    return Schedule.from_dict(data)
+    schedule = Schedule.from_dict(data)
+    if schedule.num_steps is None and isinstance(calibrated, int) and calibrated > 0:
+        schedule = replace(schedule, num_steps=calibrated)
+    from rotvid.request_checks import steps_of_schedule
+
+    steps_of_schedule(schedule, steps, f"--schedule {p}")
+    return schedule
 
 
 def _dense_rules(dense_first_steps: int | None, dense_blocks: str | None) -> dict:
@@ -465,6 +489,9 @@ def generate(
         from rotvid.eval.generation import (
             call_kwargs, check_outputs, finished, generate_video, read_sidecar, request_record, video_name,
         )
+        from rotvid.request_checks import (
+            check_backend_device, check_output_file, check_output_folder, steps_of_schedule,
+        )
 
         prompts = _prompts(prompt, prompt_file)
         _check_model(model)
@@ -478,13 +505,13 @@ def generate(
                 raise ValueError(f"--out: expected a file name ending in .mp4 for one prompt, got {out}")
             if out.is_dir():
                 raise ValueError(f"--out {out}: is a folder; expected an .mp4 file name for one prompt")
+            check_output_file("--out", out)
             outputs = [out]
         else:
             out = out or Path("rotvid-videos")
             if out.suffix.lower() == ".mp4":
                 raise ValueError(f"--out: expected a folder for a prompt file ({len(prompts)} prompts), got {out}")
-            if out.exists() and not out.is_dir():
-                raise ValueError(f"--out {out}: expected a folder, got a file")
+            check_output_folder("--out", out)
             outputs = [out / f"{video_name(i, p)}.mp4" for i, p in enumerate(prompts)]
         resuming = prompt_file is not None and not overwrite  # a prompt file's finished videos are kept
         for o in outputs:
@@ -496,7 +523,13 @@ def generate(
                                  smoothing=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v),
                                  sparsity=sparsity, dense=_dense_rules(dense_first_steps, dense_blocks))
         cfg = factory.check()
-        _check_request_before_loading(model, replace(template, prompt=prompts[0]))
+        if cfg is not None:
+            check_backend_device(cfg.backend, device, "--backend" if backend is not None else f"--config {config}: backend")
+            template = replace(template, steps=steps_of_schedule(
+                cfg.schedule, steps, f"--schedule {schedule}" if schedule is not None else f"--config {config}"))
+        _check_request_before_loading(model, replace(template, prompt=prompts[0]), device, dtype)
+        if resuming:  # a finished video of another request: refused now, not after loading
+            _check_resume(factory, model, template, prompts, outputs)
         if _launch_workers(ctx, gpus, device):
             return
         worker = _join_workers(gpus, device)
@@ -532,6 +565,20 @@ def generate(
                     if why is not None:
                         bar.log(f"note: {why}")
         _finish_workers(worker)
+
+
+def _check_resume(factory, model, template, prompts, outputs) -> None:
+    """``generate --prompt-file`` resuming: every finished video must come from this run's request (the
+    differences named), checked before loading where the config can be told without the pipeline."""
+    from rotvid.eval.generation import finished, request_record
+
+    try:
+        cfg = factory.build()
+    except _NeedsPipeline:  # a hub id the model table does not know: checked once loaded
+        return
+    for p, o in zip(prompts, outputs):
+        if o.exists():
+            finished(o, request_record(model, replace(template, prompt=p), cfg.to_dict() if cfg is not None else None))
 
 
 def _finish_workers(worker) -> None:
@@ -752,6 +799,9 @@ def eval_(
             raise ValueError(f"--samples: expected a positive count, got {samples}")
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out}: expected a folder for the report, got a file")
+        from rotvid.request_checks import check_output_folder
+
+        check_output_folder("--out", out)
         if vbench_device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"--vbench-device: expected auto, cuda or cpu, got {vbench_device!r}")
         vb = None
@@ -834,14 +884,18 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
     template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height, width=width,
                                  frames=frames, steps=steps, guidance_scale=guidance_scale,
                                  max_sequence_length=max_sequence_length, fps=fps)
+    from rotvid.request_checks import check_backend_device, steps_of_schedule
+
+    check_backend_device(backend, device)
     factory = _ConfigFactory(model, schedule=_schedule(schedule, steps), backend=backend, smoothing=smoothing,
                              dense=dense)
+    template = replace(template, steps=steps_of_schedule(factory.schedule, steps, f"--schedule {schedule}"))
     for spec in specs:  # every variant's config, before any video is generated
         factory.check_variant(spec.recipe, spec.rotation, spec.sparsity)
     if dense and not any(spec.sparsity.enabled for spec in specs):
         raise ValueError(f"{_dense_flags(dense)}: sparsity rules, but no variant has a block map (add :SPARSITY to a "
                          "variant, e.g. int8-fp8:half:topp0.9, or pass --sparsity)")
-    _check_request_before_loading(model, replace(template, prompt=prompts[0]))
+    _check_request_before_loading(model, replace(template, prompt=prompts[0]), device, dtype)
     state: dict = {}
 
     def load():
@@ -954,10 +1008,12 @@ def calibrate(
         if cosine_floor is not None and not -1.0 <= cosine_floor <= 1.0:
             raise ValueError(f"--cosine-floor: expected a cosine in [-1, 1], got {cosine_floor}")
         _check_backend(backend)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out}: expected a folder, got a file")
-        if dump_dir is not None and dump_dir.exists() and not dump_dir.is_dir():
-            raise ValueError(f"--dump-dir {dump_dir}: expected a folder, got a file")
+        from rotvid.request_checks import check_backend_device, check_output_folder
+
+        check_backend_device(backend, device)
+        check_output_folder("--out", out)
+        if dump_dir is not None:
+            check_output_folder("--dump-dir", dump_dir)
         if not overwrite:  # every file this run writes, checked before hours of work
             names = ("rotations_unconstrained.safetensors" if unconstrained else "rotations.safetensors",
                      "schedule.json", "summary.json")
@@ -970,7 +1026,7 @@ def calibrate(
         template = _request_template(seed=seed, negative_prompt=negative_prompt, image=image, height=height,
                                      width=width, frames=frames, steps=steps, guidance_scale=guidance_scale,
                                      max_sequence_length=max_sequence_length, fps=None)
-        _check_request_before_loading(model, replace(template, prompt=prompts[0]))
+        _check_request_before_loading(model, replace(template, prompt=prompts[0]), device, dtype)
         steps_set = None
         if capture_steps is not None:
             try:

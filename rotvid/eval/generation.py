@@ -37,6 +37,7 @@ from rotvid.atomic import check_can_write
 from rotvid.eval.sidecar import read_sidecar, sidecar_path, write_sidecar
 from rotvid.eval.video_io import to_uint8_frames, write_video
 from rotvid.kernels.recipes import fp16
+from rotvid.pipelines.report import nothing_quantized_reason  # noqa: F401  (its old home)
 
 logger = logging.getLogger(__name__)
 
@@ -526,41 +527,6 @@ def quantized_fraction(side: dict) -> float | None:
         if side.get(key) is not None:
             return float(side[key])
     return None
-
-
-def nothing_quantized_reason(run_report: dict | None, schedule_name: str | None = None) -> str | None:
-    """Why a run with a quantized recipe quantized no self-attention call, or ``None`` when some
-    ran quantized (or nothing was asked to: the untouched reference has no run report).
-    ``schedule_name``: the schedule's name, for the message.
-
-    E.g. ``0 of 8 self-attention calls quantized: the schedule paper-wan2.2-t2v keeps them in FP16
-    (schedule: first 2 steps: 8 calls); ...``.
-    """
-    if not run_report or run_report.get("quantized_calls", 0) or not run_report.get("total_calls"):
-        return None
-    if run_report.get("recipe") == "fp16":  # --recipe fp16 with a rotation: FP16 was asked for
-        return None
-    total = run_report["total_calls"]
-    schedule = schedule_name
-    parts = []
-    planned = run_report.get("fp16_reasons") or {}
-    if planned:
-        detail = "; ".join(f"{r}: {n} calls" for r, n in sorted(planned.items()))
-        parts.append(f"the schedule{' ' + schedule if schedule else ''} keeps them in FP16 ({detail})")
-    fallbacks = run_report.get("fallbacks") or {}
-    if fallbacks:
-        parts.append("fallbacks to FP16 (" + "; ".join(f"{r}: {n} calls" for r, n in sorted(fallbacks.items())) + ")")
-    hints = []
-    if any("steps" in r for r in planned):
-        hints.append("more --steps than the schedule keeps in FP16")
-    if any("blocks" in r for r in planned):
-        hints.append("a model with more blocks than the schedule keeps in FP16 (the paper's keep the first and "
-                     "last two)")
-    if planned:
-        hints.append("--schedule none (every call quantized)")
-    why = " and ".join(parts) or "no call ran the quantized recipe"
-    tail = f"; to quantize, use {' or '.join(hints)}" if hints else ""
-    return f"0 of {total} self-attention calls quantized: {why}{tail}"
 
 
 def check_outputs(out: Path, *, overwrite: bool) -> None:

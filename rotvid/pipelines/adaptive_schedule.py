@@ -21,6 +21,8 @@ the sparsity rules leave it sparse, dense elsewhere), from which the FP16 cells 
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import warnings
@@ -204,8 +206,11 @@ def schedule_from_accuracy(
 
 
 def write_schedule(schedule: Schedule, path: str | Path, *, accuracy: AccuracyTable | None = None) -> Path:
-    """Write ``schedule`` (and the accuracy it came from) as JSON, atomically."""
+    """Write ``schedule`` (and the accuracy it came from) as JSON, atomically. A schedule without ``num_steps``
+    gets the accuracy table's: its cells are those of a run of that many steps."""
     path = Path(path)
+    if accuracy is not None and schedule.num_steps is None:
+        schedule = dataclasses.replace(schedule, num_steps=accuracy.num_steps)
     payload = {"version": 1, "schedule": schedule.to_dict()}
     if accuracy is not None:
         payload["accuracy"] = accuracy.to_dict()

@@ -165,7 +165,7 @@ class RotvidHandle:
                 raise RuntimeError(
                     f"rotvid: the self-attention processor of {inst.processor.site.key} was replaced after apply "
                     f"(by {type(inst.attn.processor).__name__}; fuse_qkv_projections() or set_attn_processor()), "
-                    "which would bypass rotvid. Restore it, or call rotvid.pipelines.remove(pipe) first."
+                    "which would bypass rotvid. Restore it, or call rotvid.remove(pipe) first."
                 )
         changed = [c for inst in self._installed if inst.transformer == name for c in _fused_changes(inst)]
         if changed:
@@ -335,12 +335,15 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
     if not isinstance(exact_remove, bool):
         raise ValueError(f"exact_remove: expected True or False, got {exact_remove!r}")
     if getattr(pipe, HANDLE_ATTR, None) is not None:
-        raise ValueError("pipe: rotvid is already applied; call rotvid.pipelines.remove(pipe) first")
+        raise ValueError("pipe: rotvid is already applied; call rotvid.remove(pipe) first")
     family, transformers = find_transformers(pipe)
     for attr, module in transformers.items():  # applied through another object (the bare transformer, a pipeline)
         if module is not pipe and getattr(module, HANDLE_ATTR, None) is not None:
-            raise ValueError(f"pipe: rotvid is already applied to its {attr}; call rotvid.pipelines.remove() on "
+            raise ValueError(f"pipe: rotvid is already applied to its {attr}; call rotvid.remove() on "
                              "what it was applied to first")
+        if any(type(p).__module__.startswith("rotvid.") for p in getattr(module, "attn_processors", {}).values()):
+            raise ValueError(f"pipe: its {attr} already runs rotvid, applied through another pipeline that shares "
+                             "it; call rotvid.remove() on that pipeline first")
     recipe, recipe_reason = resolve_recipe(config.recipe, _execution_device(pipe, transformers))
     logger.info("rotvid recipe: %s (%s)", recipe, recipe_reason)
     # The recipe and its smoothing are resolved here, once: the runtime and the report read them as they are.
@@ -354,6 +357,8 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
     except BaseException:
         _uninstall(handle)
         raise
+    if not isinstance(pipe, nn.Module):  # a run the pipeline stops through its _interrupt ends the tracked run
+        handle.tracker.interrupted = lambda: bool(getattr(pipe, "_interrupt", False))
     setattr(pipe, HANDLE_ATTR, handle)
     logger.info("rotvid applied: %r", handle)
     return handle
@@ -516,7 +521,7 @@ def _refusal(method: str):
     def refuse(*args, **kwargs):
         raise RuntimeError(
             f"{method}(): rotvid is applied and its self-attention processors would be replaced or bypassed; call "
-            f"rotvid.pipelines.remove(pipe) first (apply refuses fused projections: unfuse before applying again)"
+            f"rotvid.remove(pipe) first (apply refuses fused projections: unfuse before applying again)"
         )
 
     return refuse

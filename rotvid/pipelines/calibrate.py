@@ -268,9 +268,11 @@ def calibrate(
         n = len(table.cells)
         total, quant = total + n, quant + n - len(chosen)
     block_sparsity = tuple((b, spec if spec is not None else SparsitySpec()) for b, spec in sorted(block_maps.items()))
+    accuracy = _merge_tables(effective)
     schedule = opts.sparsity_schedule(fp16_cells=tuple(sorted(set(merged_cells))), block_sparsity=block_sparsity,
-                                      name="calibrated")
-    sched_path = write_schedule(schedule, out / "schedule.json", accuracy=_merge_tables(effective))
+                                      name="calibrated",
+                                      num_steps=accuracy.num_steps if accuracy is not None else None)  # its cells are of this run
+    sched_path = write_schedule(schedule, out / "schedule.json", accuracy=accuracy)
     result = CalibrationResult(
         rotations_path=rot_path, schedule_path=sched_path, blocks=result_blocks, fp16_cells=cells,
         quantized_fraction=quant / total if total else math.nan, schedule=schedule, dumps=list(capture.dumps_written),

@@ -67,4 +67,8 @@ def uncompile_transformers(transformers: dict[str, nn.Module], names: list[str])
     transformer had before (``module.compile`` by the caller)."""
     for name in names:
         module = transformers[name]
-        module._compiled_call_impl = module.__dict__.pop(_PREVIOUS_ATTR, None)
+        previous = module.__dict__.pop(_PREVIOUS_ATTR, None)
+        if previous is None:  # eager again: the class's default, nothing left in the instance
+            module.__dict__.pop("_compiled_call_impl", None)
+        else:
+            module._compiled_call_impl = previous

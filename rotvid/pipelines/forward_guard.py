@@ -91,6 +91,7 @@ class ForwardGuard:
         self.name = name
         self.module = module
         self.inner = None
+        self.had_own = False
 
     # ---- install ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -99,12 +100,16 @@ class ForwardGuard:
         if current is self:
             return
         self.inner = current
+        self.had_own = "_compiled_call_impl" in self.module.__dict__
         self.module._compiled_call_impl = self
 
     def uninstall(self) -> None:
         """Give the module back the forward the guard wrapped (a later compile by the caller stays)."""
         if self.module.__dict__.get("_compiled_call_impl") is self:
-            self.module._compiled_call_impl = self.inner
+            if self.inner is None and not self.had_own:  # the class's default again: nothing left in the instance
+                del self.module.__dict__["_compiled_call_impl"]
+            else:
+                self.module._compiled_call_impl = self.inner
         self.inner = None
 
     # ---- per forward ---------------------------------------------------------------------------

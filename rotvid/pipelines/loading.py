@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 from pathlib import Path
@@ -105,7 +107,10 @@ def load_pipeline(
 
     Returns:
         The pipeline (``WanPipeline``, ``WanImageToVideoPipeline``, ``HunyuanVideoPipeline``,
-        ``CogVideoXPipeline``, ...), its transformer(s) checked against the family table.
+        ``CogVideoXPipeline``, ...), its transformer(s) checked against the family table. A folder with its own
+        call defaults (``rotvid_tiny.json``: the bundled ``proxy``, the tiny test pipelines) gives a pipeline whose
+        ``__call__`` defaults are those (``pipe(prompt=...)`` runs the proxy at 128×128, 17 frames, 12 steps, not
+        WanPipeline's 480×832, 81 frames, 50 steps); they are in ``pipe.rotvid_call_defaults``.
 
     Raises:
         ValueError: bad argument, or a pipeline whose transformer rotvid does not support.
@@ -137,6 +142,43 @@ def load_pipeline(
 
         raise HubUnreachableError(hub_unreachable_message(str(model), source, exc)) from exc
     find_transformers(pipe)
+    if is_local:
+        from rotvid.pipelines.folder_defaults import read_tiny_call_defaults
+
+        defaults = read_tiny_call_defaults(source)
+        if defaults:
+            _set_call_defaults(pipe, defaults)
     if device is not None:
         pipe.to(device)
     return pipe
+
+
+def _class_with_defaults(cls: type, given: dict) -> type:
+    """A subclass of the pipeline class ``cls`` (same name: diffusers records ``_class_name`` from it) whose
+    ``__call__`` takes ``given`` for the arguments the caller leaves out; its signature shows them
+    (``inspect.signature(pipe.__call__)``)."""
+    base_call = cls.__call__
+    signature = inspect.signature(base_call)
+    signature = signature.replace(parameters=[
+        p.replace(default=given[p.name]) if p.name in given else p for p in signature.parameters.values()
+    ])
+
+    @functools.wraps(base_call)
+    def __call__(self, *args, **kwargs):
+        passed = signature.bind_partial(self, *args, **kwargs).arguments
+        for name, value in given.items():
+            if name not in passed:
+                kwargs[name] = value
+        return base_call(self, *args, **kwargs)
+
+    __call__.__signature__ = signature
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+
+
+def _set_call_defaults(pipe, defaults: dict) -> None:
+    """Give ``pipe`` (one instance) the call defaults of its folder (arguments its ``__call__`` takes only)."""
+    params = inspect.signature(type(pipe).__call__).parameters
+    usable = {k: v for k, v in defaults.items() if k in params}
+    pipe.__class__ = _class_with_defaults(type(pipe), usable)
+    pipe.rotvid_call_defaults = dict(usable)

@@ -24,7 +24,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rotvid.pipelines.hub import HubUnreachableError, hub_unreachable_message
@@ -52,6 +52,18 @@ class PipelineConfig:
         temporal_factor: the VAE's temporal compression (frames must be ``k·t + 1``; ``None``: unknown).
         latent_frames_multiple: the latent frame count must be a multiple of this (CogVideoX 1.5's
             ``patch_size_t``; 1 otherwise).
+        call_defaults: the defaults of the call's size arguments (``height``, ``width``, ``num_frames``,
+            ``num_inference_steps``, ``max_sequence_length``): the pipeline class's, under those of a local
+            folder's ``rotvid_tiny.json`` (the bundled proxy, the tiny test pipelines).
+        spatial_factor / patch_hw / patch_t: the VAE's spatial compression and the transformer's patch (the
+            token grid of a size: ``frames' × (height / (spatial·patch_hw)) × (width / ...)``).
+        rope_max_positions: the positions per axis the transformer's RoPE table holds (Wan's
+            ``rope_max_seq_len``; ``None``: no such limit known).
+        inner_dim: heads × head_dim of the transformer (``None``: unknown).
+        text_encoder_class: the class of ``text_encoder`` (``UMT5EncoderModel``, ``LlamaModel``, ...).
+        text_max_positions: the text encoder's ``max_position_embeddings`` (``None`` for T5-style relative
+            positions, which have no limit but cost ``L²`` memory).
+        text_heads: the text encoder's attention heads (``num_heads`` / ``num_attention_heads``; ``None``: unknown).
     """
 
     source: str
@@ -61,6 +73,15 @@ class PipelineConfig:
     size_multiple: int | None
     temporal_factor: int | None
     latent_frames_multiple: int = 1
+    call_defaults: dict = field(default_factory=dict, compare=False)
+    spatial_factor: int | None = None
+    patch_hw: int = 1
+    patch_t: int = 1
+    rope_max_positions: int | None = None
+    inner_dim: int | None = None
+    text_encoder_class: str | None = None
+    text_max_positions: int | None = None
+    text_heads: int | None = None
 
     @property
     def takes_image(self) -> bool:
@@ -175,15 +196,37 @@ def read_pipeline_config(model: str | os.PathLike | None) -> PipelineConfig:
     t_attr, t_cls = _component(index, ("transformer", "transformer_2"))
     family = next((f.name for f in FAMILIES.values() if t_cls in f.transformer_classes), None)
     pipe_cls = getattr(diffusers, cls_name, None)
-    params = tuple(p for p in inspect.signature(pipe_cls.__call__).parameters if p != "self") if pipe_cls else ()
-    size_multiple = temporal = None
-    latent_multiple = 1
+    signature = inspect.signature(pipe_cls.__call__).parameters if pipe_cls else {}
+    params = tuple(p for p in signature if p != "self")
+    defaults = {k: signature[k].default for k in _SIZE_ARGUMENTS
+                if k in signature and signature[k].default is not inspect.Parameter.empty}
+    if is_local:  # a tiny pipeline's (or the bundled proxy's) own call defaults
+        from rotvid.pipelines.folder_defaults import read_tiny_call_defaults
+
+        defaults.update({k: v for k, v in (read_tiny_call_defaults(source) or {}).items() if k in _SIZE_ARGUMENTS})
+    size_multiple = temporal = spatial = None
+    latent_multiple = patch_hw = patch_t = 1
+    rope_max = inner_dim = None
+    _, te_cls = _component(index, ("text_encoder",))
+    try:  # the text encoder's limits only inform a check: a file that cannot be fetched leaves them unknown
+        te = _read_json(source, is_local, "text_encoder/config.json", model=name, required=False) if te_cls else None
+    except (HubUnreachableError, ValueError):
+        te = None
+    text_max = (te or {}).get("max_position_embeddings")
+    text_max = int(text_max) if isinstance(text_max, int) and text_max > 0 else None
+    text_heads = (te or {}).get("num_heads") or (te or {}).get("num_attention_heads")
+    text_heads = int(text_heads) if isinstance(text_heads, int) and text_heads > 0 else None
     if family is not None:
         _, vae_cls = _component(index, ("vae",))
         vae = _read_json(source, is_local, "vae/config.json", model=name, required=False)
         tcfg = _read_json(source, is_local, f"{t_attr}/config.json", model=name, required=False)
         patch = _value(tcfg, t_cls, "patch_size")
         patch_hw = int(patch[1]) if isinstance(patch, (list, tuple)) else int(patch or 1)
+        patch_t = int(patch[0]) if isinstance(patch, (list, tuple)) else int(_value(tcfg, t_cls, "patch_size_t") or 1)
+        heads, head_dim = _value(tcfg, t_cls, "num_attention_heads"), _value(tcfg, t_cls, "attention_head_dim")
+        inner_dim = int(heads) * int(head_dim) if isinstance(heads, int) and isinstance(head_dim, int) else None
+        rope_max = _value(tcfg, t_cls, "rope_max_seq_len") if family == "wan" else None
+        rope_max = int(rope_max) if isinstance(rope_max, int) else None
         if family == "wan":
             spatial = _value(vae, vae_cls, "scale_factor_spatial")
             temporal = _value(vae, vae_cls, "scale_factor_temporal")
@@ -198,5 +241,13 @@ def read_pipeline_config(model: str | os.PathLike | None) -> PipelineConfig:
         base = _CHECK_INPUTS_MULTIPLE[family]
         size_multiple = math.lcm(base, int(spatial) * patch_hw) if spatial else base
         temporal = int(temporal) if temporal else None
+        spatial = int(spatial) if spatial else None
     return PipelineConfig(source=source, pipeline_class=cls_name, family=family, call_parameters=params,
-                          size_multiple=size_multiple, temporal_factor=temporal, latent_frames_multiple=latent_multiple)
+                          size_multiple=size_multiple, temporal_factor=temporal, latent_frames_multiple=latent_multiple,
+                          call_defaults=defaults, spatial_factor=spatial, patch_hw=patch_hw, patch_t=patch_t,
+                          rope_max_positions=rope_max, inner_dim=inner_dim, text_encoder_class=te_cls,
+                          text_max_positions=text_max, text_heads=text_heads)
+
+
+# the call arguments that size a run (their defaults are read for the memory and limit checks)
+_SIZE_ARGUMENTS = ("height", "width", "num_frames", "num_inference_steps", "max_sequence_length")

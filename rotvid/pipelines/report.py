@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["RunReport", "BlockCounts", "SparseCell"]
+__all__ = ["RunReport", "BlockCounts", "SparseCell", "nothing_quantized_reason"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +141,7 @@ class RunReport:
             redone: not rotvid's).
         notes: what ``apply`` adapted (e.g. a block-diagonal V/O Hadamard for a head_dim that is not a power of two).
         sparsity: the config's block map spec (text), ``"none"`` without one.
+        schedule: the name of the config's schedule (``None`` for a hand-made one), for the summary's words.
         sparsity_rules: the schedule's sparsity rules (``dense_first_steps``, ``dense_blocks``, ``block_sparsity``).
         sparse_cells: ``{(site, step): SparseCell}`` for the calls that ran with a block map (``step`` None outside
             a tracked run).
@@ -162,6 +163,7 @@ class RunReport:
     nonfinite_inputs: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     sparsity: str = "none"
+    schedule: str | None = None
     sparsity_rules: dict = field(default_factory=dict)
     sparse_cells: dict[tuple[str, int | None], SparseCell] = field(default_factory=dict)
     _gpu_fallback_warned: bool = field(default=False, repr=False, compare=False)
@@ -411,4 +413,45 @@ class RunReport:
             lines.append(line)
         for note in self.notes:
             lines.append(f"  note: {note}")
+        why = nothing_quantized_reason(self.to_dict(), self.schedule, options=False)
+        if why is not None:
+            lines.append(f"  note: {why}")
         return "\n".join(lines)
+
+
+def nothing_quantized_reason(run_report: dict | None, schedule_name: str | None = None, *,
+                             options: bool = True) -> str | None:
+    """Why a run with a quantized recipe quantized no self-attention call, or ``None`` when some
+    ran quantized (or nothing was asked to: the untouched reference has no run report).
+    ``run_report``: :meth:`RunReport.to_dict`; ``schedule_name``: the schedule's name, for the message;
+    ``options``: the way out in the CLI's words (``--schedule none``), else the Python API's (``schedule="none"``).
+
+    E.g. ``0 of 8 self-attention calls quantized: the schedule paper-wan2.2-t2v keeps them in FP16
+    (schedule: first 2 steps: 8 calls); ...``.
+    """
+    if not run_report or run_report.get("quantized_calls", 0) or not run_report.get("total_calls"):
+        return None
+    if run_report.get("recipe") == "fp16":  # --recipe fp16 with a rotation: FP16 was asked for
+        return None
+    total = run_report["total_calls"]
+    parts = []
+    planned = run_report.get("fp16_reasons") or {}
+    if planned:
+        detail = "; ".join(f"{r}: {n} calls" for r, n in sorted(planned.items()))
+        parts.append(f"the schedule{' ' + schedule_name if schedule_name else ''} keeps them in FP16 ({detail})")
+    fallbacks = run_report.get("fallbacks") or {}
+    if fallbacks:
+        parts.append("fallbacks to FP16 (" + "; ".join(f"{r}: {n} calls" for r, n in sorted(fallbacks.items())) + ")")
+    hints = []
+    if any("steps" in r for r in planned):
+        hints.append("more --steps than the schedule keeps in FP16" if options else
+                     "more num_inference_steps than the schedule keeps in FP16")
+    if any("blocks" in r for r in planned):
+        hints.append("a model with more blocks than the schedule keeps in FP16 (the paper's keep the first and "
+                     "last two)")
+    if planned:
+        hints.append("--schedule none (every call quantized)" if options else
+                     'schedule="none" (every call quantized)')
+    why = " and ".join(parts) or "no call ran the quantized recipe"
+    tail = f"; to quantize, use {' or '.join(hints)}" if hints else ""
+    return f"0 of {total} self-attention calls quantized: {why}{tail}"

@@ -297,6 +297,7 @@ class Runtime:
         self.forward_maps: dict[str, dict[SparsitySpec, SparseMap] | str] = {}
         self._static_maps: dict[tuple[TokenGrid, torch.device], dict[SparsitySpec, SparseMap]] = {}
         report.sparsity = str(config.sparsity)
+        report.schedule = config.schedule.name  # (for the report's words only)
         report.sparsity_rules = {
             "dense_first_steps": schedule.dense_first_steps, "dense_blocks": list(schedule.dense_blocks),
             "block_sparsity": [[b, str(spec)] for b, spec in schedule.block_sparsity],

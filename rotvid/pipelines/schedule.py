@@ -16,6 +16,11 @@ A call runs the quantized recipe unless one of these says FP16:
 The rules are additive: a cell is FP16 if any of them says so. For full control from a table, set
 the four counts to 0.
 
+A schedule made for one step count says so (``num_steps``: ``rotvid calibrate`` sets it to the steps it measured):
+its table names the (step, block) cells of a run of that many steps, so ``rotvid generate`` / ``eval`` take it when
+``--steps`` is not given and refuse a ``--steps`` that differs. The presets are rules at both ends of any run
+(``num_steps`` None).
+
 Sparsity rules (for a run with a block map, ``RotvidConfig(sparsity=...)``; what Sparse VideoGen and Radial
 Attention set by hand). A block map applies only to calls the rules above quantize -- an FP16 call never gets one --
 and a quantized call runs dense (no map) when
@@ -62,6 +67,7 @@ class Schedule:
         dense_blocks: global block indices whose quantized calls run without a block map (negative: from the end).
         block_sparsity: ``(block, spec)`` pairs: the block map of that block's quantized calls instead of the
             config's (a :class:`~rotvid.kernels.sparsity.SparsitySpec` or its text; ``none``: dense).
+        num_steps: the denoising steps the schedule was made for (calibrated at), ``None`` for any run.
     """
 
     fp16_first_steps: int = 0
@@ -73,8 +79,12 @@ class Schedule:
     dense_first_steps: int = 0
     dense_blocks: tuple[int, ...] = field(default_factory=tuple)
     block_sparsity: tuple[tuple[int, SparsitySpec], ...] = field(default_factory=tuple)
+    num_steps: int | None = None
 
     def __post_init__(self) -> None:
+        if self.num_steps is not None and (isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int)
+                                           or self.num_steps < 1):
+            raise ValueError(f"num_steps: expected a positive int or None, got {self.num_steps!r}")
         for attr in ("fp16_first_steps", "fp16_last_steps", "fp16_first_blocks", "fp16_last_blocks",
                      "dense_first_steps"):
             _check_count(attr, getattr(self, attr))
@@ -172,6 +182,7 @@ class Schedule:
             "dense_first_steps": self.dense_first_steps,
             "dense_blocks": list(self.dense_blocks),
             "block_sparsity": [[b, str(spec)] for b, spec in self.block_sparsity],
+            **({"num_steps": self.num_steps} if self.num_steps is not None else {}),
         }
 
     @classmethod
@@ -179,7 +190,7 @@ class Schedule:
         if not isinstance(d, dict):
             raise ValueError(f"schedule: expected a JSON object, got {type(d).__name__}")
         known = {"fp16_first_steps", "fp16_last_steps", "fp16_first_blocks", "fp16_last_blocks", "fp16_cells", "name",
-                 "dense_first_steps", "dense_blocks", "block_sparsity"}
+                 "dense_first_steps", "dense_blocks", "block_sparsity", "num_steps"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"schedule: unknown keys {sorted(unknown)}; expected a subset of {sorted(known)}")

@@ -58,6 +58,9 @@ class StepTracker:
         self._scheduler = None
         self._saved: dict[str, object] = {}
         self._listeners: list = []
+        # () -> bool: the pipeline stopped its run early (diffusers' ``pipe._interrupt``: the loop skips the
+        # remaining steps, so no scheduler.step says so); set by apply for a pipeline
+        self.interrupted = None
 
     def add_listener(self, listener) -> None:
         """Call ``listener("leave")`` before and ``listener("enter")`` after each change of step."""
@@ -100,12 +103,24 @@ class StepTracker:
             self.step += 1
             self._notify("enter")
 
+    def end(self) -> None:
+        """End the current run as if its last step were done (the pipeline stopped it early)."""
+        if self.step is not None and self.num_steps is not None and self.step < self.num_steps:
+            self._notify("leave")
+            self.step = self.num_steps
+            self._notify("enter")
+
+    def _end_if_interrupted(self) -> None:
+        if self.interrupted is not None and self.step is not None and self.interrupted():
+            self.end()
+
     def current(self) -> tuple[int, int]:
         """``(step, num_steps)`` of the call being made.
 
         Raises:
             StepUnknownError: no run is being tracked, or the run went past its last step.
         """
+        self._end_if_interrupted()
         if self.step is None or self.num_steps is None:
             raise StepUnknownError(
                 "rotvid: the denoising step is unknown (the scheduler's set_timesteps was not seen). "
@@ -119,7 +134,8 @@ class StepTracker:
         return self.step, self.num_steps
 
     def in_run(self) -> bool:
-        """True while a denoising run is tracked (a step of it is current)."""
+        """True while a denoising run is tracked (a step of it is current; a run the pipeline interrupted is over)."""
+        self._end_if_interrupted()
         return self.step is not None and self.num_steps is not None and self.step < self.num_steps
 
     def count_forward(self, name: str, n: int = 1) -> None:

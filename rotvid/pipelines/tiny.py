@@ -47,6 +47,10 @@ from pathlib import Path
 
 import torch
 
+from rotvid.pipelines.folder_defaults import (  # noqa: F401  (public here too; _RUN_ONLY_ARGS: its old home)
+    _RUN_ONLY_ARGS, TINY_DEFAULTS_FILE, TINY_DEFAULTS_VERSION, read_tiny_call_defaults,
+)
+
 __all__ = [
     "TINY_FAMILIES",
     "TINY_DEFAULTS_FILE",
@@ -61,14 +65,6 @@ __all__ = [
 
 TINY_FAMILIES = ("wan", "wan2.2", "wan-i2v", "hunyuan_video", "cogvideox", "cogvideox-2b")
 IMAGE_TO_VIDEO_FAMILIES = ("wan-i2v",)
-
-TINY_DEFAULTS_FILE = "rotvid_tiny.json"
-TINY_DEFAULTS_VERSION = 1
-# arguments a defaults file may not set: they belong to the run (or to rotvid) alone
-_RUN_ONLY_ARGS = frozenset(
-    {"prompt", "image", "last_image", "generator", "latents", "output_type", "return_dict", "callback_on_step_end",
-     "callback_on_step_end_tensor_inputs", "prompt_embeds", "negative_prompt_embeds", "image_embeds"}
-)
 
 _WORDS = (
     "a the of and in on with to is at by from for over under near "
@@ -307,33 +303,6 @@ def tiny_call_defaults(family: str, *, frames: int = 5, size: int = 32) -> dict:
     if family == "hunyuan_video":
         kw["prompt_template"] = {"template": "{}", "crop_start": 0}
     return kw
-
-
-def read_tiny_call_defaults(folder: str | os.PathLike) -> dict | None:
-    """``call_defaults`` of ``folder``'s :data:`TINY_DEFAULTS_FILE`, or ``None`` when it has none.
-
-    Raises:
-        ValueError: the file is not valid JSON, has another ``version``, its ``call_defaults`` is
-            not an object, or it sets an argument that belongs to the run (``prompt``, ``image``,
-            ``generator``, ``output_type``, ...).
-    """
-    path = Path(folder) / TINY_DEFAULTS_FILE
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("version") != TINY_DEFAULTS_VERSION:
-        got = data.get("version") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"{path}: expected a rotvid tiny-pipeline record of version {TINY_DEFAULTS_VERSION}, got {got!r}")
-    defaults = data.get("call_defaults")
-    if not isinstance(defaults, dict):
-        raise ValueError(f"{path}: call_defaults: expected an object of pipeline call arguments, got {defaults!r}")
-    reserved = sorted(set(defaults) & _RUN_ONLY_ARGS)
-    if reserved:
-        raise ValueError(f"{path}: call_defaults may not set {', '.join(reserved)} (they belong to the run)")
-    return defaults
 
 
 def tiny_image(*, size: int = 32, seed: int = 0):
