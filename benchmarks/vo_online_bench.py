@@ -1,0 +1,110 @@
+"""What the online V/O Hadamard costs: one self-attention call as a pipeline makes it, with and without the rotation.
+
+The runtime hands the quantized call BHND views of BNHD memory; with ``vo_hadamard="online"`` it rotates V before
+the call (:func:`rotvid.rope.hadamard.rotate_v_online`) and the output after it
+(:func:`rotvid.rope.hadamard.unrotate_o_online`). This script times, per shape, in interleaved rounds on one GPU:
+
+* ``off``: the int8-fp8 call alone (what ``vo_hadamard="off"`` and ``"fused"`` run);
+* ``online``: rotation, the same call, inverse rotation;
+* the same two compiled (``torch.compile(fullgraph=True)``), as a compiled pipeline runs them;
+* cuDNN bf16 SDPA, the baseline every kernel ratio in this project is against;
+
+and prints the rotation's share of the call, with the cosine of each output against float64 attention on sampled
+rows. Rows go to ``benchmarks/results/vo_online_bench.json`` (GPU, commit, command).
+
+    python benchmarks/vo_online_bench.py [--shapes wan1.3b-480p wan14b-720p cogvideox5b] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernel_bench import SHAPES, cos_fp64_rows, time_interleaved  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
+from rotvid.pipelines.runtime import attention_into_bnhd  # noqa: E402
+from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "vo_online_bench.json"
+
+
+def bench(name: str, rounds: int, seed: int = 0) -> list[dict]:
+    shape = SHAPES[name]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def bnhd():
+        return torch.randn(shape.b, shape.n, shape.h, shape.d, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    q, k, v = (bnhd().transpose(1, 2) for _ in range(3))  # BHND views of BNHD memory, as the processors give
+    k = k + 0.5  # a shared channel bias, as real keys have (the recipes smooth it away)
+    block = vo_hadamard_block(shape.d)
+    opts = dict(recipe="int8-fp8", backend="cuda")
+
+    def off(q, k, v):
+        return attention_into_bnhd(q, k, v, **opts)
+
+    def online(q, k, v):
+        return unrotate_o_online(attention_into_bnhd(q, k, rotate_v_online(v, block), **opts), block)
+
+    def rotation_only(q, k, v):
+        return unrotate_o_online(rotate_v_online(v, block), block)
+
+    def sdpa(q, k, v):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    compiled_off = torch.compile(off, fullgraph=True)
+    compiled_online = torch.compile(online, fullgraph=True)
+    fns = {"cudnn": sdpa, "off": off, "online": online, "rotation-only": rotation_only,
+           "off-compiled": compiled_off, "online-compiled": compiled_online}
+    rows = torch.randperm(shape.n, generator=torch.Generator().manual_seed(seed))[:256].to("cuda")
+    cos = {m: cos_fp64_rows(fns[m](q, k, v), q, k, v, rows, None) for m in ("off", "online")}
+    times = time_interleaved({m: (lambda f=f: f(q, k, v)) for m, f in fns.items()}, rounds)
+    out = []
+    for method, ms in times.items():
+        out.append(dict(shape=name, method=method, ms=round(ms, 4), ratio_to_cudnn=round(times["cudnn"] / ms, 4),
+                        cos_fp64=round(cos[method], 6) if method in cos else None))
+    for mode in ("", "-compiled"):
+        share = times[f"online{mode}"] / times[f"off{mode}"] - 1
+        out.append(dict(shape=name, method=f"overhead{mode or '-eager'}", share=round(share, 5)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", nargs="*", default=["wan1.3b-480p", "wan14b-720p", "cogvideox5b"],
+                    choices=list(SHAPES))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("vo_online_bench.py: needs a CUDA GPU")
+    rows = []
+    for name in args.shapes:
+        rows += bench(name, args.rounds)
+        for r in rows:
+            if r["shape"] == name:
+                print(json.dumps(r), flush=True)
+    print("\n| shape | int8-fp8 call (ms) | + online V/O Hadamard (ms) | share, eager | share, compiled | cos fp64 off / online |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name in args.shapes:
+        by = {r["method"]: r for r in rows if r["shape"] == name}
+        print(f"| {name} | {by['off']['ms']:.3f} | {by['online']['ms']:.3f} | {100 * by['overhead-eager']['share']:+.2f}% "
+              f"| {100 * by['overhead-compiled']['share']:+.2f}% | {by['off']['cos_fp64']:.5f} / "
+              f"{by['online']['cos_fp64']:.5f} |")
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        doc = dict(device=torch.cuda.get_device_name(), commit=git_commit(), command="python " + " ".join(sys.argv),
+                   torch=torch.__version__, rows=rows)
+        RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
