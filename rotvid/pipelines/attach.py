@@ -7,9 +7,9 @@
 2. for every block of every stack, replaces the processor of the **self**-attention module
    (``attn.set_processor``) with the family's rotvid processor; cross-attention (Wan's
    ``attn2``: text and image context) and HunyuanVideo's text token-refiner are left as they are;
-3. touches no weight by default: the per-head V/O Hadamard runs online (``vo_hadamard="online"``: V·H into
-   each quantized call, its inverse on the output, :mod:`rotvid.pipelines.runtime`); only
-   ``vo_hadamard="fused"`` fuses it into W_v / W_o (:func:`rotvid.rope.hadamard.fuse_v_hadamard`), keeping a
+3. touches no weight: the per-head V/O Hadamard is off by default, and runs online with
+   ``vo_hadamard="online"`` (V·H into each quantized call, its inverse on the output,
+   :mod:`rotvid.pipelines.runtime`); only ``vo_hadamard="fused"`` fuses it into W_v / W_o (:func:`rotvid.rope.hadamard.fuse_v_hadamard`), keeping a
    CPU copy of every touched parameter so that ``remove`` restores them bit for bit;
 4. builds the Q/K rotation per block (:func:`rotvid.rope.rotations.make_rotation`; per-block
    learned files are ``select``-ed by block index);
@@ -25,7 +25,7 @@ no call counters, and no compile when ``apply`` compiled.
 
 diffusers' contract while applied
 ---------------------------------
-* The weights are the user's. With the default ``vo_hadamard="online"`` (and ``"off"``) no parameter is
+* The weights are the user's. With ``vo_hadamard="off"`` (the default) or ``"online"`` no parameter is
   changed, so whatever a user does to the model while rotvid is applied -- LoRAs loaded, fused, switched or
   unloaded before or after ``apply``, ``load_state_dict``, sequential / group offloading, dtype casts,
   ``save_pretrained`` -- gives what it gives without rotvid.
@@ -480,7 +480,7 @@ def _fused_changes_message(changes: list[str], outcome: str) -> str:
     shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
     return (f"rotvid: vo_hadamard='fused' rewrote the V/O weights while applied, and they were changed since "
             f"({shown}): {outcome}. Change weights before apply or after rotvid.remove(pipe), or apply with "
-            "vo_hadamard='online' (the default), which touches no weight and composes with LoRAs, "
+            "vo_hadamard='off' (the default) or 'online', which touch no weight and compose with LoRAs, "
             "load_state_dict and offloading.")
 
 

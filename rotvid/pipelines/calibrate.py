@@ -247,7 +247,6 @@ def calibrate(
     recipe, recipe_reason = resolve_recipe(opts.recipe, _execution_device(pipe, transformers))
     say(f"probe recipe: {recipe} ({recipe_reason})")
     probe = AccuracyProbe(recipe=recipe, backend=opts.backend, taus=opts.taus)
-    # the probe itself runs the online V/O Hadamard around each measured call (AccuracyProbe.vo_online)
     config = RotvidConfig(recipe=fp16.RECIPE.name, rotation=f"learned:{rot_path}", vo_hadamard="off",
                           backend=opts.backend, sparsity=opts.sparsity, schedule=opts.sparsity_schedule())
     if opts.sparsity.enabled:

@@ -168,7 +168,7 @@ class AccuracyProbe:
     smooth_q: bool | None = None
     smooth_v: bool | None = None  # RotvidConfig's defaults (None: the recipe's): the probe measures what generation runs
     block_n: int | None = None
-    vo_online: bool = True  # the online V/O Hadamard around each measured call, as generation's default runs it
+    vo_online: bool = False  # the online V/O Hadamard around each measured call (RotvidConfig.vo_hadamard="online")
     tables: dict[str, AccuracyTable] = field(default_factory=dict)
     taus: tuple[float, ...] = ()
     runtime: object = None  # a rotvid.pipelines.runtime.Runtime, set once rotvid is applied

@@ -33,6 +33,7 @@ def test_config_preset_by_name():
         ({"rotation": "learned:"}, "rotation"),
         ({"backend": "triton"}, "backend"),
         ({"vo_hadamard": 1}, "vo_hadamard"),
+        ({"vo_hadamard": "on"}, "vo_hadamard"),
         ({"schedule": "paper-sdxl"}, "schedule"),
         ({"block_n": 0}, "block_n"),
         ({"version": 2}, "version"),
@@ -148,3 +149,12 @@ def test_config_json_written_before_auto_keeps_its_meaning():
     assert cfg.recipe == "int4" and cfg.smooth_v is False
     # a hand-written file that names only some fields gets the defaults for the others
     assert RotvidConfig.from_dict({"version": 1, "rotation": "full"}).recipe == "auto"
+
+
+def test_vo_hadamard_modes_and_older_booleans():
+    assert RotvidConfig().vo_hadamard == "off"  # the default touches no weight and costs nothing
+    assert RotvidConfig(vo_hadamard=True).vo_hadamard == "online"  # an older config's True: the rotation, online
+    assert RotvidConfig(vo_hadamard=False).vo_hadamard == "off"
+    for mode in ("online", "fused", "off"):
+        cfg = RotvidConfig(vo_hadamard=mode)
+        assert RotvidConfig.from_json(cfg.to_json()).vo_hadamard == mode

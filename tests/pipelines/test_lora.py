@@ -1,8 +1,8 @@
 """The user's weights are the user's: LoRAs, load_state_dict, offloading and casts while rotvid is applied (CPU,
 tiny pipelines of every family, diffusers' own LoRA loaders and peft).
 
-With the default ``vo_hadamard="online"`` nothing rotvid does changes a parameter, so every weight path gives what it
-gives without rotvid: with the ``fp16`` recipe, equal within float rounding; with a quantized recipe, within the
+With ``vo_hadamard="off"`` (the default) or ``"online"`` nothing rotvid does changes a parameter, so every weight path
+gives what it gives without rotvid: with the ``fp16`` recipe, equal within float rounding; with a quantized recipe, within the
 recipe's usual distance. ``vo_hadamard="fused"`` refuses each such change with one error.
 """
 
@@ -192,12 +192,13 @@ def test_step_distilled_lora_workflow_four_steps_guidance_one(tiny, lora_dir):
     assert_same_params(pipe, before)
 
 
+@pytest.mark.parametrize("vo", ["off", "online"])
 @pytest.mark.parametrize("family", ["wan", "hunyuan_video"])
-def test_apply_leaves_every_parameter_bit_identical(tiny, family):
+def test_apply_leaves_every_parameter_bit_identical(tiny, family, vo):
     pipe = tiny(family)
     before = params(pipe)
     ids = {k: v.data_ptr() for k, v in pipe.transformer.named_parameters()}
-    apply(pipe, RotvidConfig(recipe="int8-fp8", backend="reference"))
+    apply(pipe, RotvidConfig(recipe="int8-fp8", backend="reference", vo_hadamard=vo))
     try:
         run(pipe, family)
         assert_same_params(pipe, before)

@@ -273,3 +273,39 @@ def test_fuse_with_a_block_is_exact_and_undone_for_head_dim_24():
     unfuse_v_hadamard(attn, 24)
     for k, v in attn.state_dict().items():
         torch.testing.assert_close(v, before[k], rtol=1e-6, atol=1e-6)
+
+
+# ---- the online V/O Hadamard -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("head_dim", [128, 64, 12, 10])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_online_vo_pair_is_the_identity_and_is_the_block_hadamard(head_dim, dtype):
+    from rotvid.rope.hadamard import block_hadamard_matrix, rotate_v_online, unrotate_o_online, vo_hadamard_block
+
+    block = vo_hadamard_block(head_dim)
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(2, 7, 3, head_dim, generator=g).to(dtype).transpose(1, 2)  # a BHND view of BNHD memory
+    r = rotate_v_online(v, block)
+    assert r.shape == v.shape and r.stride() == v.stride()  # the layout is kept
+    k = block.bit_length() - 1
+    want = v.double() @ block_hadamard_matrix(head_dim, block) * (block ** 0.5 * 2.0 ** -((k + 1) // 2))
+    tol = 0 if dtype == torch.float64 else 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(r.double(), want, rtol=tol, atol=tol * want.abs().max().item() + 1e-12)
+    back = unrotate_o_online(r, block)
+    if dtype == torch.float64:
+        torch.testing.assert_close(back, v, rtol=0, atol=1e-12)
+    else:  # two roundings in dtype, no drift of scale (the pair multiplies to exactly I)
+        torch.testing.assert_close(back.double(), v.double(), rtol=0, atol=4 * tol * v.abs().max().item())
+
+
+def test_online_vo_compiled_equals_eager():
+    from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online
+
+    v = torch.randn(1, 2, 33, 64)
+
+    def both(x):
+        return unrotate_o_online(rotate_v_online(x, 64), 64), rotate_v_online(x, 64)
+
+    eager = both(v)
+    compiled = torch.compile(both, fullgraph=True, backend="aot_eager")(v)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
