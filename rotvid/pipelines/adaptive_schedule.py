@@ -196,13 +196,14 @@ def schedule_from_accuracy(
     name: str = "calibrated",
     target_int4_fraction: float | None | _Unset = UNSET,
 ) -> Schedule:
-    """A table-only schedule (no first/last rules) keeping the chosen cells FP16.
+    """A table-only schedule (no first/last rules) keeping the chosen cells FP16, for runs of the table's step count
+    (``num_steps``: its cells are those of such a run).
 
     ``target_int4_fraction`` is the old name of ``target_quantized_fraction`` (deprecated).
     """
     target = renamed_target_fraction(target_quantized_fraction, target_int4_fraction)
     cells = choose_fp16_cells(table, cosine_floor=cosine_floor, target_quantized_fraction=target)
-    return Schedule(fp16_cells=tuple(cells), name=name)
+    return Schedule(fp16_cells=tuple(cells), name=name, num_steps=table.num_steps)
 
 
 def write_schedule(schedule: Schedule, path: str | Path, *, accuracy: AccuracyTable | None = None) -> Path:
