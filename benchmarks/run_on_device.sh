@@ -30,8 +30,7 @@
 # Results and logs go under $OUT (default ./out, git-ignored): device.txt (GPU, clocks, commit, versions),
 # build.log, run.log (every step's output), gpu_tests.txt, kernel_bench.md, kernel_bench.json, e2e.md,
 # sanitize.md (+ sanitize_TOOL.log), and the other steps' tables. The extension is cached in ./build/ext
-# (ROTVID_EXT_CACHE overrides it), so a second call
-# on the same machine does not rebuild. ROTVID_COMMIT labels the results when the checkout's git history is
+# (ROTVID_EXT_CACHE overrides it), so a second call on the same machine does not rebuild. ROTVID_COMMIT labels the results when the checkout's git history is
 # not the commit that was measured.
 set -uo pipefail
 
