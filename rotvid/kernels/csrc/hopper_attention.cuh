@@ -25,7 +25,11 @@
 // their absolute index, so a block-sparse walk replaces the dense one without touching the numerics. SPARSE (a
 // template flag: the dense instantiations are the kernel as it was, code included) walks the CTA's row of the
 // block map (AttnParams.map_*: query tile = map row) with MapKeyBlocks: a skipped block is never loaded (no TMA),
-// multiplied or exponentiated. A tile whose row keeps no block before kv_len writes 0 (no V mean: l = 0 there,
+// multiplied or exponentiated. The sparse walk is one walk by construction: thread 0's reading of the map row
+// (its split share and the number of blocks it visits) is broadcast through shared memory before any warp
+// starts, only the producer reads the row's entries after that, and it hands each stage's key block to the
+// consumers in shared memory (read after the stage's full barrier), so the producer and the consumers agree on
+// the steps, the stages and the phases whatever the map's values (key_blocks.cuh: a map is not trusted). A tile whose row keeps no block before kv_len writes 0 (no V mean: l = 0 there,
 // as the reference); a split that keeps none writes the partials (O 0, m -inf, l 0), which the combine weighs 0,
 // and a row all of whose splits are empty is written 0 by the combine.
 //
@@ -79,8 +83,9 @@ struct SmemLayout {
   static constexpr int SMALL = N::small_bytes(ST);
   static constexpr int BARS = (2 * ST + 1) * 8;
   static constexpr int SMEM = 1024 + TILES + SMALL + BARS;  // +1024: the base is rounded up to 1024
-  // SPARSE: + the key block each stage holds (an int per stage after the barriers), written by the producer
-  static constexpr int SMEM_SPARSE = SMEM + ST * 4;
+  // SPARSE: + the key block each stage holds (an int per stage after the barriers), written by the producer, and
+  // the CTA's walk (first, end, count: MapKeyBlocks) as thread 0 found it
+  static constexpr int SMEM_SPARSE = SMEM + ST * 4 + 3 * 4;
   static constexpr int QK_SWIZZLE = N::D == 128 ? 128 : 64;  // bytes per Q/K row = swizzle span
   static constexpr int V_SWIZZLE = N::BN;                    // bytes per V^T row of a block
   static constexpr uint32_t TX = K_BYTES + V_BYTES + N::STAGE_SMALL_TX;  // bytes one stage's copies bring
@@ -124,6 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // SPARSE: stage s's key block, as the producer's walk found it (the consumers read it after the stage's full
   // barrier, so they never read the map in their loop: one walk, the producer's, decides which blocks come)
   int* const stage_blk = reinterpret_cast<int*>(smem + C::TILES + C::SMALL + C::BARS);
+  int* const walk_share = stage_blk + ST;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // the tile schedule: tiles below split_from run whole (part -1); each later tile runs as p.splits CTAs
@@ -140,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int bh = b * p.H + h;
   int kv_len = p.Nkv;
   if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
-  const auto kb = key_walk<SPARSE, kBN>(p, b, h, mb, kv_len, part);
+  auto kb = key_walk<SPARSE, kBN>(p, b, h, mb, kv_len, part);
 
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
@@ -149,8 +155,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_init(q_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if constexpr (SPARSE) {  // thread 0's reading of the map row is the CTA's walk
+      walk_share[0] = kb.first;
+      walk_share[1] = kb.end;
+      walk_share[2] = kb.count;
+    }
   }
   __syncthreads();
+  if constexpr (SPARSE) {  // every warp takes it: the producer and the consumers run one walk by construction
+    kb.first = walk_share[0];
+    kb.end = walk_share[1];
+    kb.count = walk_share[2];
+  }
 
   if (warp >= kConsumerWarps) {  // ---- producer warpgroup ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
