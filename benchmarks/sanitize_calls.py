@@ -87,7 +87,8 @@ def run_calls() -> int:
                     out = cb.attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens, path=path,
                                                          split_tail=split, block_map=m)
                     check(f"int8-fp8 {path} d{d} {name} split={split}", out)
-        int4 = ([("wgmma", bn, split) for bn in (128, 64) for split in (True, False)] if hopper else []) + [("s8", 64, False)]
+        int4 = [("wgmma", bn, split) for bn in (128, 64) for split in (True, False)] if hopper else []
+        int4 += [("s8", 64, False)]
         for path, block_n, split in int4:
             kq = cb.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, path=path, smooth_q=True)
             for name, m in (("dense", None), ("sparse", bm)):

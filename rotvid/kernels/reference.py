@@ -271,7 +271,7 @@ def _score_mask(s: torch.Tensor, start: int, kv_lens: torch.Tensor | None,
         valid = (j[None, :] < kv_lens.to(s.device)[:, None]).view(s.shape[0], 1, 1, -1)
         s = s.masked_fill(~valid, -math.inf)
     if tiles is not None:
-        visits = tiles[..., j // MAP_BLOCK].repeat_interleave(MAP_BLOCK, dim=-2)[..., : s.shape[-2], :]  # [B', H', Nq, n]
+        visits = tiles[..., j // MAP_BLOCK].repeat_interleave(MAP_BLOCK, dim=-2)[..., : s.shape[-2], :]  # [B',H',Nq,n]
         s = s.masked_fill(visits == 0, -math.inf)
         s = torch.where(visits > 1, s + torch.log2(visits.clamp(min=1).to(s.dtype)), s)
     return s

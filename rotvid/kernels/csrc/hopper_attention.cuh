@@ -29,9 +29,10 @@
 // (its split share and the number of blocks it visits) is broadcast through shared memory before any warp
 // starts, only the producer reads the row's entries after that, and it hands each stage's key block to the
 // consumers in shared memory (read after the stage's full barrier), so the producer and the consumers agree on
-// the steps, the stages and the phases whatever the map's values (key_blocks.cuh: a map is not trusted). A tile whose row keeps no block before kv_len writes 0 (no V mean: l = 0 there,
-// as the reference); a split that keeps none writes the partials (O 0, m -inf, l 0), which the combine weighs 0,
-// and a row all of whose splits are empty is written 0 by the combine.
+// the steps, the stages and the phases whatever the map's values (key_blocks.cuh: a map is not trusted). A tile
+// whose row keeps no block before kv_len writes 0 (no V mean: l = 0 there, as the reference); a split that keeps
+// none writes the partials (O 0, m -inf, l 0), which the combine weighs 0, and a row all of whose splits are empty
+// is written 0 by the combine.
 //
 // A numerics policy N provides (the two policies are the examples; a new numerics is one such struct, its rows in
 // hopper_schedule.cuh's table and an entry point like attn_hopper_int8fp8.cu):

@@ -12,8 +12,9 @@
 //   num.pv_tile            per 8 output columns (V^T B fragments loaded here): the P.V mma, O += c (P V);
 // then the epilogue N::store. The blocks come from the key-block walk (key_blocks.cuh): step i visits block
 // next_block(kb, i, pos) and keys are masked by absolute index, so a block list replaces the dense walk without
-// touching the numerics. SPARSE (a template flag: the dense instantiations are the kernel as it was, code included) walks the
-// CTA's row of the block map (AttnParams.map_*) with MapKeyBlocks: a map row covers kMapBlock = 128 query rows and
+// touching the numerics. SPARSE (a template flag: the dense instantiations are the kernel as it was, code
+// included) walks the CTA's row of the block map (AttnParams.map_*) with MapKeyBlocks, whose values it does not
+// trust (key_blocks.cuh): a map row covers kMapBlock = 128 query rows and
 // a CTA 16 * NW of them (64 or 128, dividing 128), so CTA mb reads map row mb * 16 * NW / 128; a skipped block is
 // never loaded (no cp.async), multiplied or exponentiated. A CTA whose row keeps no block before kv_len writes 0 (no
 // V mean: l = 0 there, as the reference). The kernel has no split over the keys, so no partials.

@@ -182,7 +182,8 @@ def test_values_checked_is_no_constructor_argument_and_cannot_be_set():
 @pytest.mark.parametrize("edit", ["counts", "indices", "indices_of_a_built_map"])
 def test_a_map_changed_in_place_after_a_checked_call_is_checked_again(edit):
     q, k, v = qkv()
-    bm = good() if edit == "indices_of_a_built_map" else BlockMap(good().indices.clone(), good().counts.clone(), NQ, NKV)
+    built = good()
+    bm = built if edit == "indices_of_a_built_map" else BlockMap(built.indices.clone(), built.counts.clone(), NQ, NKV)
     ref = attention(q, k, v, recipe="int8-fp8", backend="reference", block_map=bm)
     assert bm.values_checked and torch.isfinite(ref).all()
     if edit == "counts":
