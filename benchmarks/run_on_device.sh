@@ -11,6 +11,10 @@
 #   parallel  benchmarks/parallel_bench.py, 1 and 2 GPUs (PARALLEL_ARGS; needs two GPUs)
 #   profile   benchmarks/e2e_profile.py (where a compiled forward's GPU time goes; PROFILE_ARGS)
 #   power     benchmarks/sustained_power.py (attention isolated vs sustained, with SM clock and power; POWER_ARGS)
+#   sanitize  benchmarks/sanitize_calls.py: compute-sanitizer racecheck, initcheck, synccheck and memcheck over small
+#             dense and block-sparse calls of the Hopper kernels (int8-fp8, INT4; head_dim 64, 128) with and without
+#             the tail split, and of the mma.sync kernels; one summary line per tool (SANITIZE_ARGS, e.g.
+#             "--tools racecheck"; $COMPUTE_SANITIZER names the binary)
 #   ab        kernel-source A/B on this one machine: kernel_bench's rotvid rows (attention with pre-processing,
 #             KERNEL_ARGS, default --rotvid-only --no-sage --shapes wan1.3b-480p cogvideox5b) in AB_ROUNDS rounds
 #             (default 2) alternating the working tree and a copy whose rotvid/kernels/csrc is AB_CSRC (a saved
@@ -24,9 +28,9 @@
 # the GPU, and builds the CUDA extension with one attention call (the build log is kept).
 #
 # Results and logs go under $OUT (default ./out, git-ignored): device.txt (GPU, clocks, commit, versions),
-# build.log, run.log (every step's output), gpu_tests.txt, kernel_bench.md, kernel_bench.json, e2e.md, and the
-# other steps' tables. The extension is cached in ./build/ext (ROTVID_EXT_CACHE overrides it), so a second call
-# on the same machine does not rebuild. ROTVID_COMMIT labels the results when the checkout's git history is
+# build.log, run.log (every step's output), gpu_tests.txt, kernel_bench.md, kernel_bench.json, e2e.md,
+# sanitize.md (+ sanitize_TOOL.log), and the other steps' tables. The extension is cached in ./build/ext
+# (ROTVID_EXT_CACHE overrides it), so a second call on the same machine does not rebuild. ROTVID_COMMIT labels the results when the checkout's git history is
 # not the commit that was measured.
 set -uo pipefail
 
@@ -34,9 +38,9 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(tests kernel)
 for step in "${steps[@]}"; do  # bad input stops here, before any slow work
   case $step in
-    tests|kernel|e2e|parallel|profile|power) ;;
+    tests|kernel|e2e|parallel|profile|power|sanitize) ;;
     ab) [ -d "${AB_CSRC:-}" ] || [ -d "${AB_TREE:-}/rotvid" ] || { echo "run_on_device.sh: step ab needs AB_CSRC (a saved rotvid/kernels/csrc folder) or AB_TREE (a saved tree with rotvid/; got '${AB_CSRC:-}' / '${AB_TREE:-}')" >&2; exit 2; } ;;
-    *) echo "run_on_device.sh: unknown step '$step' (expected: tests, kernel, e2e, parallel, profile, power, ab)" >&2; exit 2 ;;
+    *) echo "run_on_device.sh: unknown step '$step' (expected: tests, kernel, e2e, parallel, profile, power, sanitize, ab)" >&2; exit 2 ;;
   esac
 done
 
@@ -116,6 +120,10 @@ for step in "${steps[@]}"; do
       run_step profile bash -c "$PY benchmarks/e2e_profile.py ${PROFILE_ARGS:-} > '$OUT/e2e_profile.txt' 2>&1" ;;
     power)
       run_step power bash -c "$PY benchmarks/sustained_power.py ${POWER_ARGS:-} > '$OUT/sustained_power.txt' 2>&1" ;;
+    sanitize)
+      # shellcheck disable=SC2086
+      run_step sanitize "$PY" benchmarks/sanitize_calls.py --out "$OUT" ${SANITIZE_ARGS:-}
+      [ -f "$OUT/sanitize.md" ] && tee -a "$LOG" < "$OUT/sanitize.md" ;;
     ab)
       rm -rf build/ab_tree && mkdir -p build/ab_tree
       if [ -n "${AB_TREE:-}" ]; then

@@ -120,8 +120,10 @@ def block_map_operands(block_map, *, batch: int, heads: int, n_q: int, n_kv: int
     """``(map_index, map_count)``: a :class:`~rotvid.kernels.sparsity.BlockMap` as the kernels read it
     (contiguous int32 [B', H', Tq, Kmax] and [B', H', Tq]), or ``(None, None)`` without a map. ValueError naming
     ``block_map`` unless it is a map for ``n_q`` queries and ``n_kv`` keys, its batch / head dimensions 1 or
-    ``batch`` / ``heads``, on ``device``. Shapes only: the values (ascending indices in [0, Tk), counts in
-    [0, Kmax]) are trusted here -- :meth:`BlockMap.check` checks them, as the dispatcher does in eager mode."""
+    ``batch`` / ``heads``, on ``device``, and (eager mode) its values are a valid map -- what the dispatcher checks
+    (:func:`rotvid.kernels.dispatch.check_block_map`), so a kernel-level entry point takes no map it would refuse.
+    Under ``torch.compile`` the values are not checked: the kernels clamp counts to [0, Kmax] and skip entries
+    outside [0, Tk) (:meth:`BlockMap.visit_counts`)."""
     if block_map is None:
         return None, None
     if not isinstance(block_map, BlockMap):
@@ -129,6 +131,7 @@ def block_map_operands(block_map, *, batch: int, heads: int, n_q: int, n_kv: int
     block_map.check_fits(batch=batch, heads=heads, n_q=n_q, n_kv=n_kv)
     if block_map.device != torch.device(device):
         raise ValueError(f"block_map: on {block_map.device}, expected the operands' device {device}")
+    block_map.check_values()
     return block_map.indices.contiguous(), block_map.counts.contiguous()
 
 

@@ -224,9 +224,9 @@ def check_block_map(block_map, q: torch.Tensor, k: torch.Tensor, layout: str) ->
     call's shapes (its values too, in eager mode) on q's device."""
     if not isinstance(block_map, BlockMap):
         raise ValueError(f"block_map: expected a rotvid.kernels.sparsity.BlockMap or None, got {type(block_map).__name__}")
-    block_map.check(q.shape, k.shape, layout=layout)
-    if block_map.device != q.device:
+    if block_map.device != q.device:  # (before the values: they are read on the map's device)
         raise ValueError(f"block_map: on {block_map.device}, expected q's device {q.device}")
+    block_map.check(q.shape, k.shape, layout=layout)
 
 
 def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str | None = None,

@@ -45,7 +45,9 @@ the key blocks a query tile skips are exactly blocks of ``-inf`` scores for its 
 over the kept keys, and a skipped block leaves ``(m, l, O)`` as they were. Key blocks are visited in ascending order
 whether a map is given or not, so a map of density 1 gives the dense call's bits. The map's blocks are 128 tokens;
 a key block of ``block_n`` keys takes each key's map block (``key // 128``). A query row whose tile keeps no key
-block (or none before ``kv_lens``) has ``l = 0``: its output is 0 (V's mean is not added there).
+block (or none before ``kv_lens``) has ``l = 0``: its output is 0 (V's mean is not added there). A malformed
+map means what it means to the kernels (:meth:`BlockMap.visit_counts`): counts clamped to ``[0, Kmax]``, entries
+outside ``[0, Tk)`` skipped, an entry listed twice visited twice.
 
 Non-finite inputs are not checked here: a NaN or Inf in a head's Q, K or V propagates to NaN
 in (at least) the affected rows of that head's output, and other heads are unaffected.
@@ -251,22 +253,27 @@ class _OnlineSoftmax:
 
 
 def _map_tiles(block_map: BlockMap | None, device: torch.device) -> torch.Tensor | None:
-    """The map's kept (query tile, key block) pairs, bool [B', H', Tq, Tk] on ``device`` (None without a map): built
-    once per call, read by :func:`_score_mask` for every key block."""
-    return None if block_map is None else block_map.to_dense_mask().to(device)
+    """How many times each query tile visits each key block, int32 [B', H', Tq, Tk] on ``device`` (None without a
+    map; :meth:`BlockMap.visit_counts`: the clamped, range-checked map the kernels walk): built once per call, read
+    by :func:`_score_mask` for every key block."""
+    return None if block_map is None else block_map.visit_counts().to(device)
 
 
 def _score_mask(s: torch.Tensor, start: int, kv_lens: torch.Tensor | None,
                 tiles: torch.Tensor | None = None) -> torch.Tensor:
     """Scores ``s`` [B, H, Nq, n] of keys ``start .. start + n`` with ``-inf`` at keys ``j >= kv_lens[b]`` and in the
-    key blocks the map skips for each row's query tile (``tiles``: :func:`_map_tiles`)."""
+    key blocks the map skips for each row's query tile (``tiles``: :func:`_map_tiles`). A block a malformed map lists
+    v > 1 times gets ``log2(v)`` added to its scores (log2 domain): the block's probabilities ``exp2(s - m_blk)``
+    are unchanged and its weight in the row is v times one visit's, as in a kernel that visits it v times (a valid
+    map lists a block at most once: nothing is added)."""
     j = torch.arange(start, start + s.shape[-1], device=s.device)
     if kv_lens is not None:
         valid = (j[None, :] < kv_lens.to(s.device)[:, None]).view(s.shape[0], 1, 1, -1)
         s = s.masked_fill(~valid, -math.inf)
     if tiles is not None:
-        kept = tiles[..., j // MAP_BLOCK].repeat_interleave(MAP_BLOCK, dim=-2)[..., : s.shape[-2], :]  # [B', H', Nq, n]
-        s = s.masked_fill(~kept, -math.inf)
+        visits = tiles[..., j // MAP_BLOCK].repeat_interleave(MAP_BLOCK, dim=-2)[..., : s.shape[-2], :]  # [B',H',Nq,n]
+        s = s.masked_fill(visits == 0, -math.inf)
+        s = torch.where(visits > 1, s + torch.log2(visits.clamp(min=1).to(s.dtype)), s)
     return s
 
 

@@ -25,9 +25,14 @@
 // their absolute index, so a block-sparse walk replaces the dense one without touching the numerics. SPARSE (a
 // template flag: the dense instantiations are the kernel as it was, code included) walks the CTA's row of the
 // block map (AttnParams.map_*: query tile = map row) with MapKeyBlocks: a skipped block is never loaded (no TMA),
-// multiplied or exponentiated. A tile whose row keeps no block before kv_len writes 0 (no V mean: l = 0 there,
-// as the reference); a split that keeps none writes the partials (O 0, m -inf, l 0), which the combine weighs 0,
-// and a row all of whose splits are empty is written 0 by the combine.
+// multiplied or exponentiated. The sparse walk is one walk by construction: thread 0's reading of the map row
+// (its split share and the number of blocks it visits) is broadcast through shared memory before any warp
+// starts, only the producer reads the row's entries after that, and it hands each stage's key block to the
+// consumers in shared memory (read after the stage's full barrier), so the producer and the consumers agree on
+// the steps, the stages and the phases whatever the map's values (key_blocks.cuh: a map is not trusted). A tile
+// whose row keeps no block before kv_len writes 0 (no V mean: l = 0 there, as the reference); a split that keeps
+// none writes the partials (O 0, m -inf, l 0), which the combine weighs 0, and a row all of whose splits are empty
+// is written 0 by the combine.
 //
 // A numerics policy N provides (the two policies are the examples; a new numerics is one such struct, its rows in
 // hopper_schedule.cuh's table and an entry point like attn_hopper_int8fp8.cu):
@@ -79,6 +84,9 @@ struct SmemLayout {
   static constexpr int SMALL = N::small_bytes(ST);
   static constexpr int BARS = (2 * ST + 1) * 8;
   static constexpr int SMEM = 1024 + TILES + SMALL + BARS;  // +1024: the base is rounded up to 1024
+  // SPARSE: + the key block each stage holds (an int per stage after the barriers), written by the producer, and
+  // the CTA's walk (first, end, count: MapKeyBlocks) as thread 0 found it
+  static constexpr int SMEM_SPARSE = SMEM + ST * 4 + 3 * 4;
   static constexpr int QK_SWIZZLE = N::D == 128 ? 128 : 64;  // bytes per Q/K row = swizzle span
   static constexpr int V_SWIZZLE = N::BN;                    // bytes per V^T row of a block
   static constexpr uint32_t TX = K_BYTES + V_BYTES + N::STAGE_SMALL_TX;  // bytes one stage's copies bring
@@ -89,8 +97,8 @@ template <bool SPARSE, int BN>
 __device__ __forceinline__ auto key_walk(const AttnParams& p, int b, int h, int mb, int kv_len, int part) {
   if constexpr (SPARSE) {
     const int row = b * p.map_sb + h * p.map_sh + mb;
-    return MapKeyBlocks<BN>::of_row(p.map_index + (size_t)row * p.map_kmax, __ldg(p.map_count + row), kv_len, p.Nkv,
-                                    part, p.splits);
+    return MapKeyBlocks<BN>::of_row(p.map_index + (size_t)row * p.map_kmax, __ldg(p.map_count + row), p.map_kmax,
+                                    kv_len, p.Nkv, part, p.splits);
   } else {
     return KeyBlocks::dense(kv_len, BN, part, p.splits);
   }
@@ -119,6 +127,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto full_bar = [&](int s) { return bars + 8 * s; };
   auto empty_bar = [&](int s) { return bars + 8 * (ST + s); };
   const uint32_t q_bar = bars + 8 * 2 * ST;
+  // SPARSE: stage s's key block, as the producer's walk found it (the consumers read it after the stage's full
+  // barrier, so they never read the map in their loop: one walk, the producer's, decides which blocks come)
+  int* const stage_blk = reinterpret_cast<int*>(smem + C::TILES + C::SMALL + C::BARS);
+  int* const walk_share = stage_blk + ST;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // the tile schedule: tiles below split_from run whole (part -1); each later tile runs as p.splits CTAs
@@ -135,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int bh = b * p.H + h;
   int kv_len = p.Nkv;
   if (p.kv_lens != nullptr) kv_len = min(p.kv_lens[b], p.Nkv);
-  const auto kb = key_walk<SPARSE, kBN>(p, b, h, mb, kv_len, part);
+  auto kb = key_walk<SPARSE, kBN>(p, b, h, mb, kv_len, part);
 
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
@@ -144,8 +156,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_init(q_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if constexpr (SPARSE) {  // thread 0's reading of the map row is the CTA's walk
+      walk_share[0] = kb.first;
+      walk_share[1] = kb.end;
+      walk_share[2] = kb.count;
+    }
   }
   __syncthreads();
+  if constexpr (SPARSE) {  // every warp takes it: the producer and the consumers run one walk by construction
+    kb.first = walk_share[0];
+    kb.end = walk_share[1];
+    kb.count = walk_share[2];
+  }
 
   if (warp >= kConsumerWarps) {  // ---- producer warpgroup ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
@@ -154,9 +176,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_load_2d(s_q, &tm_q, 0, bh * p.Nq_pad + mb * kBM, q_bar);
       const typename N::StageLoads loads(p, bh);
       const uint32_t small = base + C::TILES;
+      int pos = kb.first;  // the walk's cursor (SPARSE; the dense walk's block(i) needs none)
       for (int i = 0; i < kb.count; ++i) {
-        const int s = i % ST, blk = kb.block(i);
+        const int s = i % ST, blk = next_block(kb, i, pos);
         mbar_wait(empty_bar(s), ((i / ST) & 1) ^ 1);
+        if constexpr (SPARSE) stage_blk[s] = blk;  // (released to the consumers by the arrive below)
         mbar_expect_tx(full_bar(s), C::TX);
         tma_load_2d(s_k(s), &tm_k, 0, bh * p.Nkv_pad + blk * kBN, full_bar(s));
         tma_load_2d(s_v(s), &tm_v, blk * kBN, bh * D, full_bar(s));
@@ -253,21 +277,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (PINGPONG == 1) turn_pass(kb.count == 1);
   }
   for (int i = 0; i < kb.count; ++i) {
-    // the key block as the key mask counts it (KeyBlocks::mask_block; SPARSE: a map entry is a load, read only for
-    // the block that needs the key mask -- the only use of its index here)
-    const int blk = SPARSE ? 0 : kb.mask_block(i);
+    // the key block as the key mask counts it (KeyBlocks::mask_block; SPARSE: the block the producer put in stage
+    // s, whose index only the key mask reads here)
+    int blk = 0;
+    if constexpr (!SPARSE) blk = kb.mask_block(i);
     const int s = i % ST;
     const int s1 = (i + 1) % ST;
     const bool has_next = i + 1 < kb.count;
     wgmma_wait<0>();  // S of the walk's i-th block
     bool masked;
     if constexpr (SPARSE) {
-      masked = kb.partial_at(i);
+      blk = stage_blk[s];  // (stage s's full barrier was waited for: before the loop, or as s1 one step back)
+      masked = kb.partial(blk);
     } else {
       masked = KeyBlocks::partial(blk, kBN, kv_mask);
     }
     if (masked) {
-      softmax_issue_pv(SPARSE ? kb.block(i) : blk, s, std::true_type{});
+      softmax_issue_pv(blk, s, std::true_type{});
     } else {
       softmax_issue_pv(blk, s, std::false_type{});
     }

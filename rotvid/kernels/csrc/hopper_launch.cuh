@@ -23,7 +23,8 @@ cudaError_t launch_walk(const AttnParams& p, cudaStream_t stream) {
       !tma::make_map(&tm_v, p.vt, bh * D, p.Nkv_pad, D, BN, C::V_SWIZZLE))
     return cudaErrorInvalidValue;
   auto kernel = hopper_attention_kernel<N, STAGES, PINGPONG, PIPE, SPARSE>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+  constexpr int smem = SPARSE ? C::SMEM_SPARSE : C::SMEM;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const long long tiles = (long long)(p.Nq_pad / kBM) * p.H * p.B;
   const long long ctas = p.split_from + (tiles - p.split_from) * p.splits;
@@ -31,7 +32,7 @@ cudaError_t launch_walk(const AttnParams& p, cudaStream_t stream) {
   if (p.splits < 1 || p.split_from > tiles || (p.splits == 1 && p.split_from != tiles) ||
       (p.splits > 1 && p.ws == nullptr) || ctas > 0x7fffffffLL)
     return cudaErrorInvalidValue;
-  kernel<<<dim3((unsigned)ctas), kThreads, C::SMEM, stream>>>(p, tm_q, tm_k, tm_v);
+  kernel<<<dim3((unsigned)ctas), kThreads, smem, stream>>>(p, tm_q, tm_k, tm_v);
   if (p.splits > 1 && tiles > p.split_from) {
     const dim3 cgrid((unsigned)(tiles - p.split_from), kBM / 8);
     combine_splits_kernel<D, SPARSE><<<cgrid, 256, 0, stream>>>(p);

@@ -52,8 +52,10 @@ struct AttnParams {
   float* ws;            // [(tiles - split_from) * splits, kBlockM, D + 2] fp32 partials, or nullptr
   // Block-sparse attention (the sparse instantiations of the Hopper and mma.sync kernels; map_count nullptr: every
   // key block): query tile mb (128 rows) of (b, h) visits the key blocks of 128 keys listed in
-  // map_index[r * map_kmax ..], ascending, with r = b * map_sb + h * map_sh + mb and map_count[r] of them
-  // (rotvid/kernels/sparsity/block_map.py); a CTA of fewer rows reads the row of the tile that holds them.
+  // map_index[r * map_kmax ..] (ascending in a valid map), with r = b * map_sb + h * map_sh + mb and map_count[r] of
+  // them (rotvid/kernels/sparsity/block_map.py); a CTA of fewer rows reads the row of the tile that holds them. The
+  // values are not trusted: counts clamped to [0, map_kmax], entries outside the map or past kv_len skipped
+  // (MapKeyBlocks, key_blocks.cuh).
   // (These fields end the struct within the 192 bytes before the kernel's 64-byte-aligned tensor-map parameters,
   // so the dense kernels' parameter offsets, and their code, stay as they were: benchmarks/kernel_ptx_diff.py.)
   const int* map_index; // [B', H', Tq, Kmax] int32 (B' in {1, B}, H' in {1, H}, Tq = Nq_pad / 128), or nullptr

@@ -11,9 +11,10 @@
 //   num.p_fragments        the numerics: P, l += c rowsum(P), P's A fragments;
 //   num.pv_tile            per 8 output columns (V^T B fragments loaded here): the P.V mma, O += c (P V);
 // then the epilogue N::store. The blocks come from the key-block walk (key_blocks.cuh): step i visits block
-// kb.block(i) and keys are masked by absolute index, so a block list replaces the dense walk without touching the
-// numerics. SPARSE (a template flag: the dense instantiations are the kernel as it was, code included) walks the
-// CTA's row of the block map (AttnParams.map_*) with MapKeyBlocks: a map row covers kMapBlock = 128 query rows and
+// next_block(kb, i, pos) and keys are masked by absolute index, so a block list replaces the dense walk without
+// touching the numerics. SPARSE (a template flag: the dense instantiations are the kernel as it was, code
+// included) walks the CTA's row of the block map (AttnParams.map_*) with MapKeyBlocks, whose values it does not
+// trust (key_blocks.cuh): a map row covers kMapBlock = 128 query rows and
 // a CTA 16 * NW of them (64 or 128, dividing 128), so CTA mb reads map row mb * 16 * NW / 128; a skipped block is
 // never loaded (no cp.async), multiplied or exponentiated. A CTA whose row keeps no block before kv_len writes 0 (no
 // V mean: l = 0 there, as the reference). The kernel has no split over the keys, so no partials.
@@ -141,8 +142,8 @@ template <int BM, int BN>
 __device__ __forceinline__ MapKeyBlocks<BN> mma_map_walk(const AttnParams& p, int b, int h, int mb, int kv_len) {
   static_assert(kMapBlock % BM == 0, "a CTA's query rows lie in one row of the block map");
   const int row = b * p.map_sb + h * p.map_sh + mb / (kMapBlock / BM);
-  return MapKeyBlocks<BN>::of_row(p.map_index + (size_t)row * p.map_kmax, __ldg(p.map_count + row), kv_len, p.Nkv,
-                                  -1, 1);
+  return MapKeyBlocks<BN>::of_row(p.map_index + (size_t)row * p.map_kmax, __ldg(p.map_count + row), p.map_kmax,
+                                  kv_len, p.Nkv, -1, 1);
 }
 
 // The CTA (schedule parameters from mma_schedule.cuh; every choice computes the same output bits):
@@ -235,11 +236,14 @@ __device__ __forceinline__ void mma_attention_cta(const AttnParams& p) {
     scales.template load<NTH>(sv + T::V_BYTES, blk, tid);
   };
 
-  load_stage(0, kb.block(0));  // (the walk is not empty: kv_len >= 1, rotvid.kernels.dispatch checks kv_lens; SPARSE
-                               // returned above)
+  // the walk's cursors (SPARSE; the dense walk's block(i) needs none): the loads and the steps each read the walk's
+  // blocks in order
+  int pos_load = kb.first, pos_step = kb.first;
+  load_stage(0, next_block(kb, 0, pos_load));  // (the walk is not empty: kv_len >= 1, rotvid.kernels.dispatch checks
+                                               // kv_lens; SPARSE returned above)
   cp_async_commit();
   if constexpr (STAGES == 3) {
-    if (kb.count > 1) load_stage(1, kb.block(1));
+    if (kb.count > 1) load_stage(1, next_block(kb, 1, pos_load));
     cp_async_commit();
   }
 
@@ -266,10 +270,10 @@ __device__ __forceinline__ void mma_attention_cta(const AttnParams& p) {
 
   int stage = 0;  // i % STAGES
   for (int i = 0; i < kb.count; ++i) {
-    const int blk = kb.block(i);
+    const int blk = next_block(kb, i, pos_step);
     if constexpr (STAGES == 2) {
       if (i + 1 < kb.count) {
-        load_stage(stage ^ 1, kb.block(i + 1));
+        load_stage(stage ^ 1, next_block(kb, i + 1, pos_load));
         cp_async_commit();
         cp_async_wait<1>();
       } else {
@@ -281,7 +285,7 @@ __device__ __forceinline__ void mma_attention_cta(const AttnParams& p) {
       // warp is done with step i-1, whose buffer ((i+2) % 3) takes step i+2.
       cp_async_wait<1>();
       __syncthreads();
-      if (i + 2 < kb.count) load_stage(stage == 0 ? 2 : stage - 1, kb.block(i + 2));
+      if (i + 2 < kb.count) load_stage(stage == 0 ? 2 : stage - 1, next_block(kb, i + 2, pos_load));
       cp_async_commit();
     }
 

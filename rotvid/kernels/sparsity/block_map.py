@@ -60,10 +60,19 @@ class BlockMap:
 
     ``B'`` is 1 (one map for the whole batch) or the call's B; ``H'`` is 1 or H. Construction checks shapes and
     dtypes only (no host sync, so a map can be built inside a compiled graph); :meth:`check` checks a map against a
-    call, values included (eager mode only), once: ``values_checked`` is set by the first value check that passes
-    and by the builders whose maps are valid by construction (:meth:`from_mask`, the top-p builder), so an eager
-    pipeline that passes the same map to every call syncs with the GPU at most once for it. (A map's tensors changed
-    in place after that are not checked again: build a new map instead.)
+    call, values included (eager mode only). A value check that passes is remembered with the tensors' version
+    counters, and the builders whose maps are valid by construction (:meth:`from_mask`, the top-p builder, through
+    the private :meth:`_valid_by_construction`) start out checked: an eager pipeline that passes the same map to
+    every call syncs with the GPU at most once for it, and a map whose ``indices`` or ``counts`` were changed in
+    place since (any in-place torch op bumps a tensor's version) is checked again at its next eager call. Whether a
+    map is checked is the map's own state, no constructor argument.
+
+    What a kernel does with values no check saw (under ``torch.compile``, or tensors written behind torch's back):
+    every kernel and the reference read a row's count clamped to ``[0, Kmax]`` and skip the entries outside
+    ``[0, Tk)`` and those wholly past ``kv_lens``, wherever they sit in the row (no order is assumed); an index
+    listed twice is visited twice (its keys weigh double in that row's softmax). That is the defined result of such
+    a map, the same in every backend (:meth:`visit_counts`); a crash or a read outside the operands is not. The eager
+    check refuses these maps (counts or indices out of range, rows not strictly ascending, duplicates included).
     """
 
     indices: torch.Tensor
@@ -71,7 +80,8 @@ class BlockMap:
     n_q: int
     n_kv: int
     block: int = MAP_BLOCK
-    values_checked: bool = field(default=False, compare=False, repr=False)
+    # (private state, no constructor argument: the tensors' versions when their values last passed a check, or None)
+    _checked_versions: tuple[int, int] | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.block != MAP_BLOCK:
@@ -118,6 +128,32 @@ class BlockMap:
     def device(self) -> torch.device:
         return self.indices.device
 
+    # ---- whether the values were checked ----------------------------------------------------------------------
+    @classmethod
+    def _valid_by_construction(cls, indices: torch.Tensor, counts: torch.Tensor, n_q: int, n_kv: int) -> "BlockMap":
+        """A map from a builder whose values are valid by construction (:func:`indices_from_mask`): marked checked,
+        so its eager calls never sync to check it. Private: for rotvid's builders only."""
+        bm = cls(indices, counts, n_q, n_kv)
+        if not torch.compiler.is_compiling():  # (in a graph no value is checked; a version is no traced quantity)
+            bm._mark_checked()
+        return bm
+
+    def _versions(self) -> tuple[int, int]:
+        """The tensors' version counters ((-1, -1) for inference tensors, which keep none: a map built under
+        ``torch.inference_mode`` is checked once, and an in-place edit after that meets the kernels' clamping)."""
+        if self.indices.is_inference() or self.counts.is_inference():
+            return (-1, -1)
+        return (self.indices._version, self.counts._version)
+
+    def _mark_checked(self) -> None:
+        object.__setattr__(self, "_checked_versions", self._versions())  # (frozen: the one field a check may set)
+
+    @property
+    def values_checked(self) -> bool:
+        """Whether the values passed a check (or came from a builder valid by construction) and the tensors were not
+        changed in place since (read-only)."""
+        return self._checked_versions is not None and self._checked_versions == self._versions()
+
     # ---- conversions ----------------------------------------------------------------------------------------
     @classmethod
     def from_mask(cls, mask: torch.Tensor, *, n_q: int | None = None, n_kv: int | None = None) -> "BlockMap":
@@ -133,7 +169,7 @@ class BlockMap:
         indices, counts = indices_from_mask(mask)
         n_q = MAP_BLOCK * tq if n_q is None else n_q
         n_kv = MAP_BLOCK * tk if n_kv is None else n_kv
-        return cls(indices, counts, n_q, n_kv, values_checked=True)  # valid by construction
+        return cls._valid_by_construction(indices, counts, n_q, n_kv)
 
     @classmethod
     def dense(cls, n_q: int, n_kv: int, device: torch.device | str | None = None) -> "BlockMap":
@@ -141,16 +177,23 @@ class BlockMap:
         tq, tk = blocks_for(n_q), blocks_for(n_kv)
         return cls.from_mask(torch.ones(tq, tk, dtype=torch.bool, device=device), n_q=n_q, n_kv=n_kv)
 
-    def to_dense_mask(self) -> torch.Tensor:
-        """bool [B', H', Tq, Tk]: True where the query tile visits the key block."""
-        kmax = self.indices.shape[-1]
+    def visit_counts(self) -> torch.Tensor:
+        """int32 [B', H', Tq, Tk]: how many times each query tile visits each key block -- the map's defined meaning
+        whatever its values (the class docstring): the first ``counts`` entries of a row, the count clamped to
+        ``[0, Kmax]``, entries outside ``[0, Tk)`` skipped, an entry listed twice counted twice. A valid map gives 0
+        or 1 everywhere. No host sync (compiles)."""
+        kmax, tk = self.indices.shape[-1], self.kv_blocks
         slot = torch.arange(kmax, device=self.device, dtype=torch.int32)
-        live = slot < self.counts.unsqueeze(-1)
-        mask = torch.zeros(*self.counts.shape, self.kv_blocks + 1, dtype=torch.bool, device=self.device)
-        # padding slots write into a spare column, dropped after
-        cols = torch.where(live, self.indices, torch.full_like(self.indices, self.kv_blocks)).long()
-        mask.scatter_(-1, cols, True)
-        return mask[..., : self.kv_blocks]
+        live = (slot < self.counts.clamp(0, kmax).unsqueeze(-1)) & (self.indices >= 0) & (self.indices < tk)
+        visits = torch.zeros(*self.counts.shape, tk + 1, dtype=torch.int32, device=self.device)
+        # dead slots (padding, out-of-range entries) add into a spare column, dropped after
+        cols = torch.where(live, self.indices, torch.full_like(self.indices, tk)).long()
+        visits.scatter_add_(-1, cols, torch.ones_like(self.indices))
+        return visits[..., :tk]
+
+    def to_dense_mask(self) -> torch.Tensor:
+        """bool [B', H', Tq, Tk]: True where the query tile visits the key block (:meth:`visit_counts` > 0)."""
+        return self.visit_counts() > 0
 
     def token_mask(self) -> torch.Tensor:
         """bool [B', H', n_q, n_kv]: the map at token granularity (for masked float attention in tests and studies;
@@ -177,12 +220,18 @@ class BlockMap:
         b, nq, h = (q_shape[0], q_shape[2], q_shape[1]) if layout == "BHND" else q_shape[:3]
         nkv = kv_shape[2] if layout == "BHND" else kv_shape[1]
         self.check_fits(batch=b, heads=h, n_q=nq, n_kv=nkv)
+        self.check_values()
+
+    def check_values(self) -> None:
+        """ValueError naming ``block_map`` unless the values are a valid map (:meth:`value_problem`), in eager mode;
+        nothing under ``torch.compile`` (the kernels' clamping is the guarantee there). Once per map while its
+        tensors are not changed in place (:attr:`values_checked`)."""
         if torch.compiler.is_compiling() or self.values_checked:
             return
         problem = self.value_problem()
         if problem:
             raise ValueError(f"block_map: {problem}")
-        object.__setattr__(self, "values_checked", True)  # (frozen: the one field a check may set)
+        self._mark_checked()
 
     def check_fits(self, *, batch: int, heads: int, n_q: int, n_kv: int) -> None:
         """ValueError naming ``block_map`` unless this map is for ``n_q`` queries and ``n_kv`` keys and its batch /

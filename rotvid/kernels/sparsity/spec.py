@@ -348,4 +348,28 @@ def build_block_map(
     build = spec.info.build
     if build is None:
         return None
-    return build(spec, q, k, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, grid=grid)
+    built = build(spec, q, k, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, grid=grid)
+    _check_built(spec, built, q, k, layout)
+    return built
+
+
+def _check_built(spec: SparsitySpec, built, q: torch.Tensor, k: torch.Tensor, layout: str) -> None:
+    """ValueError naming ``block_map`` and the kind unless a builder (user code, for a registered kind) returned a
+    :class:`SparseMap` holding a :class:`BlockMap` (its construction checked shapes and dtypes) for this call's
+    tokens, on q's device. The batch / head dimensions and the values are checked where the map is used (the
+    attention call: eagerly, values included; under ``torch.compile`` the kernels clamp them)."""
+    who = f"block_map: sparsity kind {spec.kind!r} built"
+    if not isinstance(built, SparseMap):
+        raise ValueError(f"{who} a {type(built).__name__}, expected a SparseMap")
+    if not isinstance(built.block_map, BlockMap):
+        raise ValueError(f"{who} a SparseMap holding a {type(built.block_map).__name__}, expected a BlockMap")
+    if layout not in ("BHND", "BNHD"):
+        raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
+    bm = built.block_map
+    n_q, n_kv = (q.shape[2], k.shape[2]) if layout == "BHND" else (q.shape[1], k.shape[1])
+    if (bm.n_q, bm.n_kv) != (n_q, n_kv):  # (batch / head dimensions: checked by the call, a static map's stand-in
+        raise ValueError(                  # q has batch and heads 1)
+            f"{who} a map for {bm.n_q} queries and {bm.n_kv} keys, the call has {n_q} queries and {n_kv} keys"
+        )
+    if built.block_map.device != q.device:
+        raise ValueError(f"{who} a map on {built.block_map.device}, the call's q is on {q.device}")

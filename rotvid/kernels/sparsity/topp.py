@@ -166,7 +166,7 @@ def topp_block_map(
     est = topp_estimate(q, k, tau=tau, sim=sim, kv_lens=kv_lens, sm_scale=sm_scale)
     indices, counts = indices_from_mask(est.keep)
     # (indices_from_mask: valid by construction, so a call never syncs to check the values)
-    bm = BlockMap(indices, counts, q.shape[2], k.shape[2], values_checked=True)
+    bm = BlockMap._valid_by_construction(indices, counts, q.shape[2], k.shape[2])
     return SparseMap(bm, est.dropped_mass.float())
 
 
