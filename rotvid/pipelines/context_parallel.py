@@ -39,13 +39,15 @@ all of them:
 
 * the **non-finite redo** of the forward guard (:mod:`rotvid.pipelines.forward_guard`): decided by
   :func:`any_rank` (one MAX all-reduce of a 0/1 flag per forward over the Ulysses group);
-* **diffusers' cache hooks** (``transformer.enable_cache``): MagCache (its skip decision reads the
-  step and the configured ``mag_ratios`` only) and TaylorSeer (the step only) decide the same on
-  every rank; FirstBlockCache compares the first block's residual **of this rank's shard** with a
-  threshold, so ranks can disagree (one skips the remaining blocks and their all-to-alls, another
-  does not: a hang). :func:`check_cache_under_context_parallel` refuses it — and any cache not
-  known to decide from the step alone — with one error naming both (at ``apply`` and at every
-  forward, as the other checks of :func:`check_context_parallel`);
+* **diffusers' cache hooks** (``transformer.enable_cache``): TaylorSeer decides from the step
+  alone, the same on every rank. FirstBlockCache compares the first block's residual **of this
+  rank's shard** with a threshold, so ranks can disagree (one skips the remaining blocks and their
+  all-to-alls, another does not: a hang). MagCache decides from the step and its ``mag_ratios``,
+  but diffusers 0.42.1's hook pairs the first block's *unsplit* input (the ``_cp_plan`` splits
+  inside that block's hooks) with the last block's shard: a shape error on the first forward
+  under CP. :func:`check_cache_under_context_parallel` refuses both -- and any cache not known to
+  work under CP -- with one error naming the cache and context parallelism (at ``apply`` and at
+  every forward, as the other checks of :func:`check_context_parallel`);
 * the schedule's plan and the block maps: computed from the step and the token grid, the same on
   every rank (the maps on the full sequence of the rank's heads, after the exchange).
 
@@ -168,8 +170,15 @@ def check_context_parallel(family: ModelFamily, transformer: nn.Module, where: s
 
 
 # diffusers cache configs whose skip decision reads the denoising step (and fixed settings) only, never the
-# hidden states, so every rank of a context-parallel run decides the same (module docstring)
-CACHES_AGREEING_ACROSS_RANKS = ("MagCacheConfig", "TaylorSeerCacheConfig")
+# hidden states, so every rank of a context-parallel run decides the same, and that run under CP (module docstring)
+CACHES_AGREEING_ACROSS_RANKS = ("TaylorSeerCacheConfig",)
+_WHY_REFUSED = {
+    "FirstBlockCacheConfig": "its skip decision compares the first block's residual of each rank's own sequence "
+                             "shard with the threshold, so ranks can decide differently and the skipping rank "
+                             "leaves the others waiting in the all-to-all",
+    "MagCacheConfig": "diffusers 0.42.1's MagCache hook takes the first block's input before the context-parallel "
+                      "split and the last block's output after it (a shape mismatch on the first forward)",
+}
 
 
 def check_cache_under_context_parallel(transformer: nn.Module, where: str) -> None:
@@ -178,7 +187,7 @@ def check_cache_under_context_parallel(transformer: nn.Module, where: str) -> No
     Raises:
         ValueError: naming the cache and context parallelism, for a cache not in
             :data:`CACHES_AGREEING_ACROSS_RANKS` (FirstBlockCache: its threshold test reads the first block's
-            residual of each rank's own sequence shard).
+            residual of each rank's own sequence shard; MagCache: diffusers' hook fails under CP).
     """
     cache = getattr(transformer, "_cache_config", None)
     if cache is None:
@@ -186,10 +195,7 @@ def check_cache_under_context_parallel(transformer: nn.Module, where: str) -> No
     name = type(cache).__name__
     if name in CACHES_AGREEING_ACROSS_RANKS:
         return
-    why = ("its skip decision compares the first block's residual of each rank's own sequence shard with the "
-           "threshold, so ranks can decide differently and the skipping rank leaves the others waiting in the "
-           "all-to-all" if name == "FirstBlockCacheConfig" else
-           "rotvid does not know that its skip decisions agree on every rank")
+    why = _WHY_REFUSED.get(name, "rotvid does not know that its skip decisions agree on every rank")
     raise ValueError(
         f"cache: {where} runs under context parallelism (Ulysses) with the diffusers cache {name}; {why}. Use "
         f"{' or '.join(c.removesuffix('Config') for c in CACHES_AGREEING_ACROSS_RANKS)} (decided from the step "
