@@ -12,7 +12,7 @@ multicast stays off) and times, on rank 0, with CUDA events after warm-up:
 
 * ``bf16 SDPA`` — the untouched transformer; with N > 1 under diffusers' own Ulysses
   (``ContextParallelConfig(ulysses_degree=N)``, native SDPA backend);
-* ``rotvid`` — rotvid applied (``--recipe`` on every block, ``--rotation`` + V/O Hadamard, the
+* ``rotvid`` — rotvid applied (``--recipe``, default ``auto``, on every block, ``--rotation`` + V/O Hadamard, the
   ``cuda`` backend), with N > 1 under rotvid's Ulysses exchange
   (:mod:`rotvid.pipelines.context_parallel`);
 * the **all-to-all** time of one forward: the exchanges of one self-attention call (Q, K, V
@@ -133,7 +133,7 @@ def worker(args) -> None:
     if rank == 0:
         fallbacks = report["fallbacks"]
         Path(args.worker_out).write_text(json.dumps({
-            "world": world, "rows": rows, "a2a_ms": a2a_ms, "backends": report["backends"], "fallbacks": fallbacks,
+            "world": world, "rows": rows, "a2a_ms": a2a_ms, "recipe": report["recipe"], "backends": report["backends"], "fallbacks": fallbacks,
             "device_name": device_description(device),
         }))
     if world > 1:
@@ -162,7 +162,7 @@ def markdown(results: list[dict], args) -> str:
         f"### parallel_bench: {results[0]['device_name']}, {utc_stamp()}, commit {git_commit()}",
         "",
         f"torch {torch.__version__}; {name} slice of {args.layers} blocks, random weights; latents "
-        f"{'x'.join(map(str, latent))}; recipe {args.recipe} on every block, rotation {args.rotation} + V/O Hadamard; "
+        f"{'x'.join(map(str, latent))}; recipe {results[0].get('recipe', args.recipe)} (asked: {args.recipe}) on every block, rotation {args.rotation} + V/O Hadamard; "
         f"Ulysses over N processes (NVLink multicast off); median of {args.iters} forwards after {args.warmup} "
         "warm-up; vs SDPA = SDPA time / row time at the same N; scaling = the method's 1-GPU time / row time.",
         "",
@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> str | None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", default="1,2", help="comma-separated world sizes to run (default 1,2)")
     ap.add_argument("--layers", type=int, default=4, help="Wan 14B blocks in the slice (default 4 of 40)")
-    ap.add_argument("--recipe", default="int4", help="quantized recipe (default int4)")
+    ap.add_argument("--recipe", default="auto",
+                    help="quantized recipe (default auto: the GPU's recipe, resolved by apply and named in the table)")
     ap.add_argument("--rotation", default="half", help="Q/K rotation (default half)")
     ap.add_argument("--backend", default="cuda", choices=("cuda", "auto"), help="rotvid backend (default cuda)")
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU processes over gloo: a smoke run")

@@ -36,6 +36,7 @@ __all__ = [
     "barrier",
     "finish_worker",
     "merge_run_reports",
+    "world_size",
     "parallelize_pipeline",
     "shutdown_worker",
 ]
@@ -129,12 +130,29 @@ def barrier() -> None:
         dist.barrier()
 
 
-def merge_run_reports(report: dict | None) -> dict | None:
-    """One run report from every rank's (a collective: call it on all ranks).
+# what :func:`merge_run_reports` keeps of every rank's report, always (the sidecar's record of each rank)
+RANK_SUMMARY_KEYS = ("total_calls", "quantized_calls", "fallback_calls", "backends", "fallbacks", "redos")
 
-    Every rank runs every self-attention call (on its H/P heads), so a call is counted once:
-    the merged report is rank 0's, with ``world_size`` and ``ranks_agree``; when a rank's
-    counts differ from rank 0's (a fallback on one rank only), ``per_rank`` keeps them all.
+
+def world_size() -> int:
+    """The number of processes of this run (1 without an initialized process group)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def merge_run_reports(report: dict | None) -> dict | None:
+    """One run report from every rank's, on every rank (a collective: call it on all ranks).
+
+    Each rank's report is gathered (``all_gather_object``; rank 0 writes the files). Every rank runs every
+    self-attention call (on its H/P heads), so a call is counted once: the merged report is rank 0's, with
+
+    * ``world_size``: the number of processes (GPUs) that ran it;
+    * ``ranks``: one summary per rank, in rank order -- ``rank`` and its :data:`RANK_SUMMARY_KEYS` (calls,
+      quantized / fallback counts, backends, fallback reasons, redos): which kernel ran on which GPU, and any
+      fallback on one rank only, are in the sidecar;
+    * ``ranks_agree``: whether every rank's whole report equals rank 0's; when not, ``per_rank`` keeps them all.
+
     Single process: ``report`` unchanged.
     """
     if not (dist.is_available() and dist.is_initialized()):
@@ -146,6 +164,10 @@ def merge_run_reports(report: dict | None) -> dict | None:
         return None
     merged = dict(reports[0])
     merged["world_size"] = world
+    merged["ranks"] = [
+        {"rank": r, **({key: rep.get(key) for key in RANK_SUMMARY_KEYS} if rep is not None else {"report": None})}
+        for r, rep in enumerate(reports)
+    ]
     differing = [r for r, rep in enumerate(reports) if rep != reports[0]]
     merged["ranks_agree"] = not differing
     if differing:

@@ -63,7 +63,14 @@ def test_generate_gpus_2_on_cpu_writes_one_video_and_a_merged_report(tiny_wan, t
     assert stderr.count("wrote ") == 1 and stderr.count("loading ") == 1, stderr[-3000:]  # rank 0 only
     side = json.loads(out.with_suffix(".json").read_text())
     report = side["run_report"]
+    assert side["gpus"] == 2
     assert report["world_size"] == 2 and report["ranks_agree"] is True
+    # every rank's backends and fallback counts, gathered to rank 0 (not only when they differ)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    for r in report["ranks"]:
+        assert r["total_calls"] == 2 * 2 * 2 and r["quantized_calls"] == r["total_calls"], r
+        assert r["fallback_calls"] == 0 and r["fallbacks"] == {} and r["redos"] == [], r
+        assert r["backends"] == report["backends"] and sum(r["backends"].values()) == r["quantized_calls"], r
     assert report["total_calls"] == 2 * 2 * 2  # 2 steps x 2 forwards (CFG) x 2 blocks, counted once
     assert report["quantized_calls"] == report["total_calls"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.json", "cp.mp4"]
@@ -74,6 +81,7 @@ def test_generate_gpus_2_on_cpu_writes_one_video_and_a_merged_report(tiny_wan, t
                                  "--backend", "reference", "--schedule", "none", "--quiet", "--out", str(single)])
     assert r.exit_code == 0, r.output
     one = json.loads(single.with_suffix(".json").read_text())
+    assert one["gpus"] == 1 and "ranks" not in one["run_report"]
     assert one["initial_noise_sha256"] == side["initial_noise_sha256"]
     assert one["run_report"]["per_block"] == report["per_block"]
     a = np.stack(list(iter_frames(single))).astype(np.int16)
@@ -93,7 +101,10 @@ def test_eval_gpus_2_on_cpu_generates_and_reports_once(tiny_wan, tmp_path):
     sides = sorted((tmp_path / "ev" / "videos").rglob("*.json"))
     assert len(sides) == 2  # the FP16 reference and the one variant
     variant = [json.loads(p.read_text()) for p in sides if json.loads(p.read_text())["recipe"] == "int4"][0]
-    assert variant["run_report"]["world_size"] == 2
+    assert variant["run_report"]["world_size"] == 2 and variant["gpus"] == 2
+    assert [r["rank"] for r in variant["run_report"]["ranks"]] == [0, 1]
+    reference = [json.loads(p.read_text()) for p in sides if json.loads(p.read_text())["recipe"] != "int4"][0]
+    assert reference["gpus"] == 2 and reference["run_report"] is None  # the untouched pipeline: no rotvid report
 
 
 def test_gpus_argument_errors(tiny_wan, tmp_path):

@@ -413,7 +413,7 @@ def generate_video(
     the untouched pipeline's transformers are compiled the same way, then un-compiled). The first
     step of each distinct plan pays for compiling, in every video (``apply`` makes new processors).
     """
-    from rotvid.distributed_run import is_main_process, merge_run_reports
+    from rotvid.distributed_run import is_main_process, merge_run_reports, world_size
     from rotvid.pipelines.attach import apply, find_transformers, remove
     from rotvid.pipelines.compiling import compile_options, compile_transformers, uncompile_transformers
 
@@ -489,6 +489,8 @@ def generate_video(
         "model": {"name": str(model), "pipeline": type(pipe).__name__, "family": family, "task": task},
         "device": str(device),
         "device_name": device_description(device),
+        # processes (one GPU each; gloo processes on CPU) that ran it: rotvid generate --gpus N
+        "gpus": world_size(),
         "compiled": bool(compile),
         "dtype": str(getattr(pipe.transformer, "dtype", "unknown")).removeprefix("torch."),
         "frames": int(video.shape[0]),

@@ -12,6 +12,10 @@ Fields (``SIDECAR_VERSION`` 1):
   the skipped mass; ``null`` for static maps, which have no estimate, and without a map). ``run_report.sparsity``
   has them per (block, step), with the schedule's sparsity rules.
 - ``model``: the resolved source, pipeline class and family; ``device``, ``dtype``.
+- ``gpus``: the processes that ran it (``rotvid generate --gpus N``: N, one GPU each, or gloo processes on
+  CPU; 1 otherwise). With N > 1 ``run_report`` is the ranks' merged report: ``world_size``, ``ranks`` (each
+  rank's calls, backends, fallback counts and reasons, redos), ``ranks_agree``
+  (:func:`rotvid.distributed_run.merge_run_reports`).
 - ``initial_noise_sha256``: hash of the initial latents, identical across variants of one eval.
 - ``timing``: ``per_step_seconds`` (one per denoising step; step 0 also holds prompt encoding
   and latent preparation), ``denoise_seconds``, ``decode_seconds``, ``total_seconds``.

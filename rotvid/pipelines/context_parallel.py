@@ -31,6 +31,26 @@ divisible by ``ulysses_degree``, families whose diffusers transformer ships a ``
 (:attr:`~rotvid.pipelines.model_table.ModelFamily.context_parallel`: Wan). Anything else is one
 clear ``ValueError``.
 
+What else must agree across the ranks
+-------------------------------------
+Every rank runs every forward and every self-attention call, and each call is a collective (the
+all-to-all), so anything that makes one rank skip or repeat work must be decided identically on
+all of them:
+
+* the **non-finite redo** of the forward guard (:mod:`rotvid.pipelines.forward_guard`): decided by
+  :func:`any_rank` (one MAX all-reduce of a 0/1 flag per forward over the Ulysses group);
+* **diffusers' cache hooks** (``transformer.enable_cache``): TaylorSeer decides from the step
+  alone, the same on every rank. FirstBlockCache compares the first block's residual **of this
+  rank's shard** with a threshold, so ranks can disagree (one skips the remaining blocks and their
+  all-to-alls, another does not: a hang). MagCache decides from the step and its ``mag_ratios``,
+  but diffusers 0.42.1's hook pairs the first block's *unsplit* input (the ``_cp_plan`` splits
+  inside that block's hooks) with the last block's shard: a shape error on the first forward
+  under CP. :func:`check_cache_under_context_parallel` refuses both -- and any cache not known to
+  work under CP -- with one error naming the cache and context parallelism (at ``apply`` and at
+  every forward, as the other checks of :func:`check_context_parallel`);
+* the schedule's plan and the block maps: computed from the step and the token grid, the same on
+  every rank (the maps on the full sequence of the rank's heads, after the exchange).
+
 :func:`enable_context_parallel` is the one call that puts a transformer under context
 parallelism on GPUs (``enable_parallelism``) and on CPUs with gloo, where diffusers 0.42.1's
 ``enable_parallelism`` cannot run (it divides by ``torch.accelerator.device_count()``, 0 there).
@@ -56,6 +76,9 @@ __all__ = [
     "gather_key_mask",
     "ulysses_attend",
     "enable_context_parallel",
+    "check_cache_under_context_parallel",
+    "any_rank",
+    "CACHES_AGREEING_ACROSS_RANKS",
 ]
 
 
@@ -140,7 +163,60 @@ def check_context_parallel(family: ModelFamily, transformer: nn.Module, where: s
         )
     cp = _cp_config(parallel_config)
     _check_heads(int(transformer.config.num_attention_heads), int(cp.ulysses_degree), where)
-    return ulysses_group(parallel_config)
+    group = ulysses_group(parallel_config)
+    if group is not None:
+        check_cache_under_context_parallel(transformer, where)
+    return group
+
+
+# diffusers cache configs whose skip decision reads the denoising step (and fixed settings) only, never the
+# hidden states, so every rank of a context-parallel run decides the same, and that run under CP (module docstring)
+CACHES_AGREEING_ACROSS_RANKS = ("TaylorSeerCacheConfig",)
+_WHY_REFUSED = {
+    "FirstBlockCacheConfig": "its skip decision compares the first block's residual of each rank's own sequence "
+                             "shard with the threshold, so ranks can decide differently and the skipping rank "
+                             "leaves the others waiting in the all-to-all",
+    "MagCacheConfig": "diffusers 0.42.1's MagCache hook takes the first block's input before the context-parallel "
+                      "split and the last block's output after it (a shape mismatch on the first forward)",
+}
+
+
+def check_cache_under_context_parallel(transformer: nn.Module, where: str) -> None:
+    """Refuse a diffusers cache whose skip decisions could differ between the ranks of a context-parallel run.
+
+    Raises:
+        ValueError: naming the cache and context parallelism, for a cache not in
+            :data:`CACHES_AGREEING_ACROSS_RANKS` (FirstBlockCache: its threshold test reads the first block's
+            residual of each rank's own sequence shard; MagCache: diffusers' hook fails under CP).
+    """
+    cache = getattr(transformer, "_cache_config", None)
+    if cache is None:
+        return
+    name = type(cache).__name__
+    if name in CACHES_AGREEING_ACROSS_RANKS:
+        return
+    why = _WHY_REFUSED.get(name, "rotvid does not know that its skip decisions agree on every rank")
+    raise ValueError(
+        f"cache: {where} runs under context parallelism (Ulysses) with the diffusers cache {name}; {why}. Use "
+        f"{' or '.join(c.removesuffix('Config') for c in CACHES_AGREEING_ACROSS_RANKS)} (decided from the step "
+        f"alone), or run on one process"
+    )
+
+
+def any_rank(flag: torch.Tensor | bool, group: UlyssesGroup | None, device: torch.device | str | None = None) -> bool:
+    """True when ``flag`` holds on any rank of ``group`` (one MAX all-reduce of a 0/1 int32; a collective: every
+    rank calls it). ``flag``: a host bool or a 0-d bool tensor (then on its device, read once after the reduce).
+    Without a group: ``bool(flag)``.
+    """
+    if group is None:
+        return bool(flag)
+    if isinstance(flag, torch.Tensor):
+        value = flag.reshape(()).to(torch.int32)
+    else:
+        value = torch.tensor(int(bool(flag)), dtype=torch.int32, device=device)
+    value = value.reshape(1).clone()
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group.group)
+    return bool(value.item())
 
 
 def _families_with_cp() -> list[str]:

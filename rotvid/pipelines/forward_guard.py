@@ -20,6 +20,13 @@ traced. Once per forward it
    finite either is reported as the model's own. With a diffusers cache enabled, its state is reset before the
    redo (the cache was filled by the non-finite forward), so the redo computes every block.
 
+Under context parallelism (:mod:`rotvid.pipelines.context_parallel`) every decision of step 4 is agreed by the
+ranks of the Ulysses group before anyone acts on it (:func:`~rotvid.pipelines.context_parallel.any_rank`: one MAX
+all-reduce of a 0/1 flag, in place of the host read of the finiteness check): a redo runs on every rank or on none.
+A redo on one rank only would run its all-to-alls alone -- the other ranks wait in the next forward's, or leave --
+and the ranks would hang or desynchronise. The rare paths (inputs not finite; the redo's own check) are agreed the
+same way, so every rank records the same redo.
+
 A ``module.compile()`` by the caller after ``apply`` replaces the guard; it is put back in front of the new
 compiled forward at the next step change (the pipeline's ``set_timesteps`` comes before its first forward).
 Wrapping the transformer as ``torch.compile(transformer)`` instead traces ``Module.__call__`` and with it the
@@ -33,6 +40,8 @@ import logging
 
 import torch
 from torch import nn
+
+from rotvid.pipelines.context_parallel import any_rank, ulysses_group
 
 __all__ = ["ForwardGuard", "first_tensor", "all_finite"]
 
@@ -127,18 +136,30 @@ class ForwardGuard:
         try:
             output = self._forward(args, kwargs)
             sample = first_tensor(output)
-            if sample is None or bool(torch.isfinite(sample).all()):
+            group = ulysses_group(getattr(self.module, "_parallel_config", None))
+            if group is None:
+                if sample is None or bool(torch.isfinite(sample).all()):
+                    return output
+            elif sample is None:
+                if not any_rank(False, group, self._device()):
+                    return output
+            elif not any_rank(~torch.isfinite(sample).all(), group):
                 return output
-            return self._not_finite(output, args, kwargs)
+            return self._not_finite(output, args, kwargs, group)
         finally:
             handle.after_forward(self.name)
 
-    def _not_finite(self, output, args, kwargs):
+    def _device(self) -> torch.device:
+        """The device of the module's first parameter (where a collective's flag lives: NCCL needs CUDA)."""
+        param = next(self.module.parameters(), None)
+        return param.device if param is not None else torch.device("cpu")
+
+    def _not_finite(self, output, args, kwargs, group=None):
         handle = self.handle
         tracker, report, runtime = handle.tracker, handle._report, handle.runtime
         step, num_steps = (tracker.step, tracker.num_steps) if tracker.in_run() else (None, None)
         where = f"step {step} of {num_steps}" if step is not None else "a forward outside a tracked run"
-        if not all_finite(args, kwargs):
+        if any_rank(not all_finite(args, kwargs), group, self._device()):
             report.record_nonfinite_input(self.name, step)
             logger.warning("rotvid: %s output is not finite at %s, and neither are its inputs (not rotvid's; not "
                            "redone)", self.name, where)
@@ -150,7 +171,9 @@ class ForwardGuard:
             redone = self._forward(args, kwargs)
         finally:
             runtime.redo = False
-        finite = bool(torch.isfinite(first_tensor(redone)).all())
+        redone_sample = first_tensor(redone)
+        finite = not any_rank(~torch.isfinite(redone_sample).all() if redone_sample is not None else False, group,
+                              self._device())
         report.record_redo(self.name, step, num_steps, finite=finite)
         if finite:
             logger.warning("rotvid: %s output was not finite at %s; ran it again with FP16 attention (finite)",
