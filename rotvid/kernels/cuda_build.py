@@ -254,15 +254,21 @@ def _load_for(cap: tuple[int, int]):
 
 
 @dataclass(frozen=True)
-class BuildResult:
-    """What :func:`build_extension` did: the extension, its folder, the build's seconds (None: it was built
-    already) and the compiler."""
+class BuildPlan:
+    """What ``rotvid build`` is about to build: the arch, the compiler (checked), the extension and its folder."""
 
+    cap: tuple[int, int]
+    toolkit: cuda_toolkit.Toolkit
     name: str
     folder: Path
-    seconds: float | None
-    toolkit: cuda_toolkit.Toolkit
-    arch: str
+
+    @property
+    def arch(self) -> str:
+        return f"sm{self.cap[0]}{self.cap[1]}"
+
+    @property
+    def built(self) -> bool:
+        return _library_path(self.folder, self.name).exists()
 
 
 def parse_arch(text: str) -> tuple[int, int]:
@@ -274,11 +280,10 @@ def parse_arch(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def build_extension(cap: tuple[int, int] | None = None,
-                    on_progress: Callable[[int, int], None] | None = None) -> BuildResult:
-    """Compile the extension ahead of time (``rotvid build``) for ``cap`` (default: this machine's GPU) into the
-    cache; ``on_progress(done, total)`` is called as object files appear. RuntimeError (no GPU, a CPU build of torch,
-    no compiler or one that does not fit) before any compile."""
+def plan_build(cap: tuple[int, int] | None = None) -> BuildPlan:
+    """The build ``rotvid build`` runs for ``cap`` (default: this machine's GPU). RuntimeError, before any compile,
+    for no GPU (and no ``cap``), a CPU build of torch, an arch outside the table, no compiler or one that does not fit
+    torch or the driver."""
     if cap is None:
         if not torch.cuda.is_available():
             raise RuntimeError("rotvid build: no CUDA GPU on this machine (torch.cuda.is_available() is False); "
@@ -290,7 +295,12 @@ def build_extension(cap: tuple[int, int] | None = None,
                            "the CUDA kernels build against torch's CUDA build")
     toolkit = cuda_toolkit.find_toolkit(embeds_ptx=_embeds_ptx())
     name = extension_name(cap, toolkit)
-    folder = cache_dir() / name
+    return BuildPlan(cap=cap, toolkit=toolkit, name=name, folder=cache_dir() / name)
+
+
+def build_extension(plan: BuildPlan, on_progress: Callable[[int, int], None] | None = None) -> float | None:
+    """Compile (when not built yet) and load the extension of ``plan`` (``rotvid build``); the build's seconds, or
+    None when it was built already. ``on_progress(done, total)`` is called as the object files appear."""
     stop = threading.Event()
     watcher = None
     if on_progress is not None:
@@ -298,21 +308,23 @@ def build_extension(cap: tuple[int, int] | None = None,
 
         def watch():
             while not stop.wait(0.5):
-                done = sum(1 for p in folder.glob("*.o") if p.stat().st_mtime >= start)
+                done = sum(1 for p in plan.folder.glob("*.o") if p.stat().st_mtime >= start)
                 on_progress(min(done, len(SOURCES)), len(SOURCES))
 
         on_progress(0, len(SOURCES))
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
     try:
-        _, name, folder, seconds, toolkit = _build(cap, announce=False)
+        _, name, _, seconds, _ = _build(plan.cap, announce=False)
     finally:
         stop.set()
         if watcher is not None:
             watcher.join()
+    if name != plan.name:  # the sources changed while planning
+        raise RuntimeError(f"rotvid build: built {name}, planned {plan.name} (the sources changed meanwhile)")
     if on_progress is not None:
         on_progress(len(SOURCES), len(SOURCES))
-    return BuildResult(name=name, folder=folder, seconds=seconds, toolkit=toolkit, arch=f"sm{cap[0]}{cap[1]}")
+    return seconds
 
 
 def load_extension(device: torch.device | None = None):
