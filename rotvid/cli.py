@@ -132,10 +132,11 @@ def build(
             plan = cuda_build.plan_build(cap)  # no GPU, a CPU torch, no compiler or one that does not fit: here
             typer.echo(f"compiler: {plan.toolkit.describe()}")
             console = Console(stderr=True)
+            verb = "loading" if plan.built else "building"
+            console.print(f"{verb} {plan.name} into {plan.folder}", markup=False, highlight=False, soft_wrap=True)
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TextColumn("objects"), TimeElapsedColumn(), console=console, transient=False) as bar:
-                verb = "loading" if plan.built else "building"
-                task = bar.add_task(f"{verb} {plan.name} ({plan.arch}) into {plan.folder}", total=None)
+                task = bar.add_task(f"{verb} the {plan.arch} kernels", total=None)
                 seconds = cuda_build.build_extension(
                     plan, on_progress=lambda done, total: bar.update(task, completed=done, total=total))
         except RuntimeError as exc:  # also a failed compile: its log is above
