@@ -262,14 +262,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     issue_pv(s);
   };
 
-  // O = O a + c (the block's P V, scaled as the numerics says), then the stage goes back to the producer. The
-  // numerics read the stage's small operands (scales) with ordinary loads (the generic proxy) and the producer
-  // refills the stage with bulk copies (the async proxy): the proxy fence orders those reads before the refill
-  // that the empty barrier releases (without it compute-sanitizer's racecheck reports a WAR hazard on every
-  // refill, i.e. whenever a CTA walks more key blocks than the ring has stages).
+  // O = O a + c (the block's P V, scaled as the numerics says), then the stage goes back to the producer
   auto update_o = [&](const int s) {
     rows.template update_o<ST>(o, pacc, c_fac, smem, C::TILES, s, t);
-    fence_proxy_async_shared();
     __syncwarp();
     if ((utid & 31) == 0) mbar_arrive(empty_bar(s));
   };
