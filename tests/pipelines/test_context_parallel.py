@@ -66,8 +66,13 @@ def _forward(tr, config, inputs):
         remove(tr)
 
 
-def _compare(ref: torch.Tensor, out: torch.Tensor) -> dict:
-    return {"max_abs": (out - ref).abs().max().item(), "scale": ref.abs().max().item()}
+def _compare(ref: torch.Tensor, out: torch.Tensor, fp16: torch.Tensor | None = None) -> dict:
+    """How far the context-parallel ``out`` is from the single-process ``ref``; with ``fp16`` (the single-process
+    result of the fp16 recipe on the same inputs) also the recipe's own error there, ``recipe_error``."""
+    res = {"max_abs": (out - ref).abs().max().item(), "scale": ref.abs().max().item()}
+    if fp16 is not None:
+        res["recipe_error"] = (ref - fp16).abs().max().item()
+    return res
 
 
 def _mask_case(ref_tr, cp_tr, config, rank, world, device, dtype) -> dict:
@@ -95,6 +100,16 @@ def _mask_case(ref_tr, cp_tr, config, rank, world, device, dtype) -> dict:
             report = handle.report.to_dict()
         finally:
             remove(tr)
+    if config.recipe != "fp16":  # the single-process FP16 twin on the same inputs: the recipe's own error
+        handle = apply(ref_tr, config.with_(recipe="fp16"))
+        try:
+            handle.tracker.begin(1)
+            handle.tracker.set_step(0)
+            with torch.no_grad():
+                twin = ref_tr.blocks[0].attn1(hidden, attention_mask=mask, rotary_emb=(cos, sin)).float().cpu()
+        finally:
+            remove(ref_tr)
+        return {**_compare(outs[0][:, shard], outs[1], twin[:, shard]), "report": report}
     return {**_compare(outs[0][:, shard], outs[1]), "report": report}
 
 
@@ -122,11 +137,19 @@ def _worker(rank: int, world: int, port: int, folder: str, out_dir: str, device_
         # what the self-attentions of the context-parallel transformer get: the shard
         for blk in cp_tr.blocks:
             blk.attn1.register_forward_pre_hook(lambda m, args: results["tokens_seen"].append(args[0].shape[1]))
+        twins = {}  # rotation -> the single-process fp16 result: what each quantized case's own error is measured by
         for recipe, rotation in cases:
             cfg = RotvidConfig(recipe=recipe, rotation=rotation, backend=backend)
             ref, _ = _forward(ref_tr, cfg, inputs)
             out, report = _forward(cp_tr, cfg, inputs)
-            results["cases"].append({"recipe": recipe, "rotation": rotation, **_compare(ref, out), "report": report})
+            if recipe == "fp16":
+                twins[rotation] = ref
+            twin = None if recipe == "fp16" else twins.get(rotation)
+            if twin is None and recipe != "fp16":
+                twin, _ = _forward(ref_tr, cfg.with_(recipe="fp16"), inputs)
+                twins[rotation] = twin
+            results["cases"].append({"recipe": recipe, "rotation": rotation, **_compare(ref, out, twin),
+                                     "report": report})
 
         # the untouched diffusers pipeline under CP (its own Ulysses) vs one process
         with torch.no_grad():
@@ -148,7 +171,7 @@ def _worker(rank: int, world: int, port: int, folder: str, out_dir: str, device_
                 out = late(**inputs)[0].float().cpu()
         finally:
             remove(late)
-        results["late_enable"] = _compare(ref, out)
+        results["late_enable"] = {"recipe": "int4", **_compare(ref, out, twins.get("half"))}
         with torch.no_grad():
             results["late_enable_removed"] = _compare(untouched_ref, late(**inputs)[0].float().cpu())
 
@@ -207,25 +230,40 @@ def _tiny_wan_folder(tiny, tiny_dir) -> Path:
     return tiny_dir / "wan-4"
 
 
-def _check(results: list[dict], rel_tol: float, quantized_rel_tol: float) -> None:
+def _bound(case: dict, rel_tol: float, quantized_rel_tol: float | None) -> float:
+    """The largest difference a case may show. fp16: ``rel_tol`` of the output's scale. A quantized recipe: with a
+    ``quantized_rel_tol``, that share of the scale (fp32 on CPU, where the attention inputs are the same bits on both
+    sides); with None, the recipe's own error on these inputs (``recipe_error``: the single-process result against its
+    fp16 twin). That bound is why: on the GPU the Ulysses path on the *same* attention inputs is within float
+    rounding of one process (``test_context_parallel_same_inputs.py``); what remains here is the bf16 projections
+    of a shard rounding differently from those of the whole sequence, which moves quantized codes by a step -- a
+    change of the size of the quantization error itself, never larger than the recipe's distance to exact attention
+    on the same inputs (a logic bug -- a wrong head, token or key length -- moves it by the output's scale)."""
+    if case["recipe"] == "fp16":
+        return rel_tol * case["scale"]
+    if quantized_rel_tol is not None:
+        return quantized_rel_tol * case["scale"]
+    return max(case["recipe_error"], rel_tol * case["scale"])
+
+
+def _check(results: list[dict], rel_tol: float, quantized_rel_tol: float | None) -> None:
     for res in results:
         rank = res["rank"]
         assert res["tokens_seen"] and set(res["tokens_seen"]) == {60 // WORLD}, res["tokens_seen"][:8]
         assert len(res["cases"]) == len(CASES)
         for case in res["cases"]:
             name = f"rank {rank} {case['recipe']}/{case['rotation']}"
-            tol = rel_tol if case["recipe"] == "fp16" else quantized_rel_tol
-            assert case["max_abs"] <= tol * case["scale"], f"{name}: {case['max_abs']:.3g} vs scale {case['scale']:.3g}"
+            assert case["max_abs"] <= _bound(case, rel_tol, quantized_rel_tol), f"{name}: {case}"
             rep = case["report"]
             assert rep["total_calls"] == 4 and rep["fallback_calls"] == 0, f"{name}: {rep}"
             if case["recipe"] != "fp16":
                 assert rep["quantized_calls"] == 4, f"{name}: {rep}"
-        for key in ("untouched", "late_enable", "late_enable_removed"):
-            tol = quantized_rel_tol if key == "late_enable" else rel_tol
-            assert res[key]["max_abs"] <= tol * res[key]["scale"], f"rank {rank} {key}: {res[key]}"
+        for key in ("untouched", "late_enable_removed"):
+            assert res[key]["max_abs"] <= rel_tol * res[key]["scale"], f"rank {rank} {key}: {res[key]}"
+        assert res["late_enable"]["max_abs"] <= _bound(res["late_enable"], rel_tol, quantized_rel_tol), (
+            f"rank {rank} late_enable: {res['late_enable']}")
         for case in res["mask"]:
-            tol = rel_tol if case["recipe"] == "fp16" else quantized_rel_tol
-            assert case["max_abs"] <= tol * case["scale"], f"rank {rank} mask {case['recipe']}: {case}"
+            assert case["max_abs"] <= _bound(case, rel_tol, quantized_rel_tol), f"rank {rank} mask {case['recipe']}: {case}"
             assert case["report"]["fallback_calls"] == 0, case["report"]
 
 
@@ -246,9 +284,10 @@ def test_context_parallel_equals_single_gpu_nccl(tiny, tiny_dir, tmp_path, monke
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     results = _spawn(tmp_path, _tiny_wan_folder(tiny, tiny_dir), "cuda", "cuda", CASES)
-    # bf16 projections on a shard vs the full sequence may round differently, and an INT4 code
-    # can flip on a 1-ulp input change: a looser floor for the quantized recipes
-    _check(results, rel_tol=2e-2, quantized_rel_tol=5e-2)
+    # bf16 projections on a shard vs the full sequence round differently (the only difference left once the same
+    # attention inputs agree: test_context_parallel_same_inputs.py): fp16 within bf16 rounding, quantized recipes
+    # within their own error on these inputs (_bound)
+    _check(results, rel_tol=2e-2, quantized_rel_tol=None)
 
 
 # ---- in-process checks (no process group) -------------------------------------------------------
