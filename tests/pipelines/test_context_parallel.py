@@ -13,12 +13,6 @@ shard it), against the same module on one process.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import sys
-import time
-from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,11 +21,11 @@ import torch
 
 from rotvid.pipelines import RotvidConfig, apply, remove
 from rotvid.pipelines.attach import HANDLE_ATTR
+from tests.pipelines.cp_spawn import WORLD, finish, join_group, run_group
 
 RECIPES = ["fp16", "int4", "int4-sym-p", "int8-fp8"]
 ROTATIONS = ["none", "interleaved", "half", "full"]
 CASES = [(r, rot) for r in RECIPES for rot in ROTATIONS]
-WORLD = 2
 DEADLINE_S = 240
 
 
@@ -115,19 +109,10 @@ def _mask_case(ref_tr, cp_tr, config, rank, world, device, dtype) -> dict:
 
 def _worker(rank: int, world: int, port: int, folder: str, out_dir: str, device_kind: str, backend: str,
             cases: list) -> None:
-    import torch.distributed as dist
-
-    from rotvid.distributed_run import finish_worker, shutdown_worker
+    from rotvid.distributed_run import shutdown_worker
     from rotvid.pipelines.context_parallel import enable_context_parallel
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    if device_kind == "cuda":
-        torch.cuda.set_device(rank)
-        device, dtype, pg = f"cuda:{rank}", torch.bfloat16, "nccl"
-    else:
-        device, dtype, pg = "cpu", torch.float32, "gloo"
-    dist.init_process_group(pg, rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    device, dtype = join_group(rank, world, port, device_kind)
     try:
         ref_tr = _load_transformer(folder, device, dtype)
         cp_tr = _load_transformer(folder, device, dtype)
@@ -181,48 +166,18 @@ def _worker(rank: int, world: int, port: int, folder: str, out_dir: str, device_
                                             dtype)}
             for recipe in ("fp16", "int4")
         ]
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     except BaseException:
         shutdown_worker()  # an error leaves at once: the parent reports the rank that failed
         raise
-    # both ranks leave together, as the CLI's workers do, then the process ends without the interpreter's
-    # teardown: in CI under load a rank aborted there ("terminate called without an active exception", a
-    # joinable C++ thread destroyed at exit), after its results were written and its group destroyed
-    finish_worker()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish(out_dir, rank, results)  # both ranks leave together, then the process ends without the teardown
 
 
 # ---- the parent side ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(out_dir: Path, folder: Path, device_kind: str, backend: str, cases: list) -> list[dict]:
     """Run :func:`_worker` on WORLD processes; kill them and fail past DEADLINE_S."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(
-        _worker, args=(WORLD, _free_port(), str(folder), str(out_dir), device_kind, backend, cases),
-        nprocs=WORLD, join=False, start_method="spawn",
-    )
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.kill()
-                pytest.fail(f"context-parallel workers did not finish within {DEADLINE_S} s (hang?)")
-    except mp.ProcessExitedException as e:  # say whether the rank died before or after its work was done
-        written = [r for r in range(WORLD) if (out_dir / f"rank{r}.json").exists()]
-        pytest.fail(f"{e} (results written by ranks {written} of {WORLD})")
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return run_group(_worker, (str(folder), str(out_dir), device_kind, backend, cases), out_dir, DEADLINE_S)
 
 
 def _tiny_wan_folder(tiny, tiny_dir) -> Path:
