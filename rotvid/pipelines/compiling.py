@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch import nn
 
 __all__ = ["COMPILE_MESSAGE", "compile_options", "compile_transformers", "uncompile_transformers"]
@@ -52,8 +53,26 @@ def compile_options(compile) -> dict | None:
     raise ValueError(f"compile: expected True, False or a dict of torch.compile options, got {compile!r}")
 
 
+def _quiet_context_parallel_notice() -> None:
+    """Let compiled graphs pass diffusers' context-parallel input notice.
+
+    diffusers' ``_cp_plan`` hook logs "split will not be applied" through ``logger.warning_once`` (a method that
+    ``transformers`` adds to ``logging.Logger``) for every input it leaves whole (Wan's 1-D timestep), on every
+    forward; torch.compile cannot trace a logger call, so under context parallelism ``fullgraph=True`` broke there,
+    before rotvid's code. That one logger's ``warning_once`` becomes a no-op inside compiled graphs
+    (``torch._dynamo.config.ignore_logger_methods``, for that logger object only); eager forwards still log it."""
+    try:
+        from diffusers.hooks import context_parallel as cp_hooks
+    except ImportError:  # a diffusers without context parallelism: nothing to quiet
+        return
+    method = getattr(getattr(cp_hooks, "logger", None), "warning_once", None)
+    if method is not None:
+        torch._dynamo.config.ignore_logger_methods.add(method)
+
+
 def compile_transformers(transformers: dict[str, nn.Module], options: dict) -> list[str]:
     """``module.compile(**options)`` on each transformer; returns the names compiled."""
+    _quiet_context_parallel_notice()
     for name, module in transformers.items():
         previous = getattr(module, "_compiled_call_impl", None)  # the caller's own compile, given back on undo
         module.compile(**options)
