@@ -8,13 +8,11 @@ recipe's usual distance. ``vo_hadamard="fused"`` refuses each such change with o
 
 import pytest
 import torch
+from peft import LoraConfig  # (the test extra installs peft: these tests never skip)
+from peft.utils import get_peft_model_state_dict
 
 from rotvid.pipelines import RotvidConfig, apply, remove
 from rotvid.pipelines.tiny import tiny_call_kwargs
-
-pytest.importorskip("peft")
-from peft import LoraConfig  # noqa: E402
-from peft.utils import get_peft_model_state_dict  # noqa: E402
 
 FAMILIES = ["wan", "hunyuan_video", "cogvideox", "wan-i2v"]
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
