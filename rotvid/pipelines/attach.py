@@ -307,11 +307,12 @@ def apply(pipe, config: RotvidConfig | None = None, *, exact_remove: bool = True
             / ``CogVideoXPipeline`` (anything with a supported ``.transformer``), or one of
             their transformers (then drive the step tracker by hand).
         config: the :class:`RotvidConfig` (default: ``RotvidConfig()``, recipe ``auto`` + half
-            rotation + V/O Hadamard + the recipe's smoothing (K always; Q and V for the INT4 recipes), no FP16
+            rotation, no V/O Hadamard, the recipe's smoothing (K always; Q and V for the INT4 recipes), no FP16
             steps/blocks). ``recipe="auto"`` is
             resolved here, once, from the pipeline's execution device
             (:func:`rotvid.kernels.recipes.auto.resolve_recipe`).
-        exact_remove: keep a CPU copy of every weight the V/O Hadamard rewrites so that
+        exact_remove: with ``vo_hadamard="fused"`` (the only mode that writes weights), keep a CPU copy of every
+            weight the V/O Hadamard rewrites so that
             :func:`remove` restores them bit for bit (memory: W_v and W_o of every block). With
             ``False``, ``remove`` un-fuses arithmetically (exact up to the weights' rounding).
         compile: ``True`` compiles every transformer rotvid is attached to in place with
