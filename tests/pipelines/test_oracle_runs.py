@@ -74,3 +74,24 @@ def test_kept_mass_of_other_maps_only_when_asked_and_at_most_the_oracles(tiny, s
     # measuring does not change the video
     again, _ = run_applied(pipe, config(sparsity), steps=1)
     assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("sparsity, measure", [("oracle:0.5", False), ("topp:0.6,sim=-1", True),
+                                               ("radial:band=0,window=0", True)])
+def test_oracle_and_kept_mass_compile_fullgraph_and_equal_eager(tiny, sparsity, measure):
+    from tests.graph_counter import GraphCounter
+
+    pipe = tiny("wan", num_layers=2)
+    cfg = config(sparsity, measure)
+    eager, eager_report = run_applied(pipe, cfg)
+    handle = apply(pipe, cfg, compile={"backend": GraphCounter()})  # fullgraph=True: a graph break is an error
+    try:
+        compiled = pipe(**tiny_call_kwargs("wan", steps=2, **SIZE)).frames
+        report = handle.report
+    finally:
+        remove(pipe)
+    assert torch.equal(compiled, eager) and report.fallback_calls == 0
+    d, e = report.to_dict()["sparsity"], eager_report.to_dict()["sparsity"]
+    assert d["kept_mass_calls"] == e["kept_mass_calls"] == d["sparse_calls"] > 0
+    assert d["mean_kept_mass"] == pytest.approx(e["mean_kept_mass"], abs=1e-6)
+    assert d["mean_oracle_kept_mass"] == pytest.approx(e["mean_oracle_kept_mass"], abs=1e-6)
