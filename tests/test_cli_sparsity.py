@@ -96,3 +96,15 @@ def test_calibrate_chooses_a_tau_per_block_that_generate_then_runs(tiny_wan, tmp
     r = run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--out", tmp_path / "c2",
             "--dense-blocks", "0")
     assert_fails(r, "--dense-blocks: sparsity rules without a block map")
+
+
+def test_generate_with_the_oracle_writes_kept_mass_to_the_sidecar(tiny_wan, tmp_path):  # noqa: F811
+    out = tmp_path / "v.mp4"
+    r = run("generate", "-p", "a red cat", "--model", tiny_wan, *BIG, *QUANTIZED, "--sparsity", "oracle:0.5",
+            "--out", out)
+    assert r.exit_code == 0, r.output
+    side = json.loads(out.with_suffix(".json").read_text())
+    assert side["sparsity"] == "oracle:0.5" and side["mean_density"] == 0.5
+    kept, best = side["mean_kept_mass"], side["mean_oracle_kept_mass"]
+    assert 0 < kept <= 1 and abs(kept - best) < 1e-6  # the oracle keeps its own best
+    assert side["run_report"]["sparsity"]["kept_mass_calls"] == side["run_report"]["sparsity"]["sparse_calls"] > 0

@@ -486,6 +486,11 @@ def generate_video(
         "mean_density": (run_report.get("sparsity") or {}).get("mean_density") if run_report is not None else None,
         "mean_dropped_mass": ((run_report.get("sparsity") or {}).get("mean_dropped_mass")
                               if run_report is not None else None),
+        # the true mass the maps kept and the oracle's at the same counts (measure_kept_mass, oracle maps)
+        "mean_kept_mass": ((run_report.get("sparsity") or {}).get("mean_kept_mass")
+                           if run_report is not None else None),
+        "mean_oracle_kept_mass": ((run_report.get("sparsity") or {}).get("mean_oracle_kept_mass")
+                                  if run_report is not None else None),
         "model": {"name": str(model), "pipeline": type(pipe).__name__, "family": family, "task": task},
         "device": str(device),
         "device_name": device_description(device),

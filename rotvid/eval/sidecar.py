@@ -10,7 +10,9 @@ Fields (``SIDECAR_VERSION`` 1):
 - ``sparsity``: the block map of the quantized calls (``none``: dense); ``mean_density`` (kept key blocks / all,
   mean over the calls that ran with a map; ``null`` when none did) and ``mean_dropped_mass`` (top-p's estimate of
   the skipped mass; ``null`` for static maps, which have no estimate, and without a map). ``run_report.sparsity``
-  has them per (block, step), with the schedule's sparsity rules.
+  has them per (block, step), with the schedule's sparsity rules. ``mean_kept_mass`` (the true attention mass of
+  the kept blocks, mean over query rows and calls) and ``mean_oracle_kept_mass`` (the oracle's at the same per-row
+  block counts): measured with ``RotvidConfig(measure_kept_mass=True)`` and for ``oracle`` maps, ``null`` otherwise.
 - ``model``: the resolved source, pipeline class and family; ``device``, ``dtype``.
 - ``gpus``: the processes that ran it (``rotvid generate --gpus N``: N, one GPU each, or gloo processes on
   CPU; 1 otherwise). With N > 1 ``run_report`` is the ranks' merged report: ``world_size``, ``ranks`` (each

@@ -23,8 +23,9 @@ denoising-step boundary and whenever its ``report`` is read, so a fallback is lo
 once per reason, by the report) at the latest one step after it happened.
 
 Block-sparse calls are summed the same way, in a second buffer per site (:data:`SPARSE_BUFFER`, float64
-``[calls with a map, sum of their densities, sum of their estimated dropped mass, calls with an estimate]``):
-the density and the dropped mass are device values of the call, added without a host sync.
+``[calls with a map, sum of their densities, sum of their estimated dropped mass, calls with an estimate, sum of
+their kept mass, sum of the oracle's kept mass at the same counts, calls with a kept mass measured]``): the density
+and the masses are device values of the call, added without a host sync.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ __all__ = [
 ]
 
 COUNTS_BUFFER = "rotvid_call_counts"
-# Sums over the calls that ran with a block map: [calls, density sum, dropped-mass sum, calls with an estimate].
+# Sums over the calls that ran with a block map: [calls, density sum, dropped-mass sum, calls with an estimate,
+# kept-mass sum, oracle kept-mass sum, calls with a kept mass measured].
 SPARSE_BUFFER = "rotvid_sparse_stats"
 # The site's entry of the current plan as data (True: FP16), for schedules with many distinct plans.
 PLANNED_BUFFER = "rotvid_fp16_planned"
@@ -60,12 +62,17 @@ _NEXT_ID = itertools.count()
 @dataclass(frozen=True)
 class SparseSums:
     """What one site's :data:`SPARSE_BUFFER` held: calls that ran with a block map, the sum of their densities,
-    the sum of their estimated dropped mass and how many calls had an estimate (a static map has none)."""
+    the sum of their estimated dropped mass and how many calls had an estimate (a static map has none), and, for
+    the calls whose kept mass was measured (``measure_kept_mass``, ``oracle`` maps), the sums of their kept mass and
+    of the oracle's kept mass at the same per-row counts, and how many."""
 
     calls: float
     density_sum: float
     dropped_sum: float
     estimated_calls: float
+    kept_sum: float = 0.0
+    oracle_kept_sum: float = 0.0
+    measured_calls: float = 0.0
 
 
 @dataclass
@@ -99,7 +106,7 @@ class SiteCounters:
         with torch.inference_mode(False):
             counts = torch.zeros(SLOTS_PER_SITE, dtype=torch.int64, device=device)
             planned = torch.zeros((), dtype=torch.bool, device=device)
-            sparse = torch.zeros(4, dtype=torch.float64, device=device)
+            sparse = torch.zeros(7, dtype=torch.float64, device=device)
         module.register_buffer(COUNTS_BUFFER, counts, persistent=False)
         module.register_buffer(PLANNED_BUFFER, planned, persistent=False)
         module.register_buffer(SPARSE_BUFFER, sparse, persistent=False)
@@ -137,15 +144,22 @@ class SiteCounters:
         return getattr(self.module, SPARSE_BUFFER)
 
     def add_sparse(self, density: torch.Tensor, dropped_mass: torch.Tensor | None,
-                   amount: torch.Tensor | int = 1) -> None:
+                   amount: torch.Tensor | int = 1, *, kept_mass: torch.Tensor | None = None,
+                   oracle_kept_mass: torch.Tensor | None = None) -> None:
         """Add ``amount`` calls (an int, or a 0-d bool/int device value) that ran with a map of ``density``
-        (0-d) and, for a dynamic map, the estimated ``dropped_mass`` (0-d; None for a static map)."""
+        (0-d) and, for a dynamic map, the estimated ``dropped_mass`` (0-d; None for a static map); ``kept_mass`` /
+        ``oracle_kept_mass`` (0-d, both or neither): the map's measured kept mass and the oracle's at the same
+        counts."""
         sums = self.sparse
         one = torch.ones((), dtype=sums.dtype, device=sums.device)
         zero = torch.zeros((), dtype=sums.dtype, device=sums.device)
         estimated = dropped_mass is not None
+        measured = kept_mass is not None and oracle_kept_mass is not None
         row = torch.stack([one, density.to(sums.dtype), dropped_mass.to(sums.dtype) if estimated else zero,
-                           one if estimated else zero])
+                           one if estimated else zero,
+                           kept_mass.to(sums.dtype) if measured else zero,
+                           oracle_kept_mass.to(sums.dtype) if measured else zero,
+                           one if measured else zero])
         sums += row * (amount.to(sums.dtype) if isinstance(amount, torch.Tensor) else float(amount))
 
     @staticmethod

@@ -93,6 +93,13 @@ class RotvidConfig:
             ``none`` -- the default: every key block --, ``radial[:band=INT,window=INT,decay=FLOAT]`` (static, from
             the token grid), ``topp:TAU[,sim=FLOAT]`` (dynamic, per call)). Only calls the schedule quantizes get a
             map, and the schedule's sparsity rules keep some of them dense (:mod:`rotvid.pipelines.schedule`).
+            ``oracle:DENSITY`` (the exact top blocks per call, :mod:`rotvid.kernels.sparsity.oracle`) is for
+            evaluation only: it costs a full-precision attention per call (a warning says so once per ``apply``).
+        measure_kept_mass: per call with a map, also compute the exact block attention mass (a full-precision pass
+            over the call's Q and K, blockwise) and report the map's **kept mass** (the true mass of the blocks it
+            keeps, mean over query rows) next to the oracle's at the same per-row counts (the run report's
+            ``sparsity``). Off by default (it costs a dense float attention per call); always on for ``oracle``
+            maps, which compute the mass anyway.
         version: config format version (:data:`CONFIG_VERSION`).
     """
 
@@ -107,6 +114,7 @@ class RotvidConfig:
     block_m: int | None = None
     block_n: int | None = None
     sparsity: SparsitySpec = field(default_factory=SparsitySpec)
+    measure_kept_mass: bool = False
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -144,6 +152,7 @@ class RotvidConfig:
         if isinstance(sparsity, dict):  # its JSON form
             sparsity = SparsitySpec.from_dict(sparsity)
         object.__setattr__(self, "sparsity", parse_sparsity(sparsity))  # ValueError naming sparsity (--sparsity)
+        _check_bool("measure_kept_mass", self.measure_kept_mass)
 
     # ---- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -160,6 +169,7 @@ class RotvidConfig:
             "block_m": self.block_m,
             "block_n": self.block_n,
             "sparsity": self.sparsity.to_dict(),
+            "measure_kept_mass": self.measure_kept_mass,
         }
 
     @classmethod

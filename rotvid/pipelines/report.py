@@ -21,6 +21,9 @@ With a block map configured (``RotvidConfig(sparsity=...)``) the report also giv
 calls that ran with a map, their mean density (kept key blocks / all key blocks) and, for top-p maps, the mean
 estimated dropped mass (the block-mean softmax estimate of the mass of the skipped blocks, per query tile). Static
 maps (``radial``) choose blocks by position and have no such estimate: the report says so instead of a number.
+With the kept mass measured (``RotvidConfig(measure_kept_mass=True)``, always for ``oracle`` maps) it also gives the
+mean **kept mass** (the true attention mass of the blocks the maps kept, mean over query rows) and the mean
+**oracle kept mass** (the best any map with the same per-row block counts keeps), per (block, step) and overall.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ class BlockCounts:
 
 # What the report says of the dropped mass, by which calls had an estimate
 DROPPED_MASS_ESTIMATED = ("top-p's estimate: the block-mean softmax mass of the skipped key blocks, mean over query "
-                          "tiles, heads and batch")
+                          "tiles, heads and batch (for oracle maps the exact mass)")
 DROPPED_MASS_NOT_ESTIMATED = ("not estimated: static maps (radial) choose key blocks by position, with no estimate of "
                               "the mass they drop")
 
@@ -98,12 +101,28 @@ class SparseCell:
     density_sum: float = 0.0
     dropped_sum: float = 0.0
     estimated_calls: float = 0.0
+    kept_sum: float = 0.0
+    oracle_kept_sum: float = 0.0
+    measured_calls: float = 0.0
 
     def add(self, sums) -> None:
         self.calls += sums.calls
         self.density_sum += sums.density_sum
         self.dropped_sum += sums.dropped_sum
         self.estimated_calls += sums.estimated_calls
+        self.kept_sum += getattr(sums, "kept_sum", 0.0)
+        self.oracle_kept_sum += getattr(sums, "oracle_kept_sum", 0.0)
+        self.measured_calls += getattr(sums, "measured_calls", 0.0)
+
+    @property
+    def kept_mass(self) -> float | None:
+        """Mean true mass of the kept blocks over the calls whose kept mass was measured; None when none was."""
+        return self.kept_sum / self.measured_calls if self.measured_calls else None
+
+    @property
+    def oracle_kept_mass(self) -> float | None:
+        """Mean oracle kept mass (same per-row counts) over the measured calls; None when none was."""
+        return self.oracle_kept_sum / self.measured_calls if self.measured_calls else None
 
     @property
     def density(self) -> float | None:
@@ -306,6 +325,23 @@ class RunReport:
         """Mean estimated dropped mass over the calls that had an estimate (top-p maps); None when none had."""
         return self._sparse_total().dropped_mass
 
+    @property
+    def kept_mass_calls(self) -> int:
+        """Sparse calls whose kept mass was measured."""
+        return round(self._sparse_total().measured_calls)
+
+    @property
+    def mean_kept_mass(self) -> float | None:
+        """Mean true attention mass of the blocks the maps kept (mean over query rows per call), over the calls
+        whose kept mass was measured (``measure_kept_mass``, ``oracle`` maps); None when none was."""
+        return self._sparse_total().kept_mass
+
+    @property
+    def mean_oracle_kept_mass(self) -> float | None:
+        """Mean kept mass of the oracle at the same per-row block counts as each measured call's map; None when
+        none was measured."""
+        return self._sparse_total().oracle_kept_mass
+
     def dropped_mass_note(self) -> str | None:
         """How the dropped mass was (or was not) estimated; None without sparse calls."""
         total = self._sparse_total()
@@ -337,11 +373,11 @@ class RunReport:
             "mean_density": self.mean_density,
             "mean_dropped_mass": self.mean_dropped_mass,
             "dropped_mass": self.dropped_mass_note(),
-            "per_block_step": [
-                {"site": site, "step": step, "calls": round(cell.calls), "density": cell.density,
-                 "dropped_mass": cell.dropped_mass}
-                for (site, step), cell in sorted(self.sparse_cells.items(), key=order)
-            ],
+            "kept_mass_calls": self.kept_mass_calls,
+            "mean_kept_mass": self.mean_kept_mass,
+            "mean_oracle_kept_mass": self.mean_oracle_kept_mass,
+            "per_block_step": [_cell_dict(site, step, cell)
+                               for (site, step), cell in sorted(self.sparse_cells.items(), key=order)],
         }
 
     def to_dict(self) -> dict:
@@ -410,6 +446,10 @@ class RunReport:
                 line += f", mean estimated dropped mass {dropped:.4f}"
             elif self.sparse_calls:
                 line += ", dropped mass not estimated (static maps)"
+            kept, best = self.mean_kept_mass, self.mean_oracle_kept_mass
+            if kept is not None:
+                line += (f"; kept mass {kept:.4f} (oracle at the same density {best:.4f}, "
+                         f"{self.kept_mass_calls} calls measured)")
             lines.append(line)
         for note in self.notes:
             lines.append(f"  note: {note}")
@@ -417,6 +457,16 @@ class RunReport:
         if why is not None:
             lines.append(f"  note: {why}")
         return "\n".join(lines)
+
+
+def _cell_dict(site: str, step: int | None, cell: SparseCell) -> dict:
+    """One ``per_block_step`` entry; the kept masses only where they were measured."""
+    d = {"site": site, "step": step, "calls": round(cell.calls), "density": cell.density,
+         "dropped_mass": cell.dropped_mass}
+    if cell.measured_calls:
+        d["kept_mass"] = cell.kept_mass
+        d["oracle_kept_mass"] = cell.oracle_kept_mass
+    return d
 
 
 def nothing_quantized_reason(run_report: dict | None, schedule_name: str | None = None, *,

@@ -84,6 +84,12 @@ no backend takes is a counted fallback (the model's own attention) with the reas
 top-p, its mean estimated dropped mass to the site's sums (:meth:`SiteCounters.add_sparse
 <rotvid.pipelines.call_counts.SiteCounters.add_sparse>`), drained into the report per step.
 
+* **Kept mass** (``RotvidConfig(measure_kept_mass=True)``; always for ``oracle`` maps): each call with a map also
+  adds the true attention mass of the blocks its map keeps and the oracle's at the same per-row counts
+  (:meth:`Runtime.kept_masses`, :mod:`rotvid.kernels.sparsity.oracle`): a full-precision pass per call (the
+  ``oracle`` builder's own masses are reused), for evaluation. ``oracle`` maps log a warning once per ``apply``:
+  they are an evaluation tool.
+
 Non-finite redo
 ---------------
 While :attr:`Runtime.redo` is set (the forward guard re-running a forward whose output was not
@@ -104,6 +110,7 @@ from rotvid.kernels.dispatch import AttentionCall, prepare_attention, run_attent
 from rotvid.kernels.recipes import get_recipe
 from rotvid.kernels.rope_op import apply_generalized_rope
 from rotvid.kernels.sparsity import SparseMap, SparsitySpec, TokenGrid, build_block_map
+from rotvid.kernels.sparsity.oracle import block_attention_mass, kept_mass, oracle_kept_mass
 from rotvid.pipelines.call_counts import SiteCounters
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.report import GPU_FALLBACK, UNTRACKED_RULE, RunReport
@@ -290,6 +297,13 @@ class Runtime:
         specs = [spec for spec in dict.fromkeys((config.sparsity, *schedule.sparsity_specs)) if spec.enabled]
         self.sparsity_configured = bool(specs)
         self.static_specs: tuple[SparsitySpec, ...] = tuple(spec for spec in specs if spec.static)
+        # measure every map's kept mass (and the oracle's at its counts) per call: a full-precision pass each
+        self.measure_kept_mass = config.measure_kept_mass
+        oracles = [str(spec) for spec in specs if spec.kind == "oracle"]
+        if oracles:
+            logger.warning("rotvid: sparsity %s is an evaluation tool: every call with it runs a full-precision "
+                           "attention to find the exact top blocks (far slower than the dense call); not for "
+                           "production runs", ", ".join(oracles))
         # {transformer: (spec or None, per block)} for the current step; None: no quantized calls or no step known.
         self.sparse_plan: dict[str, tuple[SparsitySpec | None, ...]] | None = None
         # {transformer: {spec: SparseMap}} of the forward running now, or why it has none (its grid is not known);
@@ -489,6 +503,22 @@ class Runtime:
             return None, f"sparsity {spec}: {err}", q, k, rope
         return sparse, None, q, k, rope
 
+    def kept_masses(self, spec: SparsitySpec, sparse: SparseMap, q, k, rope, kv_lens):
+        """``(kept mass or None, oracle kept mass or None, q, k, rope)`` of a call's map: measured when the config
+        asks (``measure_kept_mass``) and always for ``oracle`` maps (0-d device values, no sync). The exact block
+        masses come from the map when its builder computed them (``oracle``), else from one full-precision pass
+        (:func:`~rotvid.kernels.sparsity.oracle.block_attention_mass`; a deferred RoPE·R table is applied first)."""
+        if not (self.measure_kept_mass or spec.kind == "oracle"):
+            return None, None, q, k, rope
+        mass = sparse.block_mass
+        if mass is None:
+            if rope is not None:
+                q, k, rope = apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), None
+            mass = block_attention_mass(q, k, kv_lens=kv_lens, sm_scale=self.call_options["sm_scale"])
+        bm = sparse.block_map
+        visits = bm.to_dense_mask()
+        return (kept_mass(mass, visits, bm.n_q), oracle_kept_mass(mass, visits.sum(dim=-1), bm.n_q), q, k, rope)
+
     def clear_forward_state(self) -> None:
         """Forget per-forward state (the rotators' in-graph table memo); hooked before and after each forward."""
         for rotator in self.rotators:
@@ -580,8 +610,11 @@ class Runtime:
             kv_lens, problem = self.kv_lens_for(mask, k.shape[0], k.shape[2])
         sparse = None
         spec = self.planned_sparsity(site)
+        kept = oracle_kept = None
         if problem is None and spec is not None:
             sparse, problem, q, k, rope = self.block_map_for_call(site, spec, q, k, rope, kv_lens)
+            if sparse is not None:
+                kept, oracle_kept, q, k, rope = self.kept_masses(spec, sparse, q, k, rope, kv_lens)
         if problem is None:
             block_map = None if sparse is None else sparse.block_map
             try:  # validated and the backend chosen once, here
@@ -600,14 +633,16 @@ class Runtime:
         if run is None and ok is None:
             counters.add("quantized", why)
             if sparse is not None:
-                counters.add_sparse(sparse.block_map.density(), _mean(sparse.dropped_mass))
+                counters.add_sparse(sparse.block_map.density(), _mean(sparse.dropped_mass), kept_mass=kept,
+                                    oracle_kept_mass=oracle_kept)
             block = self._vo_block(v)
             return unrotate_o_online(run_into_bnhd(call, q, k, rotate_v_online(v, block), rope=rope), block)
         # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.
         take = run if ok is None else (ok if run is None else run & ok)
         counters.add("quantized", why, take)
         if sparse is not None:
-            counters.add_sparse(sparse.block_map.density(), _mean(sparse.dropped_mass), take)
+            counters.add_sparse(sparse.block_map.density(), _mean(sparse.dropped_mass), take, kept_mass=kept,
+                                oracle_kept_mass=oracle_kept)
         if ok is not None:
             counters.add("fallback", MASK_NOT_PADDING, ~ok if run is None else run & ~ok)
         operands = (q, k, v) if kv_lens is None else (q, k, v, kv_lens)

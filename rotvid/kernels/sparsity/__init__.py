@@ -8,6 +8,8 @@ kind       when     what it keeps
                     (Radial Attention's energy-decay rule), conditioning tokens both ways; from the token grid
 ``topp``   per call the key blocks holding ``tau`` of each query tile's estimated mass (block means), blocks that
                     are not self-similar, the diagonal
+``oracle`` per call evaluation only: the key blocks of highest *exact* attention mass (full-precision scores), a
+                    fraction ``density`` of the valid key blocks per query tile -- the best map at that density
 =========  =======  ===========================================================================================
 
 :class:`BlockMap` is the map every attention path takes (``block_map=`` of :func:`rotvid.kernels.attention`);
@@ -19,7 +21,7 @@ kind       when     what it keeps
 
 from __future__ import annotations
 
-from rotvid.kernels.sparsity import radial, topp
+from rotvid.kernels.sparsity import oracle, radial, topp
 from rotvid.kernels.sparsity.block_map import MAP_BLOCK, BlockMap
 from rotvid.kernels.sparsity.grid import TokenGrid
 from rotvid.kernels.sparsity.spec import (
@@ -45,3 +47,4 @@ __all__ = [
 register_sparsity_kind(NONE)
 register_sparsity_kind(radial.KIND)
 register_sparsity_kind(topp.KIND)
+register_sparsity_kind(oracle.KIND)

@@ -10,6 +10,7 @@ Text form (``--sparsity`` on the command line, ``sparsity`` in a config)::
     none                              every key block (the default)
     radial                            radial[:band=INT,window=INT,decay=FLOAT]
     topp:0.9                          topp:TAU[,sim=FLOAT]   (the bare value is the kind's first parameter)
+    oracle:0.5                        oracle:DENSITY         (evaluation only: exact block masses per call)
 
 ``str(spec)`` writes the canonical text (parameters at their defaults left out), which parses back to an equal
 spec; :meth:`SparsitySpec.to_dict` writes every parameter.
@@ -93,11 +94,14 @@ class MapParam:
 @dataclass(frozen=True)
 class SparseMap:
     """What a map builder returns: the :class:`BlockMap` and, for a dynamic map, its estimated dropped mass per
-    query tile (float32 [B, H, Tq]: the estimated probability mass of the skipped key blocks, for reports) --
-    None for a static map."""
+    query tile (float32 [B, H, Tq]: the estimated probability mass of the skipped key blocks, for reports; exact
+    for ``oracle``) -- None for a static map. ``block_mass``: the exact attention mass of every (query tile, key
+    block) [B, H, Tq, Tk] when the builder computed it (``oracle``; :func:`rotvid.kernels.sparsity.oracle.
+    block_attention_mass`), else None: the runtime reuses it to report the kept mass."""
 
     block_map: BlockMap
     dropped_mass: torch.Tensor | None = None
+    block_mass: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
