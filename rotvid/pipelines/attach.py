@@ -194,6 +194,13 @@ class RotvidHandle:
             for guard in self._guards.values():
                 guard.install()
 
+    def fused_parameter_names(self, name: str) -> list[str]:
+        """The names in transformer ``name`` of the parameters the fused V/O Hadamard rewrote (none unless
+        ``vo_hadamard="fused"``)."""
+        names = {id(p): n for n, p in self.transformers[name].named_parameters(remove_duplicate=False)}
+        return [names[id(p)] for inst in self._installed if inst.transformer == name and inst.vo_fused
+                for *_, params in inst.watch for _, p, _ in params if id(p) in names]
+
     def original_state(self, name: str) -> dict[str, torch.Tensor]:
         """``{parameter name in transformer ``name``: the model's own value}`` for every weight the V/O Hadamard
         rewrote: what :func:`remove` restores (the CPU copies of apply, or the arithmetic un-fusion)."""
@@ -280,16 +287,17 @@ def _get(module: nn.Module, path: str) -> nn.Module | None:
     return cur
 
 
-def _snapshot(block: nn.Module, stack: BlockStack) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    out = []
+def _vo_linears(block: nn.Module, stack: BlockStack):
+    """``(path, layer)`` of every value and output projection of ``block`` that it has (what the fusion rewrites)."""
     for path in list(stack.v_projections) + [p for p, _ in stack.out_projections]:
         lin = _get(block, path)
-        if lin is None:
-            continue
-        for p in (lin.weight, lin.bias):
-            if p is not None:
-                out.append((p, p.detach().to("cpu", copy=True)))
-    return out
+        if lin is not None:
+            yield path, lin
+
+
+def _snapshot(block: nn.Module, stack: BlockStack) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(p, p.detach().to("cpu", copy=True)) for _, lin in _vo_linears(block, stack)
+            for p in (lin.weight, lin.bias) if p is not None]
 
 
 def _check_attn(attn: nn.Module, where: str) -> None:
@@ -449,31 +457,26 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
 
 def _watch(block: nn.Module, stack: BlockStack) -> list:
     """What the fusion left on ``block``'s V / output projections: each layer and its parameters' versions."""
-    out = []
-    for path in list(stack.v_projections) + [p for p, _ in stack.out_projections]:
-        lin = _get(block, path)
-        if lin is not None:
-            params = [(n, p, p._version) for n, p in (("weight", lin.weight), ("bias", lin.bias)) if p is not None]
-            out.append((block, path, lin, params))
-    return out
+    return [(block, path, lin, [(n, p, p._version) for n, p in (("weight", lin.weight), ("bias", lin.bias))
+                                if p is not None])
+            for path, lin in _vo_linears(block, stack)]
 
 
 def _fused_changes(inst: _Installed) -> list[str]:
     """What changed since the fusion among ``inst``'s fused weights (a layer replaced, a parameter replaced or
     written in place): one phrase each; empty when nothing did."""
     changes = []
-    for block, path, lin, params in inst.watch:
-        where = f"{inst.processor.site.key if inst.processor is not None else inst.transformer} {path}"
+    site = inst.processor.site.key if inst.processor is not None else inst.transformer
+    for block, path, lin, params in inst.watch:  # (checked before every forward: the phrases only on a change)
         now = _get(block, path)
         if now is not lin:
-            changes.append(f"{where} replaced by {type(now).__module__}.{type(now).__qualname__}")
+            changes.append(f"{site} {path} replaced by {type(now).__module__}.{type(now).__qualname__}")
             continue
         for name, param, version in params:
-            current = getattr(lin, name, None)
-            if current is not param:
-                changes.append(f"{where}.{name} replaced (an offloading hook or a new parameter)")
+            if getattr(lin, name, None) is not param:
+                changes.append(f"{site} {path}.{name} replaced (an offloading hook or a new parameter)")
             elif param._version != version:
-                changes.append(f"{where}.{name} written in place (load_state_dict, fuse_lora, copy_)")
+                changes.append(f"{site} {path}.{name} written in place (load_state_dict, fuse_lora, copy_)")
     return changes
 
 
@@ -491,8 +494,7 @@ def _load_state_dict_refusal(handle: RotvidHandle, name: str):
     def hook(module, state_dict, prefix, *args):
         if not handle.active:
             return
-        fused = [prefix + key for key in handle.original_state(name)]
-        hit = [key for key in fused if key in state_dict]
+        hit = [prefix + key for key in handle.fused_parameter_names(name) if prefix + key in state_dict]
         if hit:
             raise RuntimeError(_fused_changes_message([f"load_state_dict with {hit[0]}" + (
                 f" and {len(hit) - 1} more fused keys" if len(hit) > 1 else "")], "refused"))

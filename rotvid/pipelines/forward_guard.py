@@ -135,19 +135,19 @@ class ForwardGuard:
         handle.before_forward(self.name, self.module, args, kwargs)
         try:
             output = self._forward(args, kwargs)
-            sample = first_tensor(output)
             group = ulysses_group(getattr(self.module, "_parallel_config", None))
-            if group is None:
-                if sample is None or bool(torch.isfinite(sample).all()):
-                    return output
-            elif sample is None:
-                if not any_rank(False, group, self._device()):
-                    return output
-            elif not any_rank(~torch.isfinite(sample).all(), group):
+            if not self._not_finite_on_any_rank(output, group):
                 return output
             return self._not_finite(output, args, kwargs, group)
         finally:
             handle.after_forward(self.name)
+
+    def _not_finite_on_any_rank(self, output, group) -> bool:
+        """Whether the forward's output (its first tensor) is not finite -- on any rank of the Ulysses ``group``
+        (:func:`~rotvid.pipelines.context_parallel.any_rank`; one host read without a group)."""
+        sample = first_tensor(output)
+        flag = False if sample is None else ~torch.isfinite(sample).all()
+        return any_rank(flag, group, self._device() if group is not None and sample is None else None)
 
     def _device(self) -> torch.device:
         """The device of the module's first parameter (where a collective's flag lives: NCCL needs CUDA)."""
@@ -171,9 +171,7 @@ class ForwardGuard:
             redone = self._forward(args, kwargs)
         finally:
             runtime.redo = False
-        redone_sample = first_tensor(redone)
-        finite = not any_rank(~torch.isfinite(redone_sample).all() if redone_sample is not None else False, group,
-                              self._device())
+        finite = not self._not_finite_on_any_rank(redone, group)
         report.record_redo(self.name, step, num_steps, finite=finite)
         if finite:
             logger.warning("rotvid: %s output was not finite at %s; ran it again with FP16 attention (finite)",

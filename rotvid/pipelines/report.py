@@ -110,9 +110,9 @@ class SparseCell:
         self.density_sum += sums.density_sum
         self.dropped_sum += sums.dropped_sum
         self.estimated_calls += sums.estimated_calls
-        self.kept_sum += getattr(sums, "kept_sum", 0.0)
-        self.oracle_kept_sum += getattr(sums, "oracle_kept_sum", 0.0)
-        self.measured_calls += getattr(sums, "measured_calls", 0.0)
+        self.kept_sum += sums.kept_sum
+        self.oracle_kept_sum += sums.oracle_kept_sum
+        self.measured_calls += sums.measured_calls
 
     @property
     def kept_mass(self) -> float | None:
