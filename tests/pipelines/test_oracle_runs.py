@@ -8,6 +8,8 @@ import torch
 
 from rotvid.pipelines import RotvidConfig, Schedule, apply, remove
 from rotvid.pipelines.tiny import tiny_call_kwargs
+from tests.pipelines import test_sparse_runs as sparse_runs
+from tests.pipelines.test_sparse_runs import fresh_dynamo  # noqa: F401 (its autouse fixture, shared)
 
 SIZE = dict(frames=17, size=128)  # 5 latent frames of 64 tokens: 320 tokens, 3 map blocks
 
@@ -18,19 +20,7 @@ def config(sparsity, measure=False, **schedule):
 
 
 def run_applied(pipe, cfg, steps=2):
-    handle = apply(pipe, cfg)
-    try:
-        out = pipe(**tiny_call_kwargs("wan", steps=steps, **SIZE)).frames
-        return out, handle.report
-    finally:
-        remove(pipe)
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+    return sparse_runs.run_applied(pipe, "wan", cfg, steps, **SIZE)
 
 
 def test_oracle_run_reports_kept_mass_and_oracle_kept_mass(tiny, caplog):
