@@ -9,7 +9,8 @@ script runs itself in a child process with ``ROTVID_EXT_CUDA_FLAGS="-DROTVID_HOP
 -DROTVID_HOPPER_PIPE=q"`` for the setting ``s,p,q`` (every row of the table takes that schedule; the numerics stay
 the table's) and ``ROTVID_EXT_CACHE`` set to its own folder (``hopper-schedule-s-p-q`` under the usual cache), so
 each setting is its own extension, built on first use (minutes) and reused afterwards; ``table`` is the shipping
-build, without the flags. Each child times its kernel
+build, without the flags; ``def:ROTVID_NAME=VALUE`` builds with that macro (e.g. ``def:ROTVID_HOPPER_RELEASE=1``, an
+experiment's switch in the kernel source). Each child times its kernel
 and cuDNN in interleaved rounds (kernel_bench.time_interleaved) on the same seeded inputs as kernel_bench, and hashes
 its output. The table: ms, TOP/s, speed relative to that child's own cuDNN, and whether the output has the first
 setting's bits (a schedule does not change the numerics: expect yes). The settings run one after another, so compare
@@ -37,11 +38,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.kernel_bench import SHAPES, time_interleaved  # noqa: E402
 from rotvid.kernels import cuda_backend, cuda_build  # noqa: E402
 
-SCHEDULE = re.compile(r"^(table|\d+,[012],[012])$")
+SCHEDULE = re.compile(r"^(table|\d+,[012],[012]|def:ROTVID_[A-Z_]+=\w+(\+ROTVID_[A-Z_]+=\w+)*)$")
 
 
 def cache_for(setting: str) -> Path:
-    return cuda_build.cache_dir() / ("hopper-schedule-" + setting.replace(",", "-"))
+    return cuda_build.cache_dir() / ("hopper-schedule-" + re.sub(r"[^A-Za-z0-9_]+", "-", setting))
+
+
+def flags_for(setting: str) -> str | None:
+    """The nvcc flags of a setting: none for the table; the schedule's three macros; a ``def:`` setting's macros."""
+    if setting == "table":
+        return None
+    if setting.startswith("def:"):
+        return " ".join(f"-D{d}" for d in setting[4:].split("+"))
+    stages, pingpong, pipe = setting.split(",")
+    return f"-DROTVID_HOPPER_STAGES={stages} -DROTVID_HOPPER_PINGPONG={pingpong} -DROTVID_HOPPER_PIPE={pipe}"
 
 
 def child(args) -> None:
@@ -83,7 +94,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", choices=["int4", "int8-fp8"], default="int4")
     ap.add_argument("--schedules", nargs="+", default=["table"],
-                    help="'table' (the shipping build) or stages,pingpong,pipe (pingpong and pipe 0, 1 or 2)")
+                    help="'table' (the shipping build), stages,pingpong,pipe (pingpong and pipe 0, 1 or 2), or "
+                         "def:ROTVID_NAME=VALUE[+ROTVID_NAME=VALUE] (a build with those macros)")
     ap.add_argument("--shapes", nargs="*", default=["wan1.3b-480p"], choices=list(SHAPES))
     ap.add_argument("--block-n", type=int, default=None, choices=cuda_backend.SUPPORTED_BLOCK_N, help="int4 only")
     ap.add_argument("--p-mode", default="range", choices=["range", "sym"], help="int4 only")
@@ -98,17 +110,16 @@ def main() -> None:
         return
     for setting in args.schedules:
         if not SCHEDULE.match(setting):
-            ap.error(f"--schedules: expected 'table' or stages,pingpong,pipe (e.g. 3,1,1), got {setting!r}")
+            ap.error(f"--schedules: expected 'table', stages,pingpong,pipe (e.g. 3,1,1) or def:ROTVID_NAME=VALUE[+...] "
+                     f"(e.g. def:ROTVID_HOPPER_RELEASE=1), got {setting!r}")
     results = {}
     for setting in args.schedules:
         cache = cache_for(setting)
         cache.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, ROTVID_EXT_CACHE=str(cache))
         env.pop("ROTVID_EXT_CUDA_FLAGS", None)
-        if setting != "table":
-            stages, pingpong, pipe = setting.split(",")
-            env["ROTVID_EXT_CUDA_FLAGS"] = (f"-DROTVID_HOPPER_STAGES={stages} -DROTVID_HOPPER_PINGPONG={pingpong} "
-                                            f"-DROTVID_HOPPER_PIPE={pipe}")
+        if flags_for(setting):
+            env["ROTVID_EXT_CUDA_FLAGS"] = flags_for(setting)
         out = cache / f"times-{args.recipe}.json"
         cmd = [sys.executable, __file__, "--child", setting, "--out", str(out), "--recipe", args.recipe,
                "--p-mode", args.p_mode, "--rounds", str(args.rounds), "--shapes", *args.shapes]

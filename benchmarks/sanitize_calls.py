@@ -51,8 +51,9 @@ def _map(device):
     return BlockMap.from_mask(mask.to(device), n_q=N, n_kv=N)
 
 
-def run_calls() -> int:
-    """Every call once; prints one line per call and ``calls N``; exit status 1 if an output is not finite."""
+def run_calls(match: str | None = None) -> int:
+    """Every call once (``match``: only those whose name the regular expression finds); prints one line per call and
+    ``calls N``; exit status 1 if an output is not finite."""
     import torch
 
     from rotvid.kernels import cuda_backend as cb
@@ -66,6 +67,9 @@ def run_calls() -> int:
     def inputs(d, seed):
         g = torch.Generator(device="cuda").manual_seed(seed)
         return [torch.randn(1, 1, N, d, generator=g, device="cuda").to(torch.bfloat16) for _ in range(3)]
+
+    def wanted(name):
+        return match is None or re.search(match, name) is not None
 
     def check(name, out):
         nonlocal bad, calls
@@ -84,14 +88,20 @@ def run_calls() -> int:
             paths = ([("wgmma", True), ("wgmma", False)] if hopper else []) + [("mma", False)]
             for path, split in paths:
                 for name, m in (("dense", None), ("sparse", bm)):
+                    if not wanted(f"int8-fp8 {path} d{d} {name} split={split}"):
+                        continue
                     out = cb.attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens, path=path,
                                                          split_tail=split, block_map=m)
                     check(f"int8-fp8 {path} d{d} {name} split={split}", out)
         int4 = [("wgmma", bn, split) for bn in (128, 64) for split in (True, False)] if hopper else []
         int4 += [("s8", 64, False)]
         for path, block_n, split in int4:
+            if not any(wanted(f"int4 {path} bn{block_n} d{d} {name} split={split}") for name in ("dense", "sparse")):
+                continue
             kq = cb.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, path=path, smooth_q=True)
             for name, m in (("dense", None), ("sparse", bm)):
+                if not wanted(f"int4 {path} bn{block_n} d{d} {name} split={split}"):
+                    continue
                 out = cb.attention_int4_quantized(kq, n_q=N, n_kv=N, head_dim=d, block_n=block_n, kv_lens=kv_lens,
                                                   path=path, split_tail=split, block_map=m)
                 check(f"int4 {path} bn{block_n} d{d} {name} split={split}", out)
@@ -142,9 +152,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of {', '.join(TOOLS)}")
     ap.add_argument("--out", type=Path, default=Path("out"), help="folder for the logs and sanitize.md")
     ap.add_argument("--all-kernels", action="store_true", help="sanitize torch's kernels too (default: rotvid's)")
+    ap.add_argument("--match", default=None,
+                    help="only the calls whose name this regular expression finds (e.g. 'd64'; names: --calls)")
     args = ap.parse_args(argv)
+    if args.match is not None:
+        try:
+            re.compile(args.match)
+        except re.error as e:
+            ap.error(f"--match: not a regular expression ({e})")
     if args.calls:
-        return run_calls()
+        return run_calls(args.match)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     unknown = [t for t in tools if t not in TOOLS]
     if unknown:
@@ -159,6 +176,8 @@ def main(argv=None) -> int:
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
         cmd += [sys.executable, str(Path(__file__).resolve()), "--calls"]
+        if args.match is not None:
+            cmd += ["--match", args.match]
         run = subprocess.run(cmd, capture_output=True, text=True)
         log = run.stdout + run.stderr
         log_path = args.out / f"sanitize_{tool}.log"

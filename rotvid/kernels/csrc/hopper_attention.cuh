@@ -71,6 +71,14 @@ constexpr int kThreads = (kConsumerWarps + 4) * 32;  // + a producer warpgroup (
 // BM 192 at 160 registers, spilled ~1 KB per thread: not pursued.)
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
+// How the consumers hand a stage back to the producer (the "empty" barrier's arrivals). 0: each warp's lane 0 after
+// __syncwarp (8 arrivals); 1: every consumer thread (256); 2: thread 0 of each warpgroup after a named barrier of
+// its 128 threads (2). An experiment's switch (-DROTVID_HOPPER_RELEASE=n): benchmarks/race_study.sh.
+#ifndef ROTVID_HOPPER_RELEASE
+#define ROTVID_HOPPER_RELEASE 0
+#endif
+constexpr int kRelease = ROTVID_HOPPER_RELEASE;
+constexpr int kEmptyArrivals = kRelease == 1 ? kConsumerWarps * 32 : kRelease == 2 ? 2 : kConsumerWarps;
 
 // Dynamic shared memory of numerics N with a ring of ST stages:
 // [Q][K0 V0][K1 V1]...[the numerics' small operands of all stages][barriers], the base rounded up to 1024.
@@ -152,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
       mbar_init(full_bar(s), 1);
-      mbar_init(empty_bar(s), kConsumerWarps);
+      mbar_init(empty_bar(s), kEmptyArrivals);
     }
     mbar_init(q_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -265,8 +273,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // O = O a + c (the block's P V, scaled as the numerics says), then the stage goes back to the producer
   auto update_o = [&](const int s) {
     rows.template update_o<ST>(o, pacc, c_fac, smem, C::TILES, s, t);
-    __syncwarp();
-    if ((utid & 31) == 0) mbar_arrive(empty_bar(s));
+    if constexpr (kRelease == 1) {
+      mbar_arrive(empty_bar(s));
+    } else if constexpr (kRelease == 2) {
+      asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg) : "memory");
+      if ((utid & 127) == 0) mbar_arrive(empty_bar(s));
+    } else {
+      __syncwarp();
+      if ((utid & 31) == 0) mbar_arrive(empty_bar(s));
+    }
   };
 
   mbar_wait(q_bar, 0);
