@@ -24,7 +24,7 @@
 #            CUDA_HOME / CUDA_PATH unset, ROTVID_NVCC=pip (the loader takes only the pip packages) and, where this
 #            shell may (root and `unshare`), /usr/local/cuda* covered by an empty folder in a private mount namespace;
 #            then `rotvid backends` (the compiler line), `rotvid build` into a fresh cache (timed), the GPU kernel
-#            tests and the same kernel_bench shape.
+#            tests (VERIFY_TESTS, default tests/kernels) and the same kernel_bench shape.
 #
 # Results go under $OUT (default ./out/pip_toolkit): device.txt, <step>.log, kernel_bench_<step>.md, summary.txt.
 set -uo pipefail
@@ -92,7 +92,8 @@ hidden_step() {  # the pip step's body, in an environment that cannot see the sy
   grep '^compiler' "$OUT/pip_backends.log" | tee -a "$SUMMARY"
   timed pip_build "$PY" -m rotvid.cli build || return
   grep -E '^(compiler|built|up to date)' "$OUT/pip_build.log" | tee -a "$SUMMARY"
-  timed pip_gpu_tests "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels -x
+  # shellcheck disable=SC2086
+  timed pip_gpu_tests "$PY" -m pytest -q -p no:cacheprovider -m gpu ${VERIFY_TESTS:-tests/kernels} -x
   tail -1 "$OUT/pip_gpu_tests.log" | tee -a "$SUMMARY"
   timed pip_kernel_bench "$PY" benchmarks/kernel_bench.py "${SHAPE_ARGS[@]}" --markdown-out "$OUT/kernel_bench_pip.md"
 }
