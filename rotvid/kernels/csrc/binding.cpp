@@ -1,7 +1,8 @@
 // PyTorch binding of rotvid's INT4 kernels. The Python side (rotvid/kernels/cuda_backend.py)
 // validates arguments with ValueErrors; the TORCH_CHECKs here guard against misuse of the raw
 // extension functions.
-#include <ATen/cuda/CUDAContext.h>
+// (no ATen/cuda/CUDAContext.h: it includes the cuBLAS / cuSPARSE headers, which the pip-installed compiler of
+// rotvid[cuda] does not bring; the SM count comes from the runtime)
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
@@ -174,7 +175,9 @@ at::Tensor plan_tail_split(rotvid::AttnParams& p, bool split, int64_t block_n, i
                            const at::TensorOptions& opts) {
   int split_from = (p.Nq_pad / rotvid::kBlockM) * p.H * p.B, splits = 1;
   if (split) {
-    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    int sms = 0;
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c10::cuda::current_device()),
+               "multiprocessor count");
     splits = rotvid::wgmma_split_plan(p.B, p.H, p.Nq_pad, p.Nkv, (int)block_n, sms, &split_from);
   }
   at::Tensor ws;
