@@ -136,6 +136,19 @@ def summarize(tool: str, rc: int, log: str) -> tuple[str, bool]:
     return f"{tool:<10} rc {rc:<3} {found:<40} {calls_txt}", clean
 
 
+def tool_command(sanitizer: str, tool: str, args) -> list[str]:
+    """The sanitizer command of one tool over ``--calls`` (initcheck over every kernel unless told otherwise)."""
+    cmd = [sanitizer, "--tool", tool, "--print-limit", "200"]
+    if args.rotvid_kernels_only or not (args.all_kernels or tool == "initcheck"):
+        cmd += ["--kernel-name", "kns=rotvid"]
+    if tool == "racecheck":
+        cmd += ["--racecheck-report", "all"]
+    cmd += [sys.executable, str(Path(__file__).resolve()), "--calls"]
+    if args.match is not None:
+        cmd += ["--match", args.match]
+    return cmd
+
+
 def find_sanitizer() -> str:
     explicit = os.environ.get("COMPUTE_SANITIZER")
     if explicit:
@@ -178,14 +191,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     lines, status = [], 0
     for tool in tools:
-        cmd = [sanitizer, "--tool", tool, "--print-limit", "200"]
-        if args.rotvid_kernels_only or not (args.all_kernels or tool == "initcheck"):
-            cmd += ["--kernel-name", "kns=rotvid"]
-        if tool == "racecheck":
-            cmd += ["--racecheck-report", "all"]
-        cmd += [sys.executable, str(Path(__file__).resolve()), "--calls"]
-        if args.match is not None:
-            cmd += ["--match", args.match]
+        cmd = tool_command(sanitizer, tool, args)
         run = subprocess.run(cmd, capture_output=True, text=True)
         log = run.stdout + run.stderr
         log_path = args.out / f"sanitize_{tool}.log"
