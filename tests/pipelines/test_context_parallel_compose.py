@@ -1,4 +1,5 @@
-"""What must agree across the ranks of a context-parallel run (2 gloo processes, tiny Wan, reference backend).
+"""What must agree across the ranks of a context-parallel run (2 gloo processes, tiny Wan, reference backend, int4;
+and on two GPUs: NCCL, bf16, the CUDA backend, int8-fp8).
 
 * the forward guard's **non-finite redo**: one rank's output is made non-finite (a forward hook on rank 1 only);
   both ranks must redo the forward in FP16 and record it -- a redo decided on one rank alone runs its all-to-alls
@@ -19,6 +20,8 @@ import torch
 from tests.pipelines.cp_spawn import finish, join_group, needs_gloo, run_group
 
 STEPS = 4
+# (recipe, backend) of each device kind's run
+RUNS = {"cpu": ("int4", "reference"), "cuda": ("int8-fp8", "cuda")}
 
 
 def _inputs(tr, device, dtype):
@@ -39,10 +42,10 @@ def _load(folder, device, dtype, world):
     return tr
 
 
-def _guard_case(tr, rank, inputs):
+def _guard_case(tr, rank, inputs, run):
     from rotvid.pipelines import RotvidConfig, Schedule, apply, remove
 
-    handle = apply(tr, RotvidConfig(recipe="int4", backend="reference", schedule=Schedule()))
+    handle = apply(tr, RotvidConfig(recipe=run[0], backend=run[1], schedule=Schedule()))
 
     def poison(module, args, output):  # rank 1's output only, and not the redo's
         if rank == 1 and not handle.runtime.redo:
@@ -73,7 +76,7 @@ def _cache_config(kind):
     return MagCacheConfig(threshold=1.0, num_inference_steps=STEPS, retention_ratio=0.0, mag_ratios=torch.ones(STEPS))
 
 
-def _cache_case(tr, kind, inputs):
+def _cache_case(tr, kind, inputs, run):
     """Per forward, whether the last block's self-attention ran on this rank (the skip decisions), and the outputs' sums."""
     from rotvid.pipelines import RotvidConfig, Schedule, apply, remove
 
@@ -81,7 +84,7 @@ def _cache_case(tr, kind, inputs):
     hook = tr.blocks[-1].attn1.register_forward_pre_hook(lambda m, a: ran.__setitem__(-1, True))
     tr.enable_cache(_cache_config(kind))
     try:
-        handle = apply(tr, RotvidConfig(recipe="int4", backend="reference", schedule=Schedule()))
+        handle = apply(tr, RotvidConfig(recipe=run[0], backend=run[1], schedule=Schedule()))
         try:
             handle.tracker.begin(STEPS)
             sums = []
@@ -98,11 +101,11 @@ def _cache_case(tr, kind, inputs):
     return {"tail_ran": ran, "sums": sums}
 
 
-def _refusals(tr, kind, inputs):
+def _refusals(tr, kind, inputs, run):
     """A cache refused under CP: by apply, and at the forward when enabled after apply."""
     from rotvid.pipelines import RotvidConfig, Schedule, apply, remove
 
-    cfg = RotvidConfig(recipe="int4", backend="reference", schedule=Schedule())
+    cfg = RotvidConfig(recipe=run[0], backend=run[1], schedule=Schedule())
     errors = []
     tr.enable_cache(_cache_config(kind))
     try:
@@ -128,12 +131,12 @@ def _refusals(tr, kind, inputs):
     return errors
 
 
-def _compile_case(tr, inputs):
+def _compile_case(tr, inputs, run):
     """Eager CP vs ``apply(compile=True)`` CP (fullgraph, a counting backend) over STEPS steps."""
     from rotvid.pipelines import RotvidConfig, Schedule, apply, remove
     from tests.graph_counter import GraphCounter
 
-    cfg = RotvidConfig(recipe="int4", rotation="half", backend="reference", schedule=Schedule())
+    cfg = RotvidConfig(recipe=run[0], rotation="half", backend=run[1], schedule=Schedule())
     outs = {}
     counter = GraphCounter()
     for mode, compile_opt in (("eager", False), ("compiled", {"backend": counter})):
@@ -153,34 +156,54 @@ def _compile_case(tr, inputs):
             "graphs": counter.graphs, "quantized": report["quantized_calls"], "calls": report["total_calls"]}
 
 
-def _worker(rank, world, port, folder, out_dir):
-    device, dtype = join_group(rank, world, port, "cpu")
+def _worker(rank, world, port, folder, out_dir, device_kind="cpu"):
+    device, dtype = join_group(rank, world, port, device_kind)
+    run = RUNS[device_kind]
     tr = _load(folder, device, dtype, world)
     inputs = _inputs(tr, device, dtype)
-    results = {"rank": rank, "guard": _guard_case(tr, rank, inputs),
-               "caches": {kind: _cache_case(tr, kind, inputs) for kind in ("taylorseer",)},
-               "refusals": {kind: _refusals(tr, kind, inputs) for kind in ("first-block", "mag")}}
+    results = {"rank": rank, "guard": _guard_case(tr, rank, inputs, run),
+               "caches": {kind: _cache_case(tr, kind, inputs, run) for kind in ("taylorseer",)},
+               "refusals": {kind: _refusals(tr, kind, inputs, run) for kind in ("first-block", "mag")}}
     try:
-        results["compile"] = _compile_case(tr, inputs)
+        results["compile"] = _compile_case(tr, inputs, run)
     except Exception as e:  # reported by the parent, after the other checks' results are written
         results["compile"] = {"error": f"{type(e).__name__}: {e}"[:2000]}
     finish(out_dir, rank, results)
 
 
-@pytest.fixture(scope="module")
-def group_results(tmp_path_factory):
-    """Both ranks' results of one run of :func:`_worker` (the tests below read their parts)."""
-    needs_gloo()
+def _run(tmp_path_factory, device_kind):
     from rotvid.pipelines.tiny import build_tiny_pipeline
 
-    folder = tmp_path_factory.mktemp("cp-compose-wan")  # its own folder: the tiny fixture's cache keeps its own
+    folder = tmp_path_factory.mktemp(f"cp-compose-wan-{device_kind}")  # its own folder (the tiny fixture caches its own)
     build_tiny_pipeline("wan", folder, num_layers=4)
-    out = tmp_path_factory.mktemp("cp-compose")
-    return run_group(_worker, (str(folder), str(out)), out, deadline_s=300)
+    out = tmp_path_factory.mktemp(f"cp-compose-{device_kind}")
+    return run_group(_worker, (str(folder), str(out), device_kind), out, deadline_s=300)
 
 
-def test_context_parallel_composes_gloo(group_results):
-    results = group_results
+@pytest.fixture(scope="module")
+def group_results(tmp_path_factory):
+    """Both ranks' results of one gloo run of :func:`_worker` (the tests below read their parts)."""
+    needs_gloo()
+    return _run(tmp_path_factory, "cpu")
+
+
+@pytest.fixture(scope="module")
+def nccl_results(tmp_path_factory, monkeypatch_module):
+    """The same on two GPUs (NCCL, the CUDA backend, int8-fp8; NVLink multicast off)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two CUDA GPUs; this machine has {torch.cuda.device_count()}")
+    monkeypatch_module.setenv("NCCL_NVLS_ENABLE", "0")
+    monkeypatch_module.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    return _run(tmp_path_factory, "cuda")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def _check_composes(results):
     r0, r1 = results
 
     # the redo: on both ranks, finite, the same output
@@ -207,10 +230,28 @@ def test_context_parallel_composes_gloo(group_results):
                 assert name in msg and "context parallelism" in msg, msg
 
 
-def test_context_parallel_compiled_gloo(group_results):
-    """apply(compile=True) under CP: the eager result, one graph for every step."""
-    for res in group_results:
+def _check_compiled(results):
+    for res in results:
         c = res["compile"]
         assert "error" not in c, c["error"] if "error" in c else c
         assert c["graphs"] == 1 and c["max_abs"] == 0.0, c
         assert c["quantized"] == c["calls"] == 4 * STEPS, c
+
+
+def test_context_parallel_composes_gloo(group_results):
+    _check_composes(group_results)
+
+
+def test_context_parallel_compiled_gloo(group_results):
+    """apply(compile=True) under CP: the eager result, one graph for every step."""
+    _check_compiled(group_results)
+
+
+@pytest.mark.gpu
+def test_context_parallel_composes_nccl(nccl_results):
+    _check_composes(nccl_results)
+
+
+@pytest.mark.gpu
+def test_context_parallel_compiled_nccl(nccl_results):
+    _check_compiled(nccl_results)
