@@ -1,12 +1,15 @@
-"""The GPU study scripts' host side: sanitize_calls' commands and summaries, kernel_variants' settings."""
+"""The study scripts' host side: sanitize_calls' commands and summaries, kernel_variants' settings, call_overhead's
+rows."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from benchmarks import kernel_variants, sanitize_calls
+from benchmarks import call_overhead, kernel_variants, sanitize_calls
+from rotvid.kernels import dispatch
 
 
 def _args(**kw):
@@ -56,3 +59,19 @@ def test_variant_settings_and_their_flags():
                                                   "-DROTVID_HOPPER_PIPE=1")
     assert kernel_variants.flags_for("def:ROTVID_A=1+ROTVID_B=x") == "-DROTVID_A=1 -DROTVID_B=x"
     assert kernel_variants.cache_for("def:ROTVID_HOPPER_RELEASE=1").name == "hopper-schedule-def-ROTVID_HOPPER_RELEASE-1"
+
+
+def test_call_overhead_rows_and_the_backends_left_as_they_were(tmp_path):
+    before = dict(dispatch._BACKENDS)
+    out = tmp_path / "overhead.json"
+    assert call_overhead.main(["--calls", "2", "--rounds", "1", "--json-out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    names = {(r["row"], r["recipe"]) for r in rows}
+    for recipe in call_overhead.RECIPES:
+        for row in ("attention() [null backend]", "run_attention [null backend]", "processor [null backend]",
+                    "processor [reference]"):
+            assert (row, recipe) in names
+    assert all(r["us"] > 0 for r in rows)
+    assert dispatch._BACKENDS == before  # the null backend gone, the reference back
+    with pytest.raises(SystemExit):
+        call_overhead.main(["--calls", "0"])
