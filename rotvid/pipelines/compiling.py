@@ -17,6 +17,7 @@ a break would hide a regression. Compilation is lazy: the first forward of each 
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import torch
@@ -70,10 +71,35 @@ def _quiet_context_parallel_notice() -> None:
         torch._dynamo.config.ignore_logger_methods.add(method)
 
 
+def _prime_context_parallel_inputs(module: nn.Module) -> None:
+    """Let a compiled first forward pass diffusers' context-parallel input hooks.
+
+    diffusers 0.42.1's ``ContextParallelSplitHook`` (the ``_cp_plan``'s input split, e.g. Wan's ``blocks.0``) finds
+    each input it splits by the position of its name in the module's ``forward`` signature, read with
+    ``inspect.signature`` on the hook's first call and then cached (``ModuleForwardMetadata.
+    cached_parameter_indices``). torch.compile cannot trace ``inspect.signature``, so under context parallelism a
+    ``fullgraph=True`` compile broke there when the transformer's *first* forward was the compiled one (an eager
+    forward before it hid that). The cache is filled here, before compiling, from the same signature."""
+    try:
+        from diffusers.hooks.context_parallel import ContextParallelSplitHook
+    except ImportError:  # a diffusers without context parallelism: nothing to prime
+        return
+    for sub in module.modules():
+        registry = getattr(sub, "_diffusers_hook", None)
+        for hook in getattr(registry, "hooks", {}).values():
+            meta = getattr(hook, "module_forward_metadata", None)
+            if not isinstance(hook, ContextParallelSplitHook) or meta is None or meta._cls is None:
+                continue
+            if meta.cached_parameter_indices is None:
+                names = list(inspect.signature(meta._cls.forward).parameters)[1:]  # without self
+                meta.cached_parameter_indices = {name: i for i, name in enumerate(names)}
+
+
 def compile_transformers(transformers: dict[str, nn.Module], options: dict) -> list[str]:
     """``module.compile(**options)`` on each transformer; returns the names compiled."""
     _quiet_context_parallel_notice()
     for name, module in transformers.items():
+        _prime_context_parallel_inputs(module)
         previous = getattr(module, "_compiled_call_impl", None)  # the caller's own compile, given back on undo
         module.compile(**options)
         module.__dict__[_PREVIOUS_ATTR] = previous
