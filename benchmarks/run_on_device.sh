@@ -8,7 +8,8 @@
 #   tests     the GPU test suite (pytest -m gpu; TESTS overrides the pytest arguments)
 #   kernel    benchmarks/kernel_bench.py over every shape, the peer and cuDNN in the same run (KERNEL_ARGS)
 #   e2e       benchmarks/e2e_bench.py, compiled, both setups (E2E_ARGS replaces the default arguments)
-#   parallel  benchmarks/parallel_bench.py, 1 and 2 GPUs (PARALLEL_ARGS; needs two GPUs)
+#   parallel  benchmarks/parallel_bench.py, 1 and 2 GPUs (PARALLEL_ARGS; needs two GPUs); its JSON is
+#             $OUT/parallel_bench.json, merged into a carried benchmarks/results/parallel_bench.json (same device, commit)
 #   profile   benchmarks/e2e_profile.py (where a compiled forward's GPU time goes; PROFILE_ARGS)
 #   power     benchmarks/sustained_power.py (attention isolated vs sustained, with SM clock and power; POWER_ARGS)
 #   sanitize  benchmarks/sanitize_calls.py: compute-sanitizer racecheck, initcheck, synccheck and memcheck over small
@@ -114,8 +115,10 @@ for step in "${steps[@]}"; do
       run_step e2e "$PY" benchmarks/e2e_bench.py ${E2E_ARGS:---modes compiled --rows sdpa,all,sage} \
         --append "$OUT/e2e.md" ;;
     parallel)
+      [ -f benchmarks/results/parallel_bench.json ] && cp benchmarks/results/parallel_bench.json "$OUT/"
       # shellcheck disable=SC2086
-      run_step parallel "$PY" benchmarks/parallel_bench.py ${PARALLEL_ARGS:-} --append "$OUT/parallel.md" ;;
+      run_step parallel "$PY" benchmarks/parallel_bench.py --append "$OUT/parallel.md" \
+        --json-out "$OUT/parallel_bench.json" ${PARALLEL_ARGS:-} ;;
     profile)
       run_step profile bash -c "$PY benchmarks/e2e_profile.py ${PROFILE_ARGS:-} > '$OUT/e2e_profile.txt' 2>&1" ;;
     power)
