@@ -21,6 +21,9 @@ forward), the median of ``--iters`` forwards after ``--warmup`` warm-up forwards
   ``--sparsity none --sparsity radial:window=40,band=2``; the forms of ``rotvid generate --sparsity``); default
   ``none``.
 
+``--no-sdpa`` leaves the SDPA rows out (they may come from an earlier run in the JSON, below: a long run split into
+several invocations, e.g. the full forward under a per-command time limit).
+
 ``--compile``: every row compiled as rotvid users compile — ``transformer.compile(fullgraph=True)``, for rotvid
 through ``apply(model, config, compile=...)`` (:mod:`rotvid.pipelines.compiling`), for the SDPA rows the same
 call on the untouched transformer; dynamo is reset before each row, so each compiles from scratch. The first
@@ -212,13 +215,14 @@ def worker(args) -> None:
             model(**inputs)
 
     rows = []
-    _free(device)
-    compiled = compile_transformers({"transformer": model}, _compile_options(args)) if args.compile else []
-    try:
-        rows.append({**base, "method": sdpa_method(world), "sparsity": "none", **_measure(forward, **timing)})
-    finally:
-        uncompile_transformers({"transformer": model}, compiled)
-    _say(rank, f"{world} process(es): {rows[-1]['method']} {rows[-1]['ms']:.1f} ms")
+    if not args.no_sdpa:
+        _free(device)
+        compiled = compile_transformers({"transformer": model}, _compile_options(args)) if args.compile else []
+        try:
+            rows.append({**base, "method": sdpa_method(world), "sparsity": "none", **_measure(forward, **timing)})
+        finally:
+            uncompile_transformers({"transformer": model}, compiled)
+        _say(rank, f"{world} process(es): {rows[-1]['method']} {rows[-1]['ms']:.1f} ms")
     for spec in args.sparsity:
         _free(device)
         cfg = RotvidConfig(recipe=args.recipe, rotation=args.rotation, backend=backend, schedule=Schedule(),
@@ -501,6 +505,9 @@ def parse_args(argv: list[str] | None = None):
                     help="one rotvid row per block map: none (dense) or a spec as rotvid generate --sparsity takes it "
                          "(radial[:band=INT,window=INT,decay=FLOAT], topp:TAU[,sim=FLOAT]); space-separated or "
                          "repeated (default: none)")
+    ap.add_argument("--no-sdpa", action="store_true",
+                    help="skip the SDPA row (a run that adds rotvid rows to a JSON holding it: runs split to fit a "
+                         "time limit)")
     ap.add_argument("--compile", action="store_true",
                     help="compile every row: transformer.compile(fullgraph=True) (rotvid through apply(compile=...))")
     ap.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,

@@ -30,7 +30,7 @@ def test_tiny_compiled_sparse_rows(bench, tmp_path):
     (dynamo only: the eager backend keeps the CPU run short), the map's density below 1, the JSON's fields."""
     needs_gloo()
     out = tmp_path / "parallel_bench.json"
-    md = bench.main(["--tiny", "--gpus", "1,2", "--layers", "2", "--compile", "--compile-backend", "eager",
+    md = bench.main(["--tiny", "--gpus", "1,2", "--layers", "1", "--compile", "--compile-backend", "eager",
                      "--sparsity", "none", "radial:window=1", "--warmup", "1", "--iters", "1", "--json-out", str(out),
                      "--no-append"])
     doc = json.loads(out.read_text())
@@ -41,11 +41,11 @@ def test_tiny_compiled_sparse_rows(bench, tmp_path):
         (1, "sdpa", "none"), (1, "rotvid", "none"), (1, "rotvid", "radial:window=1"),
         (2, "diffusers-cp-sdpa", "none"), (2, "rotvid", "none"), (2, "rotvid", "radial:window=1")]
     for r in rows:
-        assert r["mode"] == "compiled" and r["layers"] == 2 and r["ms"] > 0, r
+        assert r["mode"] == "compiled" and r["layers"] == 1 and r["ms"] > 0, r
         assert r["graphs"] == 1 and r["recompiles"] == 0, r  # fullgraph: one graph per row, compiled in warm-up
         assert r["command"] == doc["commands"][0] and r["steps"] == 50 and r["cfg_forwards"] == 2
         assert r["video_basis"] == "extrapolated per block"
-        assert r["video_min"] == pytest.approx(50 * 2 * r["ms"] * 40 / 2 / 60e3, rel=1e-3)
+        assert r["video_min"] == pytest.approx(50 * 2 * r["ms"] * 40 / 1 / 60e3, rel=1e-3)
         assert (r["a2a_ms"] is not None) == (r["a2a_share"] is not None) == (r["gpus"] == 2), r
         if r["method"] == "rotvid":
             assert r["recipe"] == "int4" and r["fallbacks"] == {} and sum(r["backends"].values()) > 0, r
@@ -57,7 +57,18 @@ def test_tiny_compiled_sparse_rows(bench, tmp_path):
         assert r["vs_1gpu_sdpa"] == pytest.approx(one_sdpa / r["ms"], rel=1e-3)
     assert "| 2 | diffusers-cp-sdpa | none |" in md and "| 1 | sdpa | none |" in md
     assert "bar ≥ 1.8×" in md and "bar within 5%" in md and "bar ≥ 3.4×" in md
-    assert "extrapolated per block (ms × 40 / 2)" in md
+    assert "extrapolated per block (ms × 40 / 1)" in md
+
+    # a second run into the same file: only the 1-GPU map row, without SDPA; the other rows stay, marked earlier
+    md = bench.main(["--tiny", "--gpus", "1", "--layers", "1", "--compile", "--compile-backend", "eager", "--no-sdpa",
+                     "--sparsity", "radial:window=1", "--warmup", "1", "--iters", "1", "--json-out", str(out),
+                     "--no-append"])
+    again = json.loads(out.read_text())
+    assert len(again["commands"]) == 2 and "--no-sdpa" in again["commands"][1]
+    assert [(r["gpus"], r["method"], r["sparsity"], r["command"] == again["commands"][1]) for r in again["rows"]] == [
+        (1, "sdpa", "none", False), (1, "rotvid", "none", False), (1, "rotvid", "radial:window=1", True),
+        (2, "diffusers-cp-sdpa", "none", False), (2, "rotvid", "none", False), (2, "rotvid", "radial:window=1", False)]
+    assert md.count("earlier run") >= 5 and "bar ≥ 3.4×" in md
 
 
 @pytest.mark.parametrize("argv, says", [
