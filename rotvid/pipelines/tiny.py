@@ -107,7 +107,8 @@ def build_tiny_pipeline(
 
     Returns:
         The loaded pipeline (its ``save_path`` attribute is not set; the folder is ``directory``,
-        which also holds :data:`TINY_DEFAULTS_FILE`, the call defaults of a tiny pipeline).
+        which also holds :data:`TINY_DEFAULTS_FILE`, the call defaults of a tiny pipeline and, where its class fixes
+        sizes in ``__init__``, its ``pipeline_attributes``).
     """
     from rotvid.pipelines.loading import load_pipeline
 
@@ -123,6 +124,9 @@ def build_tiny_pipeline(
         "version": TINY_DEFAULTS_VERSION, "family": family, "num_layers": num_layers, "seed": seed,
         "call_defaults": tiny_call_defaults(family),
     }
+    _, tiny = tiny_variant(family)
+    if tiny.pipeline_attributes:
+        record["pipeline_attributes"] = dict(tiny.pipeline_attributes)
     (directory / TINY_DEFAULTS_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return load_pipeline(directory, dtype=dtype)
 

@@ -6,6 +6,7 @@ family               diffusers transformer                 tiny pipelines (:mod:
 ``wan``              ``WanTransformer3DModel``             ``wan``, ``wan2.2``, ``wan-i2v``
 ``hunyuan_video``    ``HunyuanVideoTransformer3DModel``    ``hunyuan_video``
 ``cogvideox``        ``CogVideoXTransformer3DModel``       ``cogvideox``, ``cogvideox-2b``
+``hunyuan_video15``  ``HunyuanVideo15Transformer3DModel``  ``hunyuan_video15``
 ===================  ====================================  =============================================
 
 Each module defines one frozen :class:`~rotvid.pipelines.families.base.Family`: its transformer and block classes,
@@ -19,7 +20,7 @@ time they need the answer.
 
 from __future__ import annotations
 
-from rotvid.pipelines.families import cogvideox, hunyuan_video, wan
+from rotvid.pipelines.families import cogvideox, hunyuan_video, hunyuan_video15, wan
 from rotvid.pipelines.families.base import BlockStack, Family, ModelEntry, SchedulePreset, TinyVariant
 
 __all__ = [
@@ -56,7 +57,7 @@ def register_family(family: Family) -> Family:
         ):
             taken = sorted(set(mine) & set(theirs))
             if taken:
-                raise ValueError(f"family {family.name!r}: {what} {', '.join(taken)} is already {other.name!r}'s")
+                raise ValueError(f"family {family.name!r}: {what} {', '.join(taken)} belongs to family {other.name!r}")
     FAMILIES[family.name] = family
     MODELS.update({m.name: m for m in family.models})
     PIPELINE_REQUIREMENTS.update(family.pipeline_requirements)
@@ -120,3 +121,4 @@ def tiny_variant(name: str) -> tuple[Family, TinyVariant]:
 register_family(wan.FAMILY)
 register_family(hunyuan_video.FAMILY)
 register_family(cogvideox.FAMILY)
+register_family(hunyuan_video15.FAMILY)

@@ -114,6 +114,8 @@ class TinyVariant:
             length every tiny pipeline gets (e.g. a prompt template sized for the tiny tokenizer).
         max_sequence_length: the text length of the tiny calls (``max_sequence_length``), ``None`` for a pipeline
             whose call has no such argument.
+        pipeline_attributes: int attributes the pipeline class sets in its ``__init__`` that size the sequence
+            (text lengths, image tokens), set on the loaded pipeline from the folder's ``rotvid_tiny.json``.
         call_kwargs: the tests' call arguments beyond those (guidance, negative prompt).
         takes_image: the pipeline is image-to-video: the tests pass a random conditioning image.
     """
@@ -125,6 +127,7 @@ class TinyVariant:
     call_kwargs: Mapping[str, Any] = field(default_factory=dict)
     takes_image: bool = False
     max_sequence_length: int | None = TEXT_LEN
+    pipeline_attributes: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
