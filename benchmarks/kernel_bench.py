@@ -84,6 +84,9 @@ SHAPES = {
         # ByT5 + 1000 MLLM, valid ones first) of which 120 are valid (a 120-token prompt, as the hunyuan-720p row)
         Shape("hunyuan15-480p", 1, 16, 51275, 128, kv_len=49410, grid=TokenGrid(31, 30, 53, suffix=1985)),
         Shape("hunyuan15-720p", 1, 16, 113585, 128, kv_len=111720, grid=TokenGrid(31, 45, 80, suffix=1985)),
+        # SkyReels-V2 14B (Wan2.1-14B architecture: 40 heads of 128, patch (1, 2, 2); Wan VAE 8x / 4x) at its 540P:
+        # 544x960, 97 frames -> 25 x 34 x 60 video tokens, no text in the self-attention
+        Shape("skyreels14b-540p", 1, 40, 51000, 128, grid=TokenGrid(25, 34, 60)),
     )
 }
 SPARSE_DENSITIES = (0.2, 0.35, 0.5, 0.75)

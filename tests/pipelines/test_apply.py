@@ -9,10 +9,10 @@ from rotvid.pipelines.attach import HANDLE_ATTR
 from rotvid.pipelines.tiny import tiny_call_kwargs
 from rotvid.rope.rotations import save_learned_rotation
 
-FAMILIES = ["wan", "hunyuan_video", "cogvideox", "cogvideox-2b", "hunyuan_video15"]
+FAMILIES = ["wan", "hunyuan_video", "cogvideox", "cogvideox-2b", "hunyuan_video15", "skyreels_v2"]
 ROTATIONS = ["none", "interleaved", "half", "full"]
 # transformer forwards per denoising step of the tiny calls (cond and uncond apart, or batched)
-FORWARDS = {"wan": 2, "hunyuan_video": 1, "cogvideox": 1, "cogvideox-2b": 1, "hunyuan_video15": 2}
+FORWARDS = {"wan": 2, "hunyuan_video": 1, "cogvideox": 1, "cogvideox-2b": 1, "hunyuan_video15": 2, "skyreels_v2": 2}
 
 
 def run(pipe, family, **overrides):
@@ -166,7 +166,8 @@ def test_auto_recipe_is_resolved_once_at_apply_from_the_device(tiny, monkeypatch
 
 @pytest.mark.parametrize(
     "family,stacks,forwards",
-    [("wan", (4,), 2), ("hunyuan_video", (2, 2), 1), ("cogvideox", (4,), 1), ("hunyuan_video15", (4,), 2)],
+    [("wan", (4,), 2), ("hunyuan_video", (2, 2), 1), ("cogvideox", (4,), 1), ("hunyuan_video15", (4,), 2),
+     ("skyreels_v2", (4,), 2)],
 )
 def test_int4_runs_differs_and_fraction_matches_hand_count(tiny, family, stacks, forwards):
     pipe = tiny(family)

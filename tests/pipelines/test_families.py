@@ -1,5 +1,6 @@
 """The model families as modules: the registry's checks, nothing outside ``rotvid/pipelines/families/`` naming a
-family, and the facts of a family added as one module (HunyuanVideo 1.5) as the rest of rotvid reads them (CPU)."""
+family, and the facts of the two families added as one module each (HunyuanVideo 1.5, SkyReels-V2) as the rest of
+rotvid reads them (CPU)."""
 
 import ast
 import dataclasses
@@ -55,7 +56,7 @@ def mentions(path: Path, words: set[str], root: Path = PACKAGE.parent) -> list[s
 
 def test_nothing_outside_the_family_modules_names_a_family():
     words = family_words()
-    assert {"wan", "HunyuanVideo15Transformer3DModel", "paper-hunyuan-t2v"} <= words
+    assert {"wan", "HunyuanVideo15Transformer3DModel", "SkyReelsV2TransformerBlock", "paper-hunyuan-t2v"} <= words
     found = [m for p in sorted(PACKAGE.rglob("*.py")) if FAMILIES_DIR not in p.parents and PROXY_DIR not in p.parents
              for m in mentions(p, words)]
     assert found == []
@@ -69,7 +70,7 @@ def test_the_scan_finds_a_family_named_outside(tmp_path):
 
 def test_every_registered_family_is_whole():
     names = [f.name for f in families()]
-    assert names == ["wan", "hunyuan_video", "cogvideox", "hunyuan_video15"]
+    assert names == ["wan", "hunyuan_video", "cogvideox", "hunyuan_video15", "skyreels_v2"]
     presets = {p.name for p in schedule_presets()} | {"none"}
     for fam in families():
         fam.check()
@@ -96,6 +97,7 @@ def test_register_family_refuses_what_another_family_has():
 def test_pipeline_class_goes_to_the_longest_prefix():
     assert family_of_pipeline_class("HunyuanVideo15ImageToVideoPipeline").name == "hunyuan_video15"
     assert family_of_pipeline_class("HunyuanVideoPipeline").name == "hunyuan_video"
+    assert family_of_pipeline_class("SkyReelsV2DiffusionForcingPipeline").name == "skyreels_v2"
     assert family_of_pipeline_class("LTXPipeline") is None
 
 
@@ -104,6 +106,8 @@ def test_pipeline_class_goes_to_the_longest_prefix():
     [
         ("hunyuan_video15", {"family": "hunyuan_video15", "size_multiple": 16, "temporal_factor": 4,
                              "spatial_factor": 16, "rope_max_positions": None, "inner_dim": 128}),
+        ("skyreels_v2", {"family": "skyreels_v2", "size_multiple": 16, "temporal_factor": 4, "spatial_factor": 8,
+                         "patch_hw": 2, "rope_max_positions": 32, "inner_dim": 128}),
     ],
 )
 def test_new_family_as_the_cli_reads_it(tiny, family, fields):
@@ -114,8 +118,8 @@ def test_new_family_as_the_cli_reads_it(tiny, family, fields):
     folder = pipe.config._name_or_path
     cfg = read_pipeline_config(folder)
     assert {k: getattr(cfg, k) for k in fields} == fields
-    assert "max_sequence_length" not in cfg.call_parameters
-    assert default_schedule(folder) == "none"  # the paper has none
+    assert ("max_sequence_length" in cfg.call_parameters) == (family == "skyreels_v2")
+    assert default_schedule(folder) == "none"  # the paper has no schedule for either
     assert fps_for(pipe, GenerationRequest(prompt="x")) == 24.0
 
 
@@ -142,3 +146,30 @@ def test_hunyuan15_tiny_folder_fixes_the_pipelines_sizes(tiny, tmp_path):
     (bad / "rotvid_tiny.json").write_text(json.dumps({**record, "pipeline_attributes": {"tokenizer_max_length": -1}}))
     with pytest.raises(ValueError, match="pipeline_attributes: expected an object of attribute names to positive"):
         read_tiny_pipeline_attributes(bad)
+
+
+def test_skyreels_causal_mask_runs_the_models_attention_and_says_so():
+    """A diffusion-forcing SkyReels-V2 transformer with causal blocks passes a block-causal mask to its
+    self-attention: no key-padding mask, so every call falls back to the model's own attention, counted."""
+    from rotvid.pipelines.tiny import build_tiny_components
+
+    _, comps = build_tiny_components("skyreels_v2", num_layers=2)
+    tr = comps["transformer"]
+    tr._set_ar_attention(2)
+    g = torch.Generator().manual_seed(0)
+    x, text = torch.randn(1, 4, 4, 4, 4, generator=g), torch.randn(1, 16, 32, generator=g)
+
+    def forward():
+        return tr(hidden_states=x, encoder_hidden_states=text, timestep=torch.tensor([500])).sample
+
+    ref = forward()
+    handle = apply(tr, RotvidConfig(recipe="int4", backend="reference"))
+    try:
+        out = forward()
+    finally:
+        remove(tr)
+    rep = handle.report
+    assert rep.quantized_calls == 0 and rep.fallback_calls == rep.total_calls == 2
+    (reason,) = rep.fallbacks
+    assert "not a per-batch key-padding mask" in reason
+    assert (out - ref).abs().max().item() <= 2e-5 * ref.abs().max().item()

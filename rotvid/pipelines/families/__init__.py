@@ -7,6 +7,7 @@ family               diffusers transformer                 tiny pipelines (:mod:
 ``hunyuan_video``    ``HunyuanVideoTransformer3DModel``    ``hunyuan_video``
 ``cogvideox``        ``CogVideoXTransformer3DModel``       ``cogvideox``, ``cogvideox-2b``
 ``hunyuan_video15``  ``HunyuanVideo15Transformer3DModel``  ``hunyuan_video15``
+``skyreels_v2``      ``SkyReelsV2Transformer3DModel``      ``skyreels_v2``
 ===================  ====================================  =============================================
 
 Each module defines one frozen :class:`~rotvid.pipelines.families.base.Family`: its transformer and block classes,
@@ -20,7 +21,7 @@ time they need the answer.
 
 from __future__ import annotations
 
-from rotvid.pipelines.families import cogvideox, hunyuan_video, hunyuan_video15, wan
+from rotvid.pipelines.families import cogvideox, hunyuan_video, hunyuan_video15, skyreels_v2, wan
 from rotvid.pipelines.families.base import BlockStack, Family, ModelEntry, SchedulePreset, TinyVariant
 
 __all__ = [
@@ -122,3 +123,4 @@ register_family(wan.FAMILY)
 register_family(hunyuan_video.FAMILY)
 register_family(cogvideox.FAMILY)
 register_family(hunyuan_video15.FAMILY)
+register_family(skyreels_v2.FAMILY)
