@@ -78,6 +78,15 @@ SHAPES = {
         # 118800 video tokens + 256 text keys of which 136 are padding
         Shape("hunyuan-720p", 1, 24, 119056, 128, kv_len=118920, grid=TokenGrid(33, 45, 80, suffix=256)),
         Shape("cogvideox5b", 1, 48, 17776, 64, grid=TokenGrid(13, 30, 45, prefix=226)),
+        # HunyuanVideo 1.5 (diffusers' HunyuanVideo15Transformer3DModel defaults, every released checkpoint: 16 heads
+        # of 128, patch 1; VAE 16x spatial, 4x temporal), 121 frames -> 31 latent frames, at the pipeline's default
+        # 480p (480x848 for target_size 640) and 720p (720x1280): video tokens + 1985 text keys (729 image + 256
+        # ByT5 + 1000 MLLM, valid ones first) of which 120 are valid (a 120-token prompt, as the hunyuan-720p row)
+        Shape("hunyuan15-480p", 1, 16, 51275, 128, kv_len=49410, grid=TokenGrid(31, 30, 53, suffix=1985)),
+        Shape("hunyuan15-720p", 1, 16, 113585, 128, kv_len=111720, grid=TokenGrid(31, 45, 80, suffix=1985)),
+        # SkyReels-V2 14B (Wan2.1-14B architecture: 40 heads of 128, patch (1, 2, 2); Wan VAE 8x / 4x) at its 540P:
+        # 544x960, 97 frames -> 25 x 34 x 60 video tokens, no text in the self-attention
+        Shape("skyreels14b-540p", 1, 40, 51000, 128, grid=TokenGrid(25, 34, 60)),
     )
 }
 SPARSE_DENSITIES = (0.2, 0.35, 0.5, 0.75)

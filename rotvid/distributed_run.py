@@ -180,7 +180,7 @@ def parallelize_pipeline(pipe, world_size: int) -> None:
     """Put every transformer of ``pipe`` under Ulysses context parallelism over ``world_size`` ranks.
 
     Raises:
-        ValueError: a family without a diffusers ``_cp_plan`` (HunyuanVideo, CogVideoX), or
+        ValueError: a family without a diffusers ``_cp_plan`` (``Family.context_parallel`` False), or
             heads not divisible by ``world_size``.
     """
     from rotvid.pipelines.attach import find_transformers

@@ -41,17 +41,6 @@ from rotvid.pipelines.report import nothing_quantized_reason  # noqa: F401  (its
 
 logger = logging.getLogger(__name__)
 
-# Default FP16-fallback schedule preset by (family, task) when the model is not a named
-# checkpoint of rotvid.pipelines.model_table.MODELS (e.g. a local folder).
-PRESET_BY_FAMILY_TASK = {
-    ("wan", "t2v"): "paper-wan2.2-t2v",
-    ("wan", "i2v"): "paper-wan2.2-i2v",
-    ("hunyuan_video", "t2v"): "paper-hunyuan-t2v",
-    ("hunyuan_video", "i2v"): "paper-hunyuan-t2v",
-    ("cogvideox", "t2v"): "none",
-    ("cogvideox", "i2v"): "none",
-}
-
 StepCallback = Callable[[int, int], None]  # (steps done, total steps)
 
 
@@ -59,7 +48,7 @@ StepCallback = Callable[[int, int], None]  # (steps done, total steps)
 class GenerationRequest:
     """What to generate. ``None`` fields take the pipeline's own defaults (Wan: 480×832, 81 frames,
     50 steps, guidance 5.0), except ``fps`` which defaults to the model's frame rate in
-    :mod:`rotvid.pipelines.model_table` (Wan 16, HunyuanVideo 24, CogVideoX 8, Wan2.2-TI2V-5B 24)."""
+    :mod:`rotvid.pipelines.model_table` (the family's, e.g. Wan 16, or the checkpoint's: Wan2.2-TI2V-5B 24)."""
 
     prompt: str
     seed: int = 0
@@ -113,23 +102,17 @@ def accepts_image(pipe) -> bool:
     return "image" in inspect.signature(pipe.__call__).parameters
 
 
-def _family_task_of_class(class_name: str) -> tuple[str, str] | None:
-    task = "i2v" if "ImageToVideo" in class_name else "t2v"
-    for prefix, fam in (("HunyuanVideo", "hunyuan_video"), ("CogVideoX", "cogvideox"), ("Wan", "wan")):
-        if class_name.startswith(prefix):
-            return fam, task
-    return None
-
-
 def default_schedule(model: str | None, pipe=None) -> str | None:
     """The paper's schedule preset for ``model`` (the family's; ``"none"`` where the paper has none).
 
     Named checkpoints come from :data:`rotvid.pipelines.model_table.MODELS`; a local folder from
-    its ``model_index.json`` pipeline class; otherwise from the loaded ``pipe``'s family and task.
-    Returns ``None`` when it cannot be told without loading and ``pipe`` is not given.
+    its ``model_index.json`` pipeline class (its family's :meth:`~rotvid.pipelines.families.base.Family.default_preset`
+    for the task: image-to-video when the class name says ``ImageToVideo``); otherwise from the loaded ``pipe``'s
+    family and task. Returns ``None`` when it cannot be told without loading and ``pipe`` is not given.
     """
     import json
 
+    from rotvid.pipelines.families import family_by_name, family_of_pipeline_class
     from rotvid.pipelines.loading import resolve_model
     from rotvid.pipelines.model_table import MODELS
 
@@ -142,12 +125,13 @@ def default_schedule(model: str | None, pipe=None) -> str | None:
             cls = json.loads((Path(source) / "model_index.json").read_text(encoding="utf-8")).get("_class_name", "")
         except (OSError, ValueError):
             cls = ""
-        ft = _family_task_of_class(str(cls))
-        if ft is not None:
-            return PRESET_BY_FAMILY_TASK[ft]
+        fam = family_of_pipeline_class(str(cls))
+        if fam is not None:
+            return fam.default_preset("i2v" if "ImageToVideo" in str(cls) else "t2v")
     if pipe is None:
         return None
-    return PRESET_BY_FAMILY_TASK.get(pipeline_family_and_task(pipe), "none")
+    name, task = pipeline_family_and_task(pipe)
+    return family_by_name(name).default_preset(task)
 
 
 def versions() -> dict[str, str]:

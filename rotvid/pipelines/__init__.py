@@ -1,4 +1,4 @@
-"""rotvid.pipelines: run rotvid inside diffusers' Wan, HunyuanVideo and CogVideoX pipelines.
+"""rotvid.pipelines: run rotvid inside diffusers' video pipelines (the families of :mod:`rotvid.pipelines.families`).
 
     from rotvid.pipelines import load_pipeline, apply, remove, RotvidConfig
 
@@ -15,7 +15,8 @@ from rotvid.pipelines.config import CONFIG_VERSION, RotvidConfig
 from rotvid.pipelines.loading import load_pipeline, resolve_model
 from rotvid.pipelines.model_table import DEFAULT_MODEL, FAMILIES, MODELS
 from rotvid.pipelines.report import RunReport
-from rotvid.pipelines.schedule import SCHEDULE_PRESETS, Schedule, expected_quantized_fraction, schedule_preset
+from rotvid.pipelines import schedule as _schedule
+from rotvid.pipelines.schedule import Schedule, expected_quantized_fraction, schedule_preset
 from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
 
 __all__ = [
@@ -42,7 +43,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``PIPELINE_RECIPES``: the registered recipes, as of now (:data:`rotvid.pipelines.config.PIPELINE_RECIPES`)."""
+    """``PIPELINE_RECIPES``: the registered recipes, as of now (:data:`rotvid.pipelines.config.PIPELINE_RECIPES`);
+    ``SCHEDULE_PRESETS``: the schedule presets, as of now (:func:`rotvid.pipelines.schedule.schedule_presets`)."""
     if name == "PIPELINE_RECIPES":
         return _config.PIPELINE_RECIPES
+    if name == "SCHEDULE_PRESETS":
+        return _schedule.schedule_presets()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

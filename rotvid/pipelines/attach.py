@@ -3,7 +3,7 @@
 ``apply``:
 
 1. finds the pipeline's transformer(s) (Wan2.2 A14B: ``transformer`` and ``transformer_2``) and
-   their family in :data:`rotvid.pipelines.model_table.FAMILIES`;
+   their family in the registry (:mod:`rotvid.pipelines.families`);
 2. for every block of every stack, replaces the processor of the **self**-attention module
    (``attn.set_processor``) with the family's rotvid processor; cross-attention (Wan's
    ``attn2``: text and image context) and HunyuanVideo's text token-refiner are left as they are;
@@ -58,15 +58,15 @@ from rotvid.pipelines.compiling import compile_options, compile_transformers, un
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.context_parallel import check_context_parallel
 from rotvid.pipelines.forward_guard import ForwardGuard
-from rotvid.pipelines.model_table import FAMILIES, BlockStack, ModelFamily, family_of_transformer
-from rotvid.pipelines.processors import PROCESSORS
+from rotvid.pipelines.families import FAMILIES, families
+from rotvid.pipelines.families.base import BlockStack, Family
+from rotvid.pipelines.model_table import family_of_transformer
 from rotvid.pipelines.qk_rotation import QKRotator
 from rotvid.pipelines.report import RunReport
 from rotvid.pipelines.runtime import AttentionSite, Runtime
 from rotvid.pipelines.step_tracker import StepTracker
 from rotvid.pipelines.token_grid import forward_token_grid
 from rotvid.rope.hadamard import FUSED_ATTR, fuse_v_hadamard, unfuse_v_hadamard, unfused_v_hadamard_values, vo_hadamard_block
-from rotvid.rope.model_facts import get_rope_facts
 from rotvid.rope.rotations import Rotation, make_rotation
 
 __all__ = ["apply", "remove", "RotvidHandle", "find_transformers"]
@@ -100,7 +100,7 @@ class RotvidHandle:
     Attributes:
         config: the :class:`RotvidConfig` applied, with ``recipe="auto"`` resolved (the report
             keeps the requested recipe and the reason of the choice).
-        family: the :class:`ModelFamily` of the pipeline.
+        family: the :class:`~rotvid.pipelines.families.base.Family` of the pipeline.
         transformers: ``{pipeline attribute: transformer}`` rotvid is attached to.
         tracker: the :class:`StepTracker` (call ``tracker.begin(n)`` / ``set_step(i)`` when
             driving a bare transformer; without a tracked run, calls follow the schedule's block rules only).
@@ -108,7 +108,7 @@ class RotvidHandle:
             brings it up to date with the device-side counters).
     """
 
-    def __init__(self, target, config: RotvidConfig, family: ModelFamily, transformers: dict[str, nn.Module],
+    def __init__(self, target, config: RotvidConfig, family: Family, transformers: dict[str, nn.Module],
                  *, recipe_requested: str | None = None, recipe_reason: str = ""):
         self.target = target
         self.config = config
@@ -224,7 +224,7 @@ class RotvidHandle:
         return f"RotvidHandle(family={self.family.name}, self_attentions={n}, recipe={self.config.recipe}, active={self.active})"
 
 
-def find_transformers(target) -> tuple[ModelFamily, dict[str, nn.Module]]:
+def find_transformers(target) -> tuple[Family, dict[str, nn.Module]]:
     """The family and ``{attribute: transformer}`` of a pipeline, or of a bare transformer.
 
     Raises:
@@ -247,20 +247,27 @@ def find_transformers(target) -> tuple[ModelFamily, dict[str, nn.Module]]:
         found[attr] = module
     if family is None:
         raise ValueError(
-            f"pipe: expected a diffusers Wan / HunyuanVideo / CogVideoX pipeline (with a .transformer) "
+            f"pipe: expected a diffusers pipeline of a supported family ({', '.join(FAMILIES)}; with a .transformer) "
             f"or one of their transformers, got {type(target).__name__}"
         )
     return family, found
 
 
-def _segments_for(family: ModelFamily, transformer: nn.Module, head_dim: int) -> tuple[int, ...] | None:
+def _segments_for(family: Family, transformer: nn.Module, head_dim: int) -> tuple[int, ...] | None:
     """RoPE segment sizes for the ``half`` rotation (None: no RoPE, one segment)."""
     cfg = transformer.config
     if family.rope_switch_config_attr is not None and not cfg.get(family.rope_switch_config_attr, False):
         return None
     if family.rope_config_attr is not None and cfg.get(family.rope_config_attr) is not None:
         return tuple(int(s) for s in cfg[family.rope_config_attr])
-    return get_rope_facts(family.rope_family).segments(head_dim)
+    if family.rope is None:
+        return None
+    return family.rope.segments(head_dim)
+
+
+def _cp_families() -> tuple[str, ...]:
+    """The registered families that run under context parallelism (named when another one is asked to)."""
+    return tuple(f.name for f in families() if f.context_parallel)
 
 
 def _rotation_for_block(base: Rotation, block: int, num_blocks: int, expert: int) -> Rotation:
@@ -390,7 +397,7 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
     config, family = handle.config, handle.family
     for expert, (tname, transformer) in enumerate(handle.transformers.items()):
         head_dim = int(transformer.config.attention_head_dim)
-        check_context_parallel(family, transformer, tname)
+        check_context_parallel(family, transformer, tname, cp_families=_cp_families())
         stacks = []
         for stack in family.stacks:
             blocks = getattr(transformer, stack.attr, None)
@@ -434,8 +441,7 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
                     inst.vo_fused = True
                     inst.watch = _watch(blk, stack)
                 handle.runtime.add_site(site, attn, rotator)
-                inst.processor = PROCESSORS[stack.processor_kind](handle.runtime, site, rotator,
-                                                                  inst.original_processor)
+                inst.processor = stack.processor(handle.runtime, site, rotator, inst.original_processor)
                 attn.set_processor(inst.processor)
                 block += 1
         handle._report.sites[tname] = num_blocks
@@ -547,13 +553,13 @@ def _lacks_to_out(attn: nn.Module) -> bool:
     return getattr(attn, "to_out", None) is None
 
 
-def _forward_pre_hook(handle: RotvidHandle, name: str, family: ModelFamily):
+def _forward_pre_hook(handle: RotvidHandle, name: str, family: Family):
     """Checks the scheduler and context parallelism, clears per-forward state; traced by torch.compile, so no
     step reads."""
 
     def hook(module, args):
         # context parallelism enabled after apply: the same checks as apply's
-        check_context_parallel(family, module, name)
+        check_context_parallel(family, module, name, cp_families=_cp_families())
         handle.runtime.clear_forward_state()
         return None
 

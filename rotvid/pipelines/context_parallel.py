@@ -28,7 +28,7 @@ that the exchange carries the model's dtype (bf16), not INT4 codes.
 
 Supported: Ulysses only (``ring_degree == 1``), equal shards (no ``ulysses_anything``), heads
 divisible by ``ulysses_degree``, families whose diffusers transformer ships a ``_cp_plan``
-(:attr:`~rotvid.pipelines.model_table.ModelFamily.context_parallel`: Wan). Anything else is one
+(:attr:`~rotvid.pipelines.families.base.Family.context_parallel`). Anything else is one
 clear ``ValueError``.
 
 What else must agree across the ranks
@@ -65,7 +65,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rotvid.pipelines.model_table import ModelFamily
+from rotvid.pipelines.families.base import Family
 
 __all__ = [
     "UlyssesGroup",
@@ -142,8 +142,12 @@ def _check_heads(heads: int, degree: int, where: str) -> None:
         )
 
 
-def check_context_parallel(family: ModelFamily, transformer: nn.Module, where: str) -> UlyssesGroup | None:
+def check_context_parallel(
+    family: Family, transformer: nn.Module, where: str, *, cp_families: tuple[str, ...] = ()
+) -> UlyssesGroup | None:
     """Check that rotvid can run ``transformer`` under its context-parallel config (if any).
+
+    ``cp_families``: the registered families that can run context-parallel (named in the refusal).
 
     Returns:
         The :class:`UlyssesGroup`, or ``None`` when the transformer is not context-parallel.
@@ -159,7 +163,7 @@ def check_context_parallel(family: ModelFamily, transformer: nn.Module, where: s
         raise ValueError(
             f"pipe: {where} ({type(transformer).__name__}) runs context-parallel, but diffusers 0.42.1 ships no "
             f"context-parallel plan (_cp_plan) for {family.name}; rotvid supports context parallelism for "
-            f"{', '.join(_families_with_cp())} only"
+            f"{', '.join(cp_families)} only"
         )
     cp = _cp_config(parallel_config)
     _check_heads(int(transformer.config.num_attention_heads), int(cp.ulysses_degree), where)
@@ -217,12 +221,6 @@ def any_rank(flag: torch.Tensor | bool, group: UlyssesGroup | None, device: torc
     value = value.reshape(1).clone()
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group.group)
     return bool(value.item())
-
-
-def _families_with_cp() -> list[str]:
-    from rotvid.pipelines.model_table import FAMILIES
-
-    return [name for name, fam in FAMILIES.items() if fam.context_parallel]
 
 
 def _exchange(x: torch.Tensor, group: UlyssesGroup) -> torch.Tensor:

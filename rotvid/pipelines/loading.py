@@ -110,7 +110,8 @@ def load_pipeline(
         ``CogVideoXPipeline``, ...), its transformer(s) checked against the family table. A folder with its own
         call defaults (``rotvid_tiny.json``: the bundled ``proxy``, the tiny test pipelines) gives a pipeline whose
         ``__call__`` defaults are those (``pipe(prompt=...)`` runs the proxy at 128×128, 17 frames, 12 steps, not
-        WanPipeline's 480×832, 81 frames, 50 steps); they are in ``pipe.rotvid_call_defaults``.
+        WanPipeline's 480×832, 81 frames, 50 steps); they are in ``pipe.rotvid_call_defaults``. Its
+        ``pipeline_attributes`` (sizes a class fixes in ``__init__``) are set on the instance.
 
     Raises:
         ValueError: bad argument, or a pipeline whose transformer rotvid does not support.
@@ -143,11 +144,12 @@ def load_pipeline(
         raise HubUnreachableError(hub_unreachable_message(str(model), source, exc)) from exc
     find_transformers(pipe)
     if is_local:
-        from rotvid.pipelines.folder_defaults import read_tiny_call_defaults
+        from rotvid.pipelines.folder_defaults import read_tiny_call_defaults, read_tiny_pipeline_attributes
 
         defaults = read_tiny_call_defaults(source)
         if defaults:
             _set_call_defaults(pipe, defaults)
+        _set_pipeline_attributes(pipe, read_tiny_pipeline_attributes(source), source)
     if device is not None:
         pipe.to(device)
     return pipe
@@ -182,3 +184,13 @@ def _set_call_defaults(pipe, defaults: dict) -> None:
     usable = {k: v for k, v in defaults.items() if k in params}
     pipe.__class__ = _class_with_defaults(type(pipe), usable)
     pipe.rotvid_call_defaults = dict(usable)
+
+
+def _set_pipeline_attributes(pipe, attributes: dict, source: str) -> None:
+    """Set the sizes the folder's ``rotvid_tiny.json`` fixes (``pipeline_attributes``) on ``pipe``: attributes its
+    class's ``__init__`` set to ints (ValueError for any other)."""
+    for name, value in attributes.items():
+        if type(getattr(pipe, name, None)) is not int:
+            raise ValueError(f"{source}: rotvid_tiny.json: pipeline_attributes: {type(pipe).__name__} has no int "
+                             f"attribute {name!r}")
+        setattr(pipe, name, value)

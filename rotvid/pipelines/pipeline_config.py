@@ -6,13 +6,16 @@ A diffusers pipeline folder (or hub repo) holds small JSON files next to its wei
 
 * the pipeline class's ``__call__`` signature: whether it takes a conditioning ``image``
   (image-to-video) and which arguments it takes at all;
-* the height/width multiple: diffusers' own ``check_inputs`` (16 for Wan and HunyuanVideo, 8 for
-  CogVideoX, diffusers 0.42.1) and the VAE's spatial factor times the transformer's patch size
+* the height/width multiple: diffusers' own ``check_inputs`` (the family's ``check_inputs_multiple``: 16 for Wan,
+  8 for CogVideoX, diffusers 0.42.1) and the VAE's spatial factor times the transformer's patch size
   (Wan silently rounds a size down to that multiple, CogVideoX truncates its patch grid);
 * the frame rule: the VAE compresses ``4k + 1`` frames into ``k + 1`` latent frames (its temporal
   factor is 4 in every released checkpoint), so another count is silently changed (Wan rounds
   ``--frames 6`` to 5; HunyuanVideo and CogVideoX decode fewer frames). CogVideoX 1.5
   (``patch_size_t``) also needs a latent frame count divisible by ``patch_size_t``.
+
+Which config keys hold the VAE's factors is a fact of the family (:attr:`Family.video_factors
+<rotvid.pipelines.families.base.Family.video_factors>`), as is the RoPE table's position limit.
 
 Only those files are fetched for a hub id (through the Hugging Face cache); no weights.
 """
@@ -28,14 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rotvid.pipelines.hub import HubUnreachableError, hub_unreachable_message
-from rotvid.pipelines.model_table import FAMILIES
+from rotvid.pipelines.families import family_of_transformer_class
 
 __all__ = ["PipelineConfig", "read_pipeline_config", "HubUnreachableError", "hub_unreachable_message"]
 
 logger = logging.getLogger(__name__)
-
-# diffusers 0.42.1 check_inputs: height and width must be multiples of this, per family
-_CHECK_INPUTS_MULTIPLE = {"wan": 16, "hunyuan_video": 16, "cogvideox": 8}
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,8 @@ def read_pipeline_config(model: str | os.PathLike | None) -> PipelineConfig:
     index = _read_json(source, is_local, "model_index.json", model=name, required=True)
     cls_name = str(index.get("_class_name") or "")
     t_attr, t_cls = _component(index, ("transformer", "transformer_2"))
-    family = next((f.name for f in FAMILIES.values() if t_cls in f.transformer_classes), None)
+    fam = family_of_transformer_class(t_cls)
+    family = fam.name if fam is not None else None
     pipe_cls = getattr(diffusers, cls_name, None)
     signature = inspect.signature(pipe_cls.__call__).parameters if pipe_cls else {}
     params = tuple(p for p in signature if p != "self")
@@ -216,7 +217,7 @@ def read_pipeline_config(model: str | os.PathLike | None) -> PipelineConfig:
     text_max = int(text_max) if isinstance(text_max, int) and text_max > 0 else None
     text_heads = (te or {}).get("num_heads") or (te or {}).get("num_attention_heads")
     text_heads = int(text_heads) if isinstance(text_heads, int) and text_heads > 0 else None
-    if family is not None:
+    if fam is not None:
         _, vae_cls = _component(index, ("vae",))
         vae = _read_json(source, is_local, "vae/config.json", model=name, required=False)
         tcfg = _read_json(source, is_local, f"{t_attr}/config.json", model=name, required=False)
@@ -225,20 +226,11 @@ def read_pipeline_config(model: str | os.PathLike | None) -> PipelineConfig:
         patch_t = int(patch[0]) if isinstance(patch, (list, tuple)) else int(_value(tcfg, t_cls, "patch_size_t") or 1)
         heads, head_dim = _value(tcfg, t_cls, "num_attention_heads"), _value(tcfg, t_cls, "attention_head_dim")
         inner_dim = int(heads) * int(head_dim) if isinstance(heads, int) and isinstance(head_dim, int) else None
-        rope_max = _value(tcfg, t_cls, "rope_max_seq_len") if family == "wan" else None
+        rope_max = _value(tcfg, t_cls, fam.rope_max_config_attr) if fam.rope_max_config_attr else None
         rope_max = int(rope_max) if isinstance(rope_max, int) else None
-        if family == "wan":
-            spatial = _value(vae, vae_cls, "scale_factor_spatial")
-            temporal = _value(vae, vae_cls, "scale_factor_temporal")
-        elif family == "hunyuan_video":
-            spatial = _value(vae, vae_cls, "spatial_compression_ratio")
-            temporal = _value(vae, vae_cls, "temporal_compression_ratio")
-        else:  # cogvideox: the pipeline derives the spatial factor from the VAE's block count
-            channels = _value(vae, vae_cls, "block_out_channels")
-            spatial = 2 ** (len(channels) - 1) if channels else None
-            temporal = _value(vae, vae_cls, "temporal_compression_ratio")
-            latent_multiple = int(_value(tcfg, t_cls, "patch_size_t") or 1)
-        base = _CHECK_INPUTS_MULTIPLE[family]
+        spatial, temporal, latent_multiple = fam.video_factors(
+            lambda key: _value(vae, vae_cls, key), lambda key: _value(tcfg, t_cls, key))
+        base = fam.check_inputs_multiple
         size_multiple = math.lcm(base, int(spatial) * patch_hw) if spatial else base
         temporal = int(temporal) if temporal else None
         spatial = int(spatial) if spatial else None

@@ -159,6 +159,12 @@ class QKRotator:
         table = self._table(rope, span, x)
         return table if table.coef.dim() == 3 else None
 
+    @staticmethod
+    def apply_table(x: torch.Tensor, table: GeneralizedRopeTable) -> torch.Tensor:
+        """``apply_generalized_rope(x, table)``: a table of :meth:`deferred_table` applied where the caller must
+        rotate itself (the model's own attention on a deferred call)."""
+        return apply_generalized_rope(x, table)
+
     def rotate(
         self,
         x: torch.Tensor,

@@ -33,10 +33,10 @@ Otherwise it runs the config's sparsity, or its block's own spec from ``block_sp
 e.g. ``(3, "topp:0.95")``; ``rotvid calibrate --cosine-floor`` writes a top-p ``tau`` per block there; a spec
 ``none`` makes that block dense). Outside a tracked run (no step known) the block rules alone apply, as for FP16.
 
-Presets (``SCHEDULE_PRESETS``) carry the paper's numbers (RotateAttention §5.1):
-Wan2.2-T2V (40 steps): first/last 2 steps and blocks -> 81% INT4; Wan2.2-I2V (40 steps): first 6 /
-last 4 steps, first/last 2 blocks -> 68%; HunyuanVideo-T2V (50 steps): first 4 / last 2 steps,
-first/last 2 blocks -> 76%.
+Presets (``SCHEDULE_PRESETS``, :func:`schedule_presets`): ``none``, and the presets each family's module of
+:mod:`rotvid.pipelines.families` carries -- the paper's numbers (RotateAttention §5.1): Wan2.2-T2V (40 steps):
+first/last 2 steps and blocks -> 81% INT4; Wan2.2-I2V (40 steps): first 6 / last 4 steps, first/last 2 blocks ->
+68%; HunyuanVideo-T2V (50 steps): first 4 / last 2 steps, first/last 2 blocks -> 76%.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rotvid.kernels.sparsity import SparsitySpec, parse_sparsity
+from rotvid.pipelines.families import schedule_presets as _family_presets
 
-__all__ = ["Schedule", "SCHEDULE_PRESETS", "schedule_preset", "expected_quantized_fraction"]
+__all__ = ["Schedule", "SCHEDULE_PRESETS", "schedule_preset", "schedule_presets", "expected_quantized_fraction"]
 
 
 def _check_count(name: str, value) -> None:
@@ -228,19 +229,28 @@ def _block_specs(pairs) -> tuple[tuple[int, SparsitySpec], ...]:
     return tuple(out.items())
 
 
-SCHEDULE_PRESETS: dict[str, Schedule] = {
-    "none": Schedule(name="none"),
-    "paper-wan2.2-t2v": Schedule(2, 2, 2, 2, name="paper-wan2.2-t2v"),
-    "paper-wan2.2-i2v": Schedule(6, 4, 2, 2, name="paper-wan2.2-i2v"),
-    "paper-hunyuan-t2v": Schedule(4, 2, 2, 2, name="paper-hunyuan-t2v"),
-}
+def schedule_presets() -> dict[str, Schedule]:
+    """``{name: Schedule}``: ``none`` (no FP16 fallback), then every registered family's presets."""
+    presets = {"none": Schedule(name="none")}
+    for p in _family_presets():
+        presets[p.name] = Schedule(p.fp16_first_steps, p.fp16_last_steps, p.fp16_first_blocks, p.fp16_last_blocks,
+                                   name=p.name)
+    return presets
 
 
 def schedule_preset(name: str) -> Schedule:
-    """The preset schedule called ``name`` (see ``SCHEDULE_PRESETS``)."""
-    if name not in SCHEDULE_PRESETS:
-        raise ValueError(f"schedule: expected a preset name in {', '.join(SCHEDULE_PRESETS)}, got {name!r}")
-    return SCHEDULE_PRESETS[name]
+    """The preset schedule called ``name`` (see :func:`schedule_presets`)."""
+    presets = schedule_presets()
+    if name not in presets:
+        raise ValueError(f"schedule: expected a preset name in {', '.join(presets)}, got {name!r}")
+    return presets[name]
+
+
+def __getattr__(name: str):
+    """``SCHEDULE_PRESETS``: :func:`schedule_presets` as of now (a family registered later adds its own)."""
+    if name == "SCHEDULE_PRESETS":
+        return schedule_presets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def expected_quantized_fraction(schedule: Schedule, num_steps: int, stack_sizes: tuple[int, ...]) -> float:

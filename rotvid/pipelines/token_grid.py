@@ -2,15 +2,15 @@
 
 A static block map (``radial``, :mod:`rotvid.kernels.sparsity.radial`) is built from a
 :class:`~rotvid.kernels.sparsity.TokenGrid`: the video tokens' (frames, height, width) *after patchifying*, and the
-conditioning tokens before (``prefix``) and after (``suffix``) them. The facts come from the model table
-(:data:`rotvid.pipelines.model_table.FAMILIES`) and the forward's own inputs:
+conditioning tokens before (``prefix``) and after (``suffix``) them. The facts come from the family
+(:class:`~rotvid.pipelines.families.base.Family`) and the forward's own inputs:
 
-* the latent ``hidden_states`` in the family's ``latent_layout`` (Wan, HunyuanVideo ``[B, C, F, H, W]``;
-  CogVideoX ``[B, F, C, H, W]``), divided by the transformer config's patch sizes (Wan ``patch_size = (t, h, w)``;
-  HunyuanVideo and CogVideoX ``patch_size`` and ``patch_size_t``), floor division as diffusers does;
-* the text tokens of a joint sequence: the length of the family's ``text_argument`` (``encoder_hidden_states``),
-  a suffix for ``token_order`` ``"video,text"`` (HunyuanVideo), a prefix for ``"text,video"`` (CogVideoX);
-* an image-to-video pipeline (``first_frame_pipelines``: Wan2.x I2V) makes its first latent frame conditioning:
+* the latent ``hidden_states`` in the family's ``latent_layout`` (``[B, C, F, H, W]`` or ``[B, F, C, H, W]``),
+  divided by the transformer config's patch sizes (``patch_size = (t, h, w)``, or ``patch_size`` and
+  ``patch_size_t``), floor division as diffusers does;
+* the text tokens of a joint sequence: the lengths of the family's ``text_arguments`` (``encoder_hidden_states``,
+  ...) added up, a suffix for ``token_order`` ``"video,text"``, a prefix for ``"text,video"``;
+* an image-to-video pipeline (the family's ``first_frame_pipelines``) makes its first latent frame conditioning:
   its ``height * width`` tokens join the prefix, and the grid has one frame less. rotvid applied to a bare
   transformer knows no pipeline: its first frame counts as video.
 """
@@ -24,14 +24,14 @@ import torch
 from torch import nn
 
 from rotvid.kernels.sparsity import TokenGrid
-from rotvid.pipelines.model_table import ModelFamily
+from rotvid.pipelines.families.base import Family
 
 __all__ = ["forward_token_grid", "patch_sizes"]
 
 
 def patch_sizes(transformer: nn.Module) -> tuple[int, int, int]:
-    """``(t, h, w)`` patch sizes of a transformer's config (Wan: ``patch_size`` (t, h, w); HunyuanVideo and
-    CogVideoX: ``patch_size`` and ``patch_size_t``, None meaning 1)."""
+    """``(t, h, w)`` patch sizes of a transformer's config (``patch_size`` (t, h, w), or ``patch_size`` and
+    ``patch_size_t``, None meaning 1)."""
     cfg = transformer.config
     patch = cfg.get("patch_size")
     if isinstance(patch, (list, tuple)):
@@ -54,7 +54,7 @@ def _arguments(transformer: nn.Module, args: tuple, kwargs: dict) -> dict:
 
 
 def forward_token_grid(
-    family: ModelFamily, transformer: nn.Module, args: tuple, kwargs: dict, *, first_frame: bool = False
+    family: Family, transformer: nn.Module, args: tuple, kwargs: dict, *, first_frame: bool = False
 ) -> tuple[TokenGrid, torch.device]:
     """The :class:`~rotvid.kernels.sparsity.TokenGrid` of the self-attention sequence of ``transformer`` (of
     ``family``) called with ``args`` / ``kwargs`` (module docstring), and the device of its latents (where the
@@ -70,12 +70,12 @@ def forward_token_grid(
     pt, ph, pw = patch_sizes(transformer)
     frames, height, width = frames // pt, height // ph, width // pw
     text = 0
-    if family.text_argument is not None:
-        tokens = arguments.get(family.text_argument)
+    for name in family.text_arguments:
+        tokens = arguments.get(name)
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 3:
-            raise ValueError(f"grid: expected {family.text_argument} [B, L, C] (the text tokens of the joint "
+            raise ValueError(f"grid: expected {name} [B, L, C] (the text tokens of the joint "
                              f"sequence), got {type(tokens).__name__}")
-        text = int(tokens.shape[1])
+        text += int(tokens.shape[1])
     prefix = text if family.token_order.startswith("text") else 0
     suffix = text if family.token_order.endswith("text") else 0
     if first_frame:

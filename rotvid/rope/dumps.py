@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rotvid.rope.model_facts import ROPE_FACTS
+from rotvid.rope.model_facts import rope_facts
 
 __all__ = ["QKVDump", "save_qkv_dump", "load_qkv_dump", "DUMP_FORMAT"]
 
@@ -84,8 +84,9 @@ class QKVDump:
 def _validate(d: QKVDump) -> None:
     if d.layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {_LAYOUTS}, got {d.layout!r}")
-    if d.family not in ROPE_FACTS:
-        raise ValueError(f"family must be one of {sorted(ROPE_FACTS)}, got {d.family!r}")
+    known = rope_facts()
+    if d.family not in known:
+        raise ValueError(f"family must be one of {sorted(known)}, got {d.family!r}")
     if d.text_position not in _TEXT_POSITIONS:
         raise ValueError(f"text_position must be one of {_TEXT_POSITIONS}, got {d.text_position!r}")
     if (d.text_tokens == 0) != (d.text_position == "none"):

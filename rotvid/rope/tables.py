@@ -120,7 +120,8 @@ def rope_table_3d(
     """3D RoPE (cos, sin) tables of a model family on a (frames, height, width) token grid.
 
     Args:
-        family: ``"wan"``, ``"hunyuan_video"`` or ``"cogvideox"`` (see ``ROPE_FACTS``).
+        family: a family with 3D RoPE (``"wan"``, ``"hunyuan_video"``, ...; see
+            :func:`rotvid.rope.model_facts.get_rope_facts`).
         grid: (f, h, w) in tokens, i.e. after patchification (latent frames // p_t, ...).
         head_dim: attention head dim D.
         segments: (t, h, w) channel split; default from the facts table (pass HunyuanVideo's

@@ -69,6 +69,8 @@ def test_load_prompts_and_names(tmp_path):
         ("WanImageToVideoPipeline", "paper-wan2.2-i2v"),
         ("HunyuanVideoPipeline", "paper-hunyuan-t2v"),
         ("CogVideoXPipeline", "none"),
+        ("HunyuanVideo15Pipeline", "none"),  # the longest prefix: not HunyuanVideo's preset
+        ("SkyReelsV2Pipeline", "none"),
     ],
 )
 def test_default_schedule_of_a_local_folder(tmp_path, cls, preset):

@@ -9,8 +9,10 @@ from rotvid.pipelines.attach import HANDLE_ATTR
 from rotvid.pipelines.tiny import tiny_call_kwargs
 from rotvid.rope.rotations import save_learned_rotation
 
-FAMILIES = ["wan", "hunyuan_video", "cogvideox", "cogvideox-2b"]
+FAMILIES = ["wan", "hunyuan_video", "cogvideox", "cogvideox-2b", "hunyuan_video15", "skyreels_v2"]
 ROTATIONS = ["none", "interleaved", "half", "full"]
+# transformer forwards per denoising step of the tiny calls (cond and uncond apart, or batched)
+FORWARDS = {"wan": 2, "hunyuan_video": 1, "cogvideox": 1, "cogvideox-2b": 1, "hunyuan_video15": 2, "skyreels_v2": 2}
 
 
 def run(pipe, family, **overrides):
@@ -49,8 +51,7 @@ def test_fp16_recipe_with_rotation_and_vo_hadamard_equals_untouched(tiny, family
         remove(pipe)
     assert close_to(out, ref), (out - ref).abs().max().item()
     # Every self-attention call went through rotvid (3 steps x 4 blocks x forwards per step).
-    forwards = 2 if family == "wan" else 1
-    assert handle.report.total_calls == 3 * 4 * forwards
+    assert handle.report.total_calls == 3 * 4 * FORWARDS[family]
     assert handle.report.fp16_calls == handle.report.total_calls
 
 
@@ -165,7 +166,8 @@ def test_auto_recipe_is_resolved_once_at_apply_from_the_device(tiny, monkeypatch
 
 @pytest.mark.parametrize(
     "family,stacks,forwards",
-    [("wan", (4,), 2), ("hunyuan_video", (2, 2), 1), ("cogvideox", (4,), 1)],
+    [("wan", (4,), 2), ("hunyuan_video", (2, 2), 1), ("cogvideox", (4,), 1), ("hunyuan_video15", (4,), 2),
+     ("skyreels_v2", (4,), 2)],
 )
 def test_int4_runs_differs_and_fraction_matches_hand_count(tiny, family, stacks, forwards):
     pipe = tiny(family)
@@ -214,6 +216,39 @@ def test_hunyuan_text_padding_becomes_kv_lens(tiny, monkeypatch):
         remove(pipe)
     # 32x32 / 5 frames -> 2 x 4 x 4 = 32 video tokens (patch 1); prompt of 7 words + <s> = 8 of 16 text tokens.
     assert seen == [[32 + 8]] * 4
+
+
+def test_hunyuan15_text_padding_becomes_kv_lens_and_the_model_keeps_its_own_mask(tiny, monkeypatch):
+    """HunyuanVideo 1.5's [B, 1, N, N] mask: its key part (video, then the valid text tokens) becomes kv_lens of the
+    quantized calls; the FP16 calls get diffusers' own mask."""
+    pipe = tiny("hunyuan_video15")
+    seen, masks = [], []
+    real = runtime.prepare_attention
+
+    def spy(q, k, v, **kw):
+        seen.append(None if kw.get("kv_lens") is None else kw["kv_lens"].tolist())
+        return real(q, k, v, **kw)
+
+    from diffusers.models.transformers import transformer_hunyuan_video15 as hv15
+
+    real_dispatch = hv15.dispatch_attention_fn
+    monkeypatch.setattr(runtime, "prepare_attention", spy)
+    apply(pipe, RotvidConfig(recipe="int4", backend="reference", schedule=Schedule(fp16_first_blocks=1)))
+    try:
+        import rotvid.pipelines.processors as processors
+
+        def dispatch(*args, attn_mask=None, **kw):
+            masks.append(tuple(attn_mask.shape))
+            return real_dispatch(*args, attn_mask=attn_mask, **kw)
+
+        monkeypatch.setattr(processors, "dispatch_attention_fn", dispatch)
+        run(pipe, "hunyuan_video15", num_inference_steps=1)
+    finally:
+        remove(pipe)
+    # 32x32 / 5 frames -> 2 x 2 x 2 = 8 video tokens (VAE 16x, patch 1); the tiny text: 8 image + 8 ByT5 + 16 MLLM
+    # tokens, valid: the prompt's 7 words (cond), "dark" (uncond); block 0 of each forward runs FP16
+    assert seen == [[8 + 7]] * 3 + [[8 + 1]] * 3
+    assert masks == [(1, 1, 40, 40)] * 2
 
 
 def test_unusable_backend_falls_back_to_fp16_and_says_why(tiny):

@@ -4,6 +4,8 @@ import pytest
 import torch
 from diffusers.models.embeddings import apply_rotary_emb, get_3d_rotary_pos_embed
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoRotaryPosEmbed
+from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15RotaryPosEmbed
+from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2RotaryPosEmbed
 from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
 
@@ -15,6 +17,8 @@ def test_facts_table_released_splits():
     assert get_rope_facts("wan").segments(128) == (44, 42, 42)
     assert get_rope_facts("hunyuan_video").segments(128) == (16, 56, 56)
     assert get_rope_facts("cogvideox").segments(64) == (16, 24, 24)
+    assert get_rope_facts("hunyuan_video15").segments(128) == (16, 56, 56)
+    assert get_rope_facts("skyreels_v2").segments(128) == (44, 42, 42)
     assert get_rope_facts("hunyuan_video").theta == 256.0
     assert all(f.pair_layout == "interleaved" for f in ROPE_FACTS.values())
 
@@ -48,6 +52,26 @@ def test_hunyuan_matches_diffusers_module(grid):
     cos_ref, sin_ref = module(torch.randn(1, 2, f, 2 * h, 2 * w))
     cos, sin = rope_table_3d("hunyuan_video", grid, 128)
     assert torch.equal(cos, cos_ref.double()) and torch.equal(sin, sin_ref.double())
+
+
+@pytest.mark.parametrize("grid", [(5, 7, 9), (2, 1, 4), (31, 30, 53)])
+def test_hunyuan15_matches_diffusers_module(grid):
+    f, h, w = grid
+    module = HunyuanVideo15RotaryPosEmbed(patch_size=1, patch_size_t=1, rope_dim=[16, 56, 56], theta=256.0)
+    cos_ref, sin_ref = module(torch.randn(1, 2, f, h, w))
+    cos, sin = rope_table_3d("hunyuan_video15", grid, 128)
+    assert torch.equal(cos, cos_ref.double()) and torch.equal(sin, sin_ref.double())
+
+
+@pytest.mark.parametrize("head_dim", [128, 64])
+@pytest.mark.parametrize("grid", [(5, 7, 9), (25, 34, 60)])
+def test_skyreels_v2_matches_diffusers_module(head_dim, grid):
+    f, h, w = grid
+    module = SkyReelsV2RotaryPosEmbed(head_dim, (1, 2, 2), max_seq_len=1024)
+    cos_ref, sin_ref = module(torch.randn(1, 2, f, 2 * h, 2 * w))  # [1, N, 1, D] float32
+    cos, sin = rope_table_3d("skyreels_v2", grid, head_dim)
+    assert torch.equal(cos, cos_ref.reshape(-1, head_dim).double())
+    assert torch.equal(sin, sin_ref.reshape(-1, head_dim).double())
 
 
 def test_hunyuan_explicit_rope_axes_dim():
