@@ -374,8 +374,8 @@ class _Progress:
         return False
 
     def log(self, text: str) -> None:
-        if self.console is not None:
-            self.console.print(text, markup=False, highlight=False)
+        if self.console is not None:  # (soft_wrap: a path in the line is never broken across lines)
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def start(self, description: str) -> None:
         if self.progress is not None:
