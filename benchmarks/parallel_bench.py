@@ -578,6 +578,20 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
+def _measuring_args(argv: list[str]) -> list[str]:
+    """The arguments that decide what is measured: the output paths (``--append``, ``--json-out``; machine-specific,
+    often outside the repository) left out of the recorded command."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--append", "--json-out"):
+            skip = True
+        elif not a.startswith(("--append=", "--json-out=")):
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> str | None:
     args = parse_args(argv)
     if args.worker_out is not None:
@@ -588,7 +602,7 @@ def main(argv: list[str] | None = None) -> str | None:
         if have < args.worlds[-1]:
             sys.exit(f"parallel_bench: --gpus {args.gpus} needs {args.worlds[-1]} CUDA GPUs; this machine has {have} "
                      "(use --tiny for a CPU smoke run)")
-    command = shlex.join(["python", "benchmarks/parallel_bench.py", *args.argv])
+    command = shlex.join(["python", "benchmarks/parallel_bench.py", *_measuring_args(args.argv)])
     with tempfile.TemporaryDirectory() as tmp:
         results = [launch(args, w, Path(tmp) / f"world{w}.json") for w in args.worlds]
     run = {"device": results[0]["device_name"], "commit": git_commit(), "date": utc_stamp(),

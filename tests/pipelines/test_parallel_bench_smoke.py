@@ -146,3 +146,9 @@ def test_merge_keeps_other_measurements_and_bars_read_them(bench):
 def test_video_minutes(bench):
     assert bench.video_minutes(12_000.0, 40, 50, 2) == (pytest.approx(20.0), "measured")
     assert bench.video_minutes(1_200.0, 4, 50, 2) == (pytest.approx(20.0), "extrapolated per block")
+
+
+def test_the_recorded_command_has_no_output_paths(bench):
+    argv = ["--gpus", "1,2", "--append", "out/x.md", "--json-out=out/y.json", "--json-out", "out/z.json",
+            "--sparsity", "none"]
+    assert bench._measuring_args(argv) == ["--gpus", "1,2", "--sparsity", "none"]
