@@ -390,7 +390,7 @@ def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
     config, family = handle.config, handle.family
     for expert, (tname, transformer) in enumerate(handle.transformers.items()):
         head_dim = int(transformer.config.attention_head_dim)
-        check_context_parallel(family, transformer, tname)
+        check_context_parallel(family, transformer, tname, config)
         stacks = []
         for stack in family.stacks:
             blocks = getattr(transformer, stack.attr, None)
@@ -553,7 +553,7 @@ def _forward_pre_hook(handle: RotvidHandle, name: str, family: ModelFamily):
 
     def hook(module, args):
         # context parallelism enabled after apply: the same checks as apply's
-        check_context_parallel(family, module, name)
+        check_context_parallel(family, module, name, handle.config)
         handle.runtime.clear_forward_state()
         return None
 
