@@ -72,7 +72,9 @@ NAME = "cuda"
 class CudaBackend:
     """``backend="cuda"`` of :func:`rotvid.kernels.attention`: every registered recipe with a ``"cuda"`` kernel
     entry (the INT4 recipes, and int8-fp8 on sm89 / sm90, with the arch default kernel: wgmma on sm90, mma.sync on
-    sm89). Every kernel takes a block map (the wgmma kernels on sm90, the mma.sync ones elsewhere)."""
+    sm89). Every kernel takes a block map (the wgmma kernels on sm90, the mma.sync ones elsewhere). The int8-fp8 wgmma
+    kernel (sm90) returns each row's log-sum-exp on request (``return_lse``: ring attention); the other kernels refuse
+    such calls (``KernelEntry.returns_lse``, the int8-fp8 entry's ``lse_on_wgmma`` check)."""
 
     name = NAME
 

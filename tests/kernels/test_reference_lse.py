@@ -160,3 +160,19 @@ def test_backends_that_return_no_lse_refuse_the_call():
         unregister_recipe("fp16-no-lse")
     with pytest.raises(ValueError, match="return_lse: expected True or False"):
         attention(q, k, v, recipe="fp16", backend="reference", return_lse=1)
+
+
+def test_the_cuda_paths_k_smoothing_shift_is_the_references():
+    """int8fp8_attention_cuda adds K smoothing's shift in torch (fp32 sums, no float64 copy of k): the reference's to
+    fp32 rounding, in either layout's views."""
+    from rotvid.kernels.recipes.int8_fp8_ops import k_smoothing_shift
+    from rotvid.kernels.reference import k_smoothing_lse_shift
+
+    q, k, _ = biased(7, torch.float32)
+    for kv_lens in (None, KV_LENS):
+        want = k_smoothing_lse_shift(q, k, kv_lens, 0.125).squeeze(-1)
+        got = k_smoothing_shift(q, k, kv_lens, 0.125)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+        bnhd = k_smoothing_shift(q.transpose(1, 2).contiguous().transpose(1, 2),
+                                 k.transpose(1, 2).contiguous().transpose(1, 2), kv_lens, 0.125)
+        torch.testing.assert_close(bnhd, got, rtol=1e-6, atol=1e-5)
