@@ -106,7 +106,8 @@ HOPPER_TEMPLATES = (
                               r"(\d+), (\d+), " + _B + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?(?:, " + _B
                               + r")?>"),
                    "int4 d{0} bn{1} pmode{2} sq={3}", "{4},{5},{6}", ("hopper_attention.cuh", "hopper_int4_numerics.cuh"),
-                   "rotvid::hopper::SmemLayout<rotvid::hopper::Int4ValuedNumerics<{0}, {1}, {2}, {3}>, {4}>::SMEM", 8, 9),
+                   "rotvid::hopper::SmemLayout<rotvid::hopper::Int4ValuedNumerics<{0}, {1}, {2}, {3}>, {4}>::SMEM",
+                   8, 9),
     # hopper_attention_kernel<Int8Fp8Numerics<D, MAGIC>, STAGES, PINGPONG, PIPE[, SPARSE[, LSE]]>
     HopperTemplate(re.compile(r"rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int8Fp8Numerics<(\d+), " + _B
                               + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?(?:, " + _B + r")?>"),

@@ -274,8 +274,8 @@ class _OnlineSoftmax:
     def lse(self, unit: float = 1.0) -> torch.Tensor:
         """The natural-log log-sum-exp of each row's (log2-domain) scores, [B, H, N, 1]: ``ln 2 · (m + log2(l /
         unit))`` (``unit``: what one unit of ``l`` stands for, module docstring); ``-inf`` where ``l = 0``."""
-        l = self.l / unit if unit != 1.0 else self.l
-        lse = (self.m + torch.log2(l.clamp_min(torch.finfo(l.dtype).tiny))) * LN2
+        in_units = self.l / unit if unit != 1.0 else self.l
+        lse = (self.m + torch.log2(in_units.clamp_min(torch.finfo(in_units.dtype).tiny))) * LN2
         return lse.masked_fill(self.l == 0, -math.inf)
 
 

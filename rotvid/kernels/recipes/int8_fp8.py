@@ -76,7 +76,7 @@ def no_q_smoothing(q, k, v, **opts) -> str | None:
 
 
 def lse_on_wgmma(q, k, v, **opts) -> str | None:
-    """``return_lse`` only where the device's int8-fp8 kernel is the sm90 wgmma one (the mma.sync kernel returns none)."""
+    """``return_lse`` only where the device's int8-fp8 kernel is the sm90 wgmma one (the mma.sync one returns none)."""
     if opts.get("return_lse") and not int8fp8_returns_lse(cuda_checks.device_index(q)):
         return "return_lse=True on the int8-fp8 mma.sync kernel (only the sm90 wgmma kernel returns the log-sum-exp)"
     return None

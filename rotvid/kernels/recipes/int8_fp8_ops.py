@@ -151,8 +151,8 @@ def _int8fp8_attention_lse_op(
     ext = cuda_build.load_extension(q_hat.device)
     lse = torch.empty((q_hat.shape[0], q_hat.shape[1], n_q), dtype=torch.float32, device=q_hat.device)
     out = ext.attention_int8fp8(
-        q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd, None,
-        False, split_tail, map_index, map_count, lse,
+        q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
+        None, False, split_tail, map_index, map_count, lse,
     )
     return out, lse
 
@@ -311,7 +311,7 @@ def attention_int8fp8_quantized(
     check_output_args(out_dtype, head_dim, layout)
     path = _check_int8fp8_device(qkv.q_hat.device, path)
     if return_lse and path != "wgmma":
-        raise ValueError(f"return_lse: the int8-fp8 {path!r} kernel returns no log-sum-exp (the sm90 wgmma kernel does)")
+        raise ValueError(f"return_lse: the int8-fp8 {path!r} kernel returns no log-sum-exp (the sm90 wgmma one does)")
     check_sm_scale(sm_scale)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
     b, h = qkv.q_hat.shape[:2]
@@ -359,7 +359,7 @@ def int8fp8_attention_cuda(
     qb, qh, qn, qd, kn = check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     path = _check_int8fp8_device(q.device, path)
     if return_lse and path != "wgmma":
-        raise ValueError(f"return_lse: the int8-fp8 {path!r} kernel returns no log-sum-exp (the sm90 wgmma kernel does)")
+        raise ValueError(f"return_lse: the int8-fp8 {path!r} kernel returns no log-sum-exp (the sm90 wgmma one does)")
     block_map_operands(block_map, batch=qb, heads=qh, n_q=qn, n_kv=kn, device=q.device)  # (before the pre-processing)
     if return_lse and rope is not None:
         from rotvid.kernels.rope_op import apply_generalized_rope
