@@ -30,6 +30,12 @@ JSON: the sparse and FlexAttention methods per shape (with ``density``; the rotv
     python benchmarks/kernel_bench.py --append benchmarks/RESULTS.md
     python benchmarks/kernel_bench.py --sparse --shapes wan1.3b-480p wan14b-720p --json-out sparse.json
     python benchmarks/kernel_bench.py --map-build-only --shapes wan1.3b-480p wan14b-720p   # the topp builder alone
+    python benchmarks/kernel_bench.py --lse-cost --shapes wan1.3b-480p wan14b-720p cogvideox5b  # return_lse's cost
+
+``--lse-cost`` (sm90) times the int8-fp8 call with and without ``return_lse`` (ring attention's log-sum-exp), the
+kernel alone (the LSE store in its epilogue and the split combine) and the whole call (pre-processing included, and
+K smoothing's shift added in torch), interleaved, and prints each one's cost as a share of the call without it (the
+issue's bar: <= 1%); it writes no JSON.
 """
 
 from __future__ import annotations
@@ -398,6 +404,32 @@ def map_build_only(shape: Shape, rounds: int) -> list[str]:
     return lines
 
 
+def lse_cost(shape: Shape, rounds: int) -> list[str]:
+    """``--lse-cost``: the int8-fp8 call with and without ``return_lse`` at the shape (module docstring). Returns the
+    table's lines."""
+    torch.manual_seed(0)
+    b, h, n, d = shape.b, shape.h, shape.n, shape.d
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    k += torch.randn(1, h, 1, d, device="cuda", dtype=torch.bfloat16)
+    kv_lens = None if shape.kv_len is None else torch.full((b,), shape.kv_len, dtype=torch.int32, device="cuda")
+    qkv8 = cuda_backend.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)
+    att = dict(n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=torch.bfloat16)
+    timers = {
+        "kernel": lambda: cuda_backend.attention_int8fp8_quantized(qkv8, **att),
+        "kernel+lse": lambda: cuda_backend.attention_int8fp8_quantized(qkv8, return_lse=True, **att),
+        "call": lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False),
+        "call+lse": lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False,
+                                                                return_lse=True),
+    }
+    times = time_interleaved(timers, rounds)
+    lines = [(f"{shape.name}: int8-fp8 with and without return_lse ({torch.cuda.get_device_name()}, commit "
+              f"{git_commit()})")]
+    for label, base, with_lse in (("kernel alone", "kernel", "kernel+lse"), ("whole call", "call", "call+lse")):
+        cost = times[with_lse] / times[base] - 1
+        lines.append(f"  {label}: {times[base]:.3f} ms, with the LSE {times[with_lse]:.3f} ms: {100 * cost:+.2f}%")
+    return lines
+
+
 UNMASKED_METHODS = ("sdpa-cudnn", "sdpa-flash", "sageattention2-8b")  # run without kv_lens (no masking API used)
 JSON_METHODS = ("sdpa-cudnn", "sageattention2-8b", "rotvid-int4", "rotvid-int4-sym-p", "rotvid-int8-fp8")
 # (the block-sparse methods of --sparse go in too: rotvid-int8-fp8-sparse-dD, flexattention-bf16-sparse-dD)
@@ -513,9 +545,16 @@ def main() -> None:
     ap.add_argument("--map-build-only", action="store_true",
                     help="time only the topp map builder (and its pooling) against the dense int8-fp8 call at each "
                          "shape; prints a short table, writes no JSON")
+    ap.add_argument("--lse-cost", action="store_true",
+                    help="time only the int8-fp8 call with and without return_lse (ring attention's log-sum-exp) at "
+                         "each shape; prints a short table, writes no JSON")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernel_bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if args.lse_cost:
+        for name in args.shapes:
+            print("\n".join(lse_cost(SHAPES[name], args.rounds)), flush=True)
+        return
     if args.map_build_only:
         for name in args.shapes:
             print("\n".join(map_build_only(SHAPES[name], args.rounds)), flush=True)

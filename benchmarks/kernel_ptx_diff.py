@@ -23,8 +23,9 @@ the instruction sequences are equal, operands included; otherwise it counts the 
 the longest common opcode subsequence (moved or changed). Exits 1 when a kernel of the old tree is missing from the
 new one, its registers, spills, stack or shared memory differ (spills that both trees have are shown, not failed) or
 its numeric ops differ in kind or order; instruction-count deltas are printed (opcode: old -> new) for the reader to
-explain. A kernel only the new tree has (the block-sparse instantiations, ``SPARSE = true``, keyed "... sparse") is
-listed with its own resources.
+explain. A kernel only the new tree has (the block-sparse instantiations, ``SPARSE = true``, keyed "... sparse"; those
+that write the log-sum-exp, ``LSE = true`` or a combine with the numerics' LSE, keyed "... lse") is listed with its
+own resources.
 
 ``--family mma``: the mma.sync kernels (``--archs``, default sm80/86/89/90a; ``--units``, default
 :data:`MMA_UNITS`), compared unit by unit, with SASS only under ``--sass``. Kernels of old and new are paired by
@@ -76,11 +77,15 @@ class HopperTemplate:
     smem: str | None  # C++ expression of the dynamic shared memory, formatted with the match's groups
     sparse_group: int | None = None  # the group of the SPARSE template flag ("true": key + " sparse"; absent or
     # "false": the dense kernel, the same key as a tree from before the flag)
+    lse_group: int | None = None  # the group of the LSE template flag or the combine's LSE policy (key + " lse"
+    # unless absent, "false" or NoLse: the kernel without the LSE, the same key as a tree from before the flag)
 
     def key_of(self, m: re.Match) -> str:
         key = self.key.format(*m.groups())
         if self.sparse_group is not None and m.group(self.sparse_group) == "true":
             key += " sparse"
+        if self.lse_group is not None and m.group(self.lse_group) not in (None, "false", "rotvid::hopper::NoLse"):
+            key += " lse"
         return key
 
 
@@ -96,19 +101,22 @@ HOPPER_TEMPLATES = (
                               r"(\d+)>"),
                    "int8fp8 d{0} bn{1}", "{2},{3},{4} magic={6}", ("int8fp8_attention_wgmma.cuh",),
                    "rotvid::wg8::Cfg<{0}, {2}, {1}, {5}>::SMEM"),
-    # hopper_attention_kernel<Int4ValuedNumerics<D, BN, PMODE, SQ>, STAGES, PINGPONG, PIPE[, SPARSE]>
+    # hopper_attention_kernel<Int4ValuedNumerics<D, BN, PMODE, SQ>, STAGES, PINGPONG, PIPE[, SPARSE[, LSE]]>
     HopperTemplate(re.compile(r"rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int4ValuedNumerics<(\d+), "
-                              r"(\d+), (\d+), " + _B + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?>"),
+                              r"(\d+), (\d+), " + _B + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?(?:, " + _B
+                              + r")?>"),
                    "int4 d{0} bn{1} pmode{2} sq={3}", "{4},{5},{6}", ("hopper_attention.cuh", "hopper_int4_numerics.cuh"),
-                   "rotvid::hopper::SmemLayout<rotvid::hopper::Int4ValuedNumerics<{0}, {1}, {2}, {3}>, {4}>::SMEM", 8),
-    # hopper_attention_kernel<Int8Fp8Numerics<D, MAGIC>, STAGES, PINGPONG, PIPE[, SPARSE]>
+                   "rotvid::hopper::SmemLayout<rotvid::hopper::Int4ValuedNumerics<{0}, {1}, {2}, {3}>, {4}>::SMEM",
+                   8, 9),
+    # hopper_attention_kernel<Int8Fp8Numerics<D, MAGIC>, STAGES, PINGPONG, PIPE[, SPARSE[, LSE]]>
     HopperTemplate(re.compile(r"rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int8Fp8Numerics<(\d+), " + _B
-                              + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?>"),
+                              + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?(?:, " + _B + r")?>"),
                    "int8fp8 d{0} bn128", "{2},{3},{4} magic={1}", ("hopper_attention.cuh", "hopper_int8fp8_numerics.cuh"),
-                   "rotvid::hopper::SmemLayout<rotvid::hopper::Int8Fp8Numerics<{0}, {1}>, {2}>::SMEM", 6),
-    # combine_splits_kernel<D[, SPARSE]>
-    HopperTemplate(re.compile(r"rotvid::(?:wg|hopper)::combine_splits_kernel<(\d+)(?:, " + _B + r")?>"), "combine d{0}",
-                   "", (), None, 2),
+                   "rotvid::hopper::SmemLayout<rotvid::hopper::Int8Fp8Numerics<{0}, {1}>, {2}>::SMEM", 6, 7),
+    # combine_splits_kernel<D[, SPARSE[, L]]> (L: NoLse, or the numerics whose LSE it writes)
+    HopperTemplate(re.compile(r"rotvid::(?:wg|hopper)::combine_splits_kernel<(\d+)(?:, " + _B + r")?(?:, "
+                              r"(rotvid::hopper::\w+(?:<[^<>]*>)?))?\s*>"), "combine d{0}",
+                   "", (), None, 2, 3),
 )
 
 # PTX instructions that decide the output's bits: float arithmetic, comparisons and conversions, ex2, the integer

@@ -28,7 +28,8 @@ def attention(
     block_n: int | None = None,
     rope=None,
     block_map=None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q kᵀ · sm_scale) v`` in low precision, with the recipe and smoothing a pipeline would run here.
 
     ``recipe="auto"`` (the default) is the recipe of q's device, from the table of
@@ -44,13 +45,14 @@ def attention(
     [B, N_q, H, D] (``"BNHD"``), k and v likewise with N_kv keys, fp16 / bf16 / fp32 / fp64 on one device;
     ``backend`` ``auto`` (the CUDA kernel where it runs the call, else the reference), ``reference`` or ``cuda``;
     ``kv_lens`` int [B] masks keys ``j >= kv_lens[b]``; ``rope`` a RoPE·R table applied to q and k first;
-    ``block_map`` a :class:`rotvid.kernels.sparsity.BlockMap` (the key blocks each query tile visits) or None.
-    Returns the output in q's shape, layout and dtype.
+    ``block_map`` a :class:`rotvid.kernels.sparsity.BlockMap` (the key blocks each query tile visits) or None;
+    ``return_lse`` also returns each row's log-sum-exp (natural log, of the unsmoothed scores; [B, H, N_q] or
+    [B, N_q, H] by layout). Returns the output in q's shape, layout and dtype (with ``return_lse``: ``(out, lse)``).
     """
     if recipe == AUTO:
         recipe, _ = resolve_recipe(AUTO, q.device if isinstance(q, torch.Tensor) else None)
     smooth_q, smooth_v = get_recipe(recipe).smoothing(smooth_q, smooth_v)
     call = prepare_attention(q, k, v, recipe=recipe, layout=layout, backend=backend, kv_lens=kv_lens,
                              sm_scale=sm_scale, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v,
-                             block_m=block_m, block_n=block_n, block_map=block_map)
+                             block_m=block_m, block_n=block_n, block_map=block_map, return_lse=return_lse)
     return run_attention(call, q, k, v, rope=rope)

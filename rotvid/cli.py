@@ -430,9 +430,10 @@ DenseBlocksOpt = Annotated[Optional[str], typer.Option("--dense-blocks", help="W
                                                        "e.g. 0,1,-1.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace existing outputs.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary (for scripts).")]
-GpusOpt = Annotated[int, typer.Option("--gpus", help="Processes to spread each forward over (Ulysses context "
-                                      "parallelism, Wan): one GPU each over NCCL, or CPU processes over gloo with "
-                                      "--device cpu. Launches torchrun; rank 0 writes the outputs.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", help="Processes to spread each forward over (context parallelism, "
+                                      "Wan: Ulysses over as many as divide the heads, ring attention over the rest): "
+                                      "one GPU each over NCCL, or CPU processes over gloo with --device cpu. Launches "
+                                      "torchrun; rank 0 writes the outputs.")]
 
 
 def _cli_args_of_this_command(ctx: typer.Context) -> list[str]:

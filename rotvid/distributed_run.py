@@ -177,14 +177,16 @@ def merge_run_reports(report: dict | None) -> dict | None:
 
 
 def parallelize_pipeline(pipe, world_size: int) -> None:
-    """Put every transformer of ``pipe`` under Ulysses context parallelism over ``world_size`` ranks.
+    """Put every transformer of ``pipe`` under context parallelism over ``world_size`` ranks: Ulysses over the
+    largest degree that divides its heads, ring attention over the rest
+    (:func:`~rotvid.pipelines.context_parallel.split_degrees`: 40 heads on 8 GPUs: Ulysses 8; 12 on 8: Ulysses 4 ×
+    ring 2; 40 on 3: ring 3).
 
     Raises:
-        ValueError: a family without a diffusers ``_cp_plan`` (``Family.context_parallel`` False), or
-            heads not divisible by ``world_size``.
+        ValueError: a family without a diffusers ``_cp_plan`` (``Family.context_parallel`` False).
     """
     from rotvid.pipelines.attach import find_transformers
-    from rotvid.pipelines.context_parallel import enable_context_parallel
+    from rotvid.pipelines.context_parallel import enable_context_parallel, split_degrees
     from rotvid.pipelines.model_table import FAMILIES
 
     family, transformers = find_transformers(pipe)
@@ -192,8 +194,12 @@ def parallelize_pipeline(pipe, world_size: int) -> None:
         supported = ", ".join(name for name, fam in FAMILIES.items() if fam.context_parallel)
         raise ValueError(f"--gpus {world_size}: diffusers 0.42.1 ships no context-parallel plan (_cp_plan) for "
                          f"{family.name}; multi-GPU runs support {supported} only")
-    for transformer in transformers.values():
-        enable_context_parallel(transformer, world_size)
+    for name, transformer in transformers.items():
+        ulysses, ring = split_degrees(int(transformer.config.num_attention_heads), world_size)
+        if ring > 1:
+            logger.info("rotvid: %s has %d heads: %d processes run Ulysses %d x ring %d", name,
+                        transformer.config.num_attention_heads, world_size, ulysses, ring)
+        enable_context_parallel(transformer, ulysses, ring)
 
 
 def finish_worker() -> None:

@@ -72,7 +72,9 @@ NAME = "cuda"
 class CudaBackend:
     """``backend="cuda"`` of :func:`rotvid.kernels.attention`: every registered recipe with a ``"cuda"`` kernel
     entry (the INT4 recipes, and int8-fp8 on sm89 / sm90, with the arch default kernel: wgmma on sm90, mma.sync on
-    sm89). Every kernel takes a block map (the wgmma kernels on sm90, the mma.sync ones elsewhere)."""
+    sm89). Every kernel takes a block map (the wgmma kernels on sm90, the mma.sync ones elsewhere). The int8-fp8 wgmma
+    kernel (sm90) returns each row's log-sum-exp on request (``return_lse``: ring attention); the other kernels refuse
+    such calls (``KernelEntry.returns_lse``, the int8-fp8 entry's ``lse_on_wgmma`` check)."""
 
     name = NAME
 
@@ -96,6 +98,9 @@ class CudaBackend:
         if entry is None:
             supported = ", ".join(self._entries())
             return "recipe", f"recipe {recipe!r} has no CUDA kernel (supported: {supported})"
+        if opts.get("return_lse") and not entry.returns_lse:
+            return "return_lse", (f"return_lse=True: recipe {recipe!r}'s CUDA kernel returns no log-sum-exp "
+                                  "(ring attention needs it)")
         return entry.refusal(q, k, v, recipe=recipe, **opts)
 
     def unsupported_reason(self, q, k, v, *, recipe, **opts) -> str | None:
@@ -109,16 +114,19 @@ class CudaBackend:
         return entry is not None and entry.fuses_rope is not None and not entry.fuses_rope(q, k, rope, layout=layout)
 
     def run(self, q, k, v, *, recipe, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_q=False,
-            smooth_v=False, block_m=None, block_n=None, q_block=None, rope=None, block_map=None):
+            smooth_v=False, block_m=None, block_n=None, q_block=None, rope=None, block_map=None, return_lse=False):
         why = self.unsupported_reason(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, smooth_q=smooth_q,
-                                      block_m=block_m, block_n=block_n, q_block=q_block, block_map=block_map)
+                                      block_m=block_m, block_n=block_n, q_block=q_block, block_map=block_map,
+                                      return_lse=return_lse)
         if why is not None:
             raise ValueError(f"backend: 'cuda' cannot run this call: {why}")
         if rope is not None and not self.fuses_rope(q, k, rope, recipe=recipe, layout=layout):
             raise ValueError(f"rope: the CUDA backend cannot apply it in the pre-processing of recipe {recipe!r} "
                              "(rotate q and k first: rotvid.kernels.rope_op.apply_generalized_rope)")
+        lse = {"return_lse": True} if return_lse else {}  # (only when asked: a kernel without an LSE never sees it)
         return get_recipe(recipe).kernel(NAME).run(
             q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k, smooth_q=smooth_q,
             smooth_v=smooth_v, block_m=block_m, block_n=block_n, q_block=q_block, rope=rope, block_map=block_map,
+            **lse,
         )
 

@@ -9,6 +9,11 @@ to the reference, logging why. Which recipes a backend runs, and with which chec
 A call is validated and its backend chosen once: :func:`prepare_attention` returns an :class:`AttentionCall`,
 :func:`run_attention` runs it (the pipelines' runtime decides between the two whether the call falls back);
 :func:`attention` is the two in one.
+
+``return_lse=True`` (of :func:`attention` and :func:`prepare_attention`) asks a backend for the per-row
+log-sum-exp as well (:mod:`rotvid.kernels.reference` defines it); the option reaches a backend only when asked, and
+a backend or kernel that cannot return it refuses the call (the reference backend returns it for every built-in
+recipe; the CUDA backend for the kernels whose entry says ``returns_lse``).
 """
 
 from __future__ import annotations
@@ -50,9 +55,12 @@ class ReferenceBackend:
     name: str = "reference"
 
     def unsupported_reason(self, q, k, v, **opts) -> str | None:
+        recipe = get_recipe(opts["recipe"]) if opts.get("return_lse") else None
+        if recipe is not None and not recipe.reference_lse:
+            return f"return_lse=True: recipe {recipe.name!r}'s reference returns no log-sum-exp (reference_lse=False)"
         return None
 
-    def run(self, q, k, v, **opts) -> torch.Tensor:
+    def run(self, q, k, v, **opts) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         opts = dict(opts)
         recipe = get_recipe(opts.pop("recipe"))
         opts["block_m"] = opts.get("block_m") or reference.DEFAULT_BLOCK_M
@@ -193,15 +201,18 @@ def prepare_attention(
     block_n: int | None = None,
     q_block: int | None = None,
     block_map: BlockMap | None = None,
+    return_lse: bool = False,
 ) -> AttentionCall:
     """Validate a call of :func:`attention` (ValueError naming the argument) and choose its backend, once.
 
     ``recipe`` is a registered recipe (``"auto"`` resolved first: :func:`attention` does). Arguments as
     :func:`attention`'s, but ``rope``, which :func:`run_attention` takes. ``block_map`` is part of the backend choice
     (a backend that cannot take a map refuses the call); a map built per call is given to :func:`run_attention`.
+    ``return_lse`` likewise: a backend that returns no LSE refuses the call.
     """
     validate_attention_inputs(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
-                              sm_scale=sm_scale, switches=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v))
+                              sm_scale=sm_scale, switches=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v,
+                                                               return_lse=return_lse))
     opts = dict(
         recipe=recipe, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
         smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m, block_n=block_n,
@@ -215,6 +226,8 @@ def prepare_attention(
     if block_map is not None:  # (only when given: a backend or recipe without maps never sees the option)
         check_block_map(block_map, q, k, layout)
         opts["block_map"] = block_map
+    if return_lse:  # (only when asked, as the map: a backend without an LSE never sees the option)
+        opts["return_lse"] = True
     chosen, reason = select_backend(q, k, v, backend=backend, **opts)
     return AttentionCall(chosen, reason, opts)
 
@@ -230,11 +243,12 @@ def check_block_map(block_map, q: torch.Tensor, k: torch.Tensor, layout: str) ->
 
 
 def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str | None = None,
-                  kv_lens=None, rope=None, block_map: BlockMap | None = None) -> torch.Tensor:
+                  kv_lens=None, rope=None, block_map: BlockMap | None = None
+                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Run a prepared call on ``q, k, v`` (the tensors it was prepared with, or the same tensors in ``layout``, or,
     inside a ``torch.cond`` branch, its operands; ``kv_lens`` likewise replaces the prepared one when given, and
     ``block_map`` the prepared map, e.g. one built per call: the backend refuses it if it takes no maps).
-    ``rope``: as :func:`attention`'s."""
+    ``rope``: as :func:`attention`'s. Returns ``(out, lse)`` for a call prepared with ``return_lse=True``."""
     opts = dict(call.opts)
     if layout is not None:
         opts["layout"] = layout
@@ -272,7 +286,8 @@ def attention(
     q_block: int | None = None,
     rope=None,
     block_map: BlockMap | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantized attention ``softmax(q kᵀ · sm_scale) v`` under a recipe, on a chosen backend.
 
     Args:
@@ -307,16 +322,23 @@ def attention(
             A skipped block is exactly a block of ``-inf`` scores; a row that keeps no block gives 0. The
             reference backend takes it, and every CUDA kernel (the Hopper kernels on sm90, the mma.sync ones
             elsewhere; none loads a skipped block).
+        return_lse: also return each query row's log-sum-exp ``ln Σ_j exp(sm_scale · q·k_j)`` over the keys it
+            attends (natural log, of the unsmoothed scores: K smoothing's shift is added back; ``-inf`` for a row
+            that attends none), what ring attention merges partial results by (:mod:`rotvid.kernels.reference`).
+            The reference backend returns it for every built-in recipe; the CUDA backend refuses the call where
+            its kernel returns none.
 
     Returns:
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in
-        the affected rows of that head (nothing is raised).
+        the affected rows of that head (nothing is raised). With ``return_lse``: ``(out, lse)``, ``lse`` of shape
+        [B, H, N_q] (``"BHND"``) or [B, N_q, H] (``"BNHD"``, diffusers' order), float32 (float64 for float64
+        inputs on the reference).
     """
     if recipe == AUTO:
         recipe, _ = resolve_recipe(AUTO, q.device if isinstance(q, torch.Tensor) else None)
     call = prepare_attention(q, k, v, recipe=recipe, layout=layout, backend=backend, kv_lens=kv_lens, sm_scale=sm_scale,
                              smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m,
-                             block_n=block_n, q_block=q_block, block_map=block_map)
+                             block_n=block_n, q_block=q_block, block_map=block_map, return_lse=return_lse)
     return run_attention(call, q, k, v, rope=rope)
 
 

@@ -49,6 +49,23 @@ block (or none before ``kv_lens``) has ``l = 0``: its output is 0 (V's mean is n
 map means what it means to the kernels (:meth:`BlockMap.visit_counts`): counts clamped to ``[0, Kmax]``, entries
 outside ``[0, Tk)`` skipped, an entry listed twice visited twice.
 
+Log-sum-exp (``return_lse=True`` of every function here that attends; ring attention merges partial results with
+it): per query row, ``lse = ln Σ_j exp(sm_scale · q·k_j)`` over the keys the row attends (before ``kv_lens``, in
+the blocks its map keeps), natural log, of the *unsmoothed* scores -- flash-attention's ``softmax_lse``, what
+diffusers' ring attention merges. From the online softmax's running ``(m, l)`` (log2 domain): ``lse = ln 2 · (m +
+log2(l / L))`` with ``L`` the unit of ``l`` (1 for the recipes whose ``l`` is the row sum of the float ``p``; 15 /
+7 for the INT4 recipes, whose ``l`` is the row sum of the integers ``P̂`` standing for ``P̂ / L``; 448 for the
+int8-fp8 twin, whose ``l`` sums ``448 p``), so a chunk's weight ``exp(lse)`` is what that chunk's keys add to
+the single-call ``l`` (times ``2^m``), and merging chunks by it repeats the single call's online combine.
+**K smoothing** subtracts ``mean(k)`` over the call's valid keys from every key: that shifts every score of row
+``i`` by ``-sm_scale · q_i·mean(k)``, which cancels inside one softmax but not between calls on different key
+chunks (each has its own mean). The LSE adds the shift back (:func:`k_smoothing_lse_shift`, from the unsmoothed
+``q`` -- Q smoothing's ΔS restores ``q·k_s`` exactly, so the shift is ``q·mean(k)`` with or without it): exact in
+float arithmetic, and in a quantized recipe the merge weights carry only the quantization error of the smoothed
+scores. Rows that attend no key (a map that keeps no block) have ``lse = -inf``. Shape: q's without the head
+dim, in q's layout (``[B, H, N_q]`` for ``"BHND"``, ``[B, N_q, H]`` for ``"BNHD"``: diffusers' order), in the
+compute dtype (float32; float64 for float64 inputs).
+
 Non-finite inputs are not checked here: a NaN or Inf in a head's Q, K or V propagates to NaN
 in (at least) the affected rows of that head's output, and other heads are unaffected.
 """
@@ -62,7 +79,9 @@ import torch
 
 from rotvid.kernels.quantize import (
     FP8_E4M3_MAX,
+    P_RANGE_SCALE,
     P_RANGE_ZERO,
+    P_SYM_SCALE,
     key_valid_mask,
     quant_p_fp8,
     quant_p_range_int4,
@@ -73,6 +92,7 @@ from rotvid.kernels.quantize import (
 from rotvid.kernels.sparsity.block_map import MAP_BLOCK, BlockMap
 
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 LAYOUTS = ("BHND", "BNHD")
 DEFAULT_BLOCK_M = 128
@@ -251,6 +271,29 @@ class _OnlineSoftmax:
             out = out + mean
         return out.masked_fill(self.l == 0, 0)
 
+    def lse(self, unit: float = 1.0) -> torch.Tensor:
+        """The natural-log log-sum-exp of each row's (log2-domain) scores, [B, H, N, 1]: ``ln 2 · (m + log2(l /
+        unit))`` (``unit``: what one unit of ``l`` stands for, module docstring); ``-inf`` where ``l = 0``."""
+        in_units = self.l / unit if unit != 1.0 else self.l
+        lse = (self.m + torch.log2(in_units.clamp_min(torch.finfo(in_units.dtype).tiny))) * LN2
+        return lse.masked_fill(self.l == 0, -math.inf)
+
+
+def k_smoothing_lse_shift(q: torch.Tensor, k: torch.Tensor, kv_lens: torch.Tensor | None,
+                          sm_scale: float) -> torch.Tensor:
+    """What K smoothing took from the scores of each row, added back to its LSE (module docstring): ``sm_scale ·
+    q·mean(k)`` [B, H, N_q, 1] in the compute dtype, with ``mean(k)`` over the valid keys exactly as smoothing
+    takes it (:func:`masked_mean`) and ``q`` unsmoothed; q, k in (B, H, N, D) order."""
+    dt = compute_dtype_for(q)
+    return torch.matmul(q.to(dt), masked_mean(k, kv_lens).transpose(-1, -2)) * sm_scale
+
+
+def lse_in_layout(lse: torch.Tensor, layout: str) -> torch.Tensor:
+    """An LSE [B, H, N, 1] as the functions here return it: ``[B, H, N]`` (BHND) or ``[B, N, H]`` (BNHD),
+    contiguous."""
+    lse = lse.squeeze(-1)
+    return (lse if layout == "BHND" else lse.transpose(1, 2)).contiguous()
+
 
 def _map_tiles(block_map: BlockMap | None, device: torch.device) -> torch.Tensor | None:
     """How many times each query tile visits each key block, int32 [B', H', Tq, Tk] on ``device`` (None without a
@@ -328,9 +371,13 @@ def attention_from_quantized(
     out_dtype: torch.dtype = torch.float32,
     layout: str = "BHND",
     block_map: BlockMap | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+    lse_shift: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Steps 3-6 of the INT4 recipe on pre-processed operands; returns the output in ``layout``. ``block_map``: the
-    key blocks each query tile visits (module docstring; None: all)."""
+    key blocks each query tile visits (module docstring; None: all). ``return_lse``: ``(out, lse)``, the LSE of the
+    scores computed here (of the smoothed keys) plus ``lse_shift`` [B, H, N_q, 1] when given
+    (:func:`k_smoothing_lse_shift`: then it is the LSE of the unsmoothed scores, module docstring)."""
     if p_mode not in ("range", "sym"):
         raise ValueError(f"p_mode must be 'range' or 'sym', got {p_mode!r}")
     dt = qkv.q_scale.dtype
@@ -359,7 +406,11 @@ def attention_from_quantized(
     b, h, nq, d = qkv.q_hat.shape
     state = _attend_key_blocks(block_scores, block_pv_sum, shape_o=(b, h, nq, d), dtype=dt, device=qkv.q_hat.device,
                                n_kv=qkv.n_kv, block_n=qkv.block_n, kv_lens=qkv.kv_lens, block_map=block_map)
-    return from_bhnd(state.result(mean=qkv.v_mean).to(out_dtype), layout)
+    out = from_bhnd(state.result(mean=qkv.v_mean).to(out_dtype), layout)
+    if not return_lse:
+        return out
+    lse = state.lse(P_RANGE_SCALE if p_mode == "range" else P_SYM_SCALE)  # l sums P̂, which stands for P̂ / L
+    return out, lse_in_layout(lse if lse_shift is None else lse + lse_shift, layout)
 
 
 def attention_int8fp8_from_quantized(
@@ -375,7 +426,9 @@ def attention_int8fp8_from_quantized(
     block_n: int = 128,
     sm_scale: float | None = None,
     block_map: BlockMap | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+    lse_shift: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The int8-fp8 recipe from its quantized operands (the CUDA kernel's twin), all (B, H, N, D) order.
 
     ``q_hat``/``k_hat`` int8 with per-token scales [B, H, N, 1]; ``v8`` the e4m3 values of V̂ (any float dtype)
@@ -386,7 +439,10 @@ def attention_int8fp8_from_quantized(
     Equal to the ``int8-fp8`` branch of :func:`attention_reference` up to fp32 rounding (there Q̂/K̂ are
     dequantized before the product and V's scale is applied per block). The kernel differs from this twin by fp32
     rounding only: the order of its products, ``ex2.approx``, and at head_dim 64 one rounding per row and block
-    of the exponent's constant (``MAGIC`` in ``csrc/hopper_int8fp8_numerics.cuh``). Returns float32 (B, H, Nq, D).
+    of the exponent's constant (``MAGIC`` in ``csrc/hopper_int8fp8_numerics.cuh``). Returns float32 (B, H, Nq, D);
+    with ``return_lse``, ``(out, lse)``: ``lse`` float32 [B, H, Nq], ``ln 2 · (m + log2(l / 448))`` of the scores
+    computed here (the operands' smoothed keys), plus ``lse_shift`` [B, H, Nq, 1] when given
+    (:func:`k_smoothing_lse_shift`; module docstring).
     """
     dt = torch.float32
     b, h, nq, d = q_hat.shape
@@ -403,7 +459,11 @@ def attention_int8fp8_from_quantized(
 
     state = _attend_key_blocks(block_scores, block_pv_sum, shape_o=(b, h, nq, d), dtype=dt, device=q_hat.device,
                                n_kv=k_hat.shape[2], block_n=block_n, kv_lens=kv_lens, block_map=block_map)
-    return state.result(v_scale.to(dt), None if v_mean is None else v_mean.to(dt))
+    out = state.result(v_scale.to(dt), None if v_mean is None else v_mean.to(dt))
+    if not return_lse:
+        return out
+    lse = state.lse(FP8_E4M3_MAX)  # l sums 448 p
+    return out, lse_in_layout(lse if lse_shift is None else lse + lse_shift.to(dt), "BHND")
 
 
 def attention_blockwise(
@@ -423,7 +483,8 @@ def attention_blockwise(
     smooth_v: bool = False,
     q_block: int | None = None,
     block_map: BlockMap | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Steps 1, 3, 4 and 6 with a recipe's own operands and P·V: every recipe but the INT4 ones (``fp16``,
     ``int8-fp8``, ``int4-fp8``, ``nvfp4``, each in its module of :mod:`rotvid.kernels.recipes`).
 
@@ -432,7 +493,8 @@ def attention_blockwise(
     ``block_pv`` needs besides (V's scale, or None). ``block_pv(p, vb, v_div) -> pv``: one key block's P·V from the
     block's probabilities ``p = exp2(s - m_blk)`` and V rows ``vb``; ``l_blk = rowsum(p)`` of the unquantized p.
     Output in q's shape, layout and dtype; ``block_m`` is the kernels' query tile (no effect on these numerics).
-    ``block_map``: the key blocks each query tile visits (module docstring; None: all).
+    ``block_map``: the key blocks each query tile visits (module docstring; None: all). ``return_lse``: ``(out,
+    lse)``, the LSE of the unsmoothed scores (module docstring).
     """
     q, k, v = to_bhnd(q, layout), to_bhnd(k, layout), to_bhnd(v, layout)
     out_dtype = q.dtype
@@ -457,7 +519,13 @@ def attention_blockwise(
 
     state = _attend_key_blocks(block_scores, block_pv_sum, shape_o=(b, h, nq, d), dtype=dt, device=q.device,
                                n_kv=n_kv, block_n=block_n, kv_lens=kv_lens, block_map=block_map)
-    return from_bhnd(state.result(mean=v_mean).to(out_dtype), layout)
+    out = from_bhnd(state.result(mean=v_mean).to(out_dtype), layout)
+    if not return_lse:
+        return out
+    lse = state.lse()
+    if smooth_k:  # the scores were of k - mean(k): add the shift back (module docstring)
+        lse = lse + k_smoothing_lse_shift(q, k, kv_lens, resolve_sm_scale(sm_scale, d))
+    return out, lse_in_layout(lse, layout)
 
 
 def attention_int4(
@@ -476,12 +544,18 @@ def attention_int4(
     smooth_v: bool = False,
     q_block: int | None = None,
     block_map: BlockMap | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The INT4 recipes end to end (steps 1-6): ``p_mode`` ``"range"`` (``int4``) or ``"sym"`` (``int4-sym-p``).
-    Output in q's shape, layout and dtype; ``block_map`` as :func:`attention_from_quantized`'s."""
+    Output in q's shape, layout and dtype; ``block_map`` as :func:`attention_from_quantized`'s; ``return_lse``:
+    ``(out, lse)``, the LSE of the unsmoothed scores (module docstring)."""
     qkv = preprocess_int4(
         q, k, v, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
         smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block,
     )
+    shift = None
+    if return_lse and smooth_k:  # the scores are of k - mean(k): the LSE adds the shift back (module docstring)
+        qb, kb = to_bhnd(q, layout), to_bhnd(k, layout)
+        shift = k_smoothing_lse_shift(qb, kb, kv_lens, resolve_sm_scale(sm_scale, qb.shape[-1]))
     return attention_from_quantized(qkv, p_mode=p_mode, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout,
-                                    block_map=block_map)
+                                    block_map=block_map, return_lse=return_lse, lse_shift=shift)

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rotvid.kernels.recipes import get_recipe
 from rotvid.kernels.recipes.auto import resolve_recipe
 from rotvid.pipelines.compiling import compile_options, compile_transformers, uncompile_transformers
 from rotvid.pipelines.config import RotvidConfig
@@ -393,11 +394,45 @@ def _execution_device(target, transformers: dict[str, nn.Module]) -> torch.devic
     return torch.device("cpu")
 
 
+def check_ring_config(config, ring_degree: int, where: str) -> None:
+    """Refuse, before any work, what rotvid cannot run under ring attention (:mod:`rotvid.pipelines.context_parallel`'s docstring).
+
+    Raises:
+        ValueError: naming ``sparsity`` (a block map: not split per key chunk), or ``backend`` (``"cuda"`` with a
+            recipe whose CUDA kernel returns no log-sum-exp, which every ring call needs).
+    """
+    specs = [spec for spec in (config.sparsity, *config.schedule.sparsity_specs) if spec.enabled]
+    if specs:
+        raise ValueError(
+            f"sparsity: {where} runs ring attention (ring_degree={ring_degree}), and rotvid does not split block "
+            f"maps per key chunk; run {', '.join(dict.fromkeys(str(s) for s in specs))} with Ulysses only "
+            f"(ring_degree=1) or dense (sparsity='none')"
+        )
+    recipe = get_recipe(config.recipe)
+    if config.backend == "cuda" and recipe.quantized:
+        entry = recipe.kernel("cuda")
+        if entry is not None and not entry.returns_lse:
+            raise ValueError(
+                f"backend: {where} runs ring attention (ring_degree={ring_degree}), which merges each key chunk's "
+                f"result by its log-sum-exp, and the CUDA kernel of recipe {recipe.name!r} returns none; use "
+                f"Ulysses only (heads divisible by ulysses_degree), or backend='auto' (such calls then run the "
+                f"model's own attention, counted as fallbacks)"
+            )
+
+
+
+def _check_parallel(family: Family, transformer: nn.Module, where: str, config: RotvidConfig) -> None:
+    """The context-parallel checks of ``transformer`` (:func:`check_context_parallel`) and, under ring attention,
+    of ``config`` (:func:`check_ring_config`)."""
+    check_context_parallel(family, transformer, where, cp_families=_cp_families(),
+                           check_ring=lambda degree: check_ring_config(config, degree, where))
+
+
 def _install(handle: RotvidHandle, *, exact_remove: bool) -> None:
     config, family = handle.config, handle.family
     for expert, (tname, transformer) in enumerate(handle.transformers.items()):
         head_dim = int(transformer.config.attention_head_dim)
-        check_context_parallel(family, transformer, tname, cp_families=_cp_families())
+        _check_parallel(family, transformer, tname, config)
         stacks = []
         for stack in family.stacks:
             blocks = getattr(transformer, stack.attr, None)
@@ -559,7 +594,7 @@ def _forward_pre_hook(handle: RotvidHandle, name: str, family: Family):
 
     def hook(module, args):
         # context parallelism enabled after apply: the same checks as apply's
-        check_context_parallel(family, module, name, cp_families=_cp_families())
+        _check_parallel(family, module, name, handle.config)
         handle.runtime.clear_forward_state()
         return None
 

@@ -1,4 +1,4 @@
-"""Ulysses context parallelism around rotvid's self-attention (diffusers' ``ContextParallelConfig``).
+"""Context parallelism around rotvid's self-attention (diffusers' ``ContextParallelConfig``): Ulysses, ring, both.
 
 diffusers 0.42.1 runs a transformer over P processes with
 ``transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=P))``: the model's
@@ -26,19 +26,40 @@ original order. The per-token / per-group quantization that follows is per head 
 it after the exchange gives the same numbers as one GPU (no all-reduce is needed). The price is
 that the exchange carries the model's dtype (bf16), not INT4 codes.
 
-Supported: Ulysses only (``ring_degree == 1``), equal shards (no ``ulysses_anything``), heads
-divisible by ``ulysses_degree``, families whose diffusers transformer ships a ``_cp_plan``
+Ring attention and Ulysses × ring
+---------------------------------
+With ``ring_degree = R > 1`` (``ContextParallelConfig(ring_degree=R, ulysses_degree=U)``, ``U ≥ 1``) the plan splits
+the sequence over all ``U·R`` ranks (diffusers' flattened ``("ring", "ulysses")`` mesh: rank ``r·U + u`` holds piece
+``r·U + u``). :func:`context_parallel_attend` then runs
+
+1. the Ulysses all-to-all over the ``U`` ranks of the rank's ring index (when ``U > 1``): ``[B, H, N/(UR), D]`` →
+   ``[B, H/U, N/R, D]``, the contiguous segment ``r`` of the sequence for ``H/U`` heads;
+2. an all-gather of K and V over the ``R`` ranks of the ring (:func:`rotvid.pipelines.ring.gather_sequence`): every
+   key of those heads, in sequence order (the key-padding mask was all-gathered over all ``U·R`` ranks first);
+3. ``Runtime.attend`` with ``key_chunks=R``: the FP16 path attends all keys at once; the quantized recipe runs once
+   per key chunk with the log-sum-exp and merges (:mod:`rotvid.pipelines.ring`, which also says why the LSE must
+   be of the unsmoothed scores);
+4. the inverse all-to-all.
+
+Heads need only divide by ``U``: 12 heads on 8 GPUs run as Ulysses 4 × ring 2, 40 heads on 3 GPUs as ring 3
+(:func:`split_degrees` picks ``U = gcd(heads, world)``). The backend must return the LSE: the reference does for
+every recipe; a ``backend="cuda"`` whose recipe's kernel returns none is refused at ``apply``
+(:func:`rotvid.pipelines.attach.check_ring_config`), and with ``backend="auto"`` on a GPU such calls are the counted, reported
+GPU fallbacks of :mod:`rotvid.pipelines.runtime`. Block maps (``sparsity``) are refused under ring attention.
+
+Supported: Ulysses, ring and both, equal shards (no ``ulysses_anything`` / ``ring_anything``), heads divisible by
+``ulysses_degree``, families whose diffusers transformer ships a ``_cp_plan``
 (:attr:`~rotvid.pipelines.families.base.Family.context_parallel`). Anything else is one
 clear ``ValueError``.
 
 What else must agree across the ranks
 -------------------------------------
 Every rank runs every forward and every self-attention call, and each call is a collective (the
-all-to-all), so anything that makes one rank skip or repeat work must be decided identically on
-all of them:
+all-to-all, the ring's all-gather), so anything that makes one rank skip or repeat work must be decided identically
+on all of them:
 
 * the **non-finite redo** of the forward guard (:mod:`rotvid.pipelines.forward_guard`): decided by
-  :func:`any_rank` (one MAX all-reduce of a 0/1 flag per forward over the Ulysses group);
+  :func:`any_rank` (one MAX all-reduce of a 0/1 flag per forward over every rank of the context-parallel mesh);
 * **diffusers' cache hooks** (``transformer.enable_cache``): TaylorSeer decides from the step
   alone, the same on every rank. FirstBlockCache compares the first block's residual **of this
   rank's shard** with a threshold, so ranks can disagree (one skips the remaining blocks and their
@@ -58,6 +79,7 @@ parallelism on GPUs (``enable_parallelism``) and on CPUs with gloo, where diffus
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -69,12 +91,17 @@ from rotvid.pipelines.families.base import Family
 
 __all__ = [
     "UlyssesGroup",
+    "RankGroup",
+    "ContextParallelGroups",
     "ulysses_group",
+    "context_parallel_groups",
     "check_context_parallel",
     "sequence_to_heads",
     "heads_to_sequence",
     "gather_key_mask",
     "ulysses_attend",
+    "context_parallel_attend",
+    "split_degrees",
     "enable_context_parallel",
     "check_cache_under_context_parallel",
     "any_rank",
@@ -83,18 +110,38 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class UlyssesGroup:
-    """The process group one Ulysses exchange runs over.
+class RankGroup:
+    """A process group one exchange runs over (a dimension of diffusers' context-parallel mesh, or all of it).
 
     Attributes:
-        group: the ``torch.distributed`` process group (diffusers' ulysses mesh dimension).
+        group: the ``torch.distributed`` process group.
         degree: number of ranks P in it.
-        rank: this process's rank in it (= index of its sequence shard).
+        rank: this process's rank in it (= index of its sequence shard, or segment for the ring).
     """
 
     group: object
     degree: int
     rank: int
+
+
+# The Ulysses exchange's group (the name it has always had).
+UlyssesGroup = RankGroup
+
+
+@dataclass(frozen=True)
+class ContextParallelGroups:
+    """The groups of one context-parallel run (module docstring).
+
+    Attributes:
+        world: every rank of the mesh (diffusers' flattened ``("ring", "ulysses")`` mesh, in the order the
+            sequence is split in): the key mask's gather, :func:`any_rank`.
+        ulysses: the Ulysses all-to-all's group, or None (``ulysses_degree == 1``).
+        ring: the ring's group, or None (``ring_degree == 1``).
+    """
+
+    world: RankGroup
+    ulysses: RankGroup | None
+    ring: RankGroup | None
 
 
 def _cp_config(parallel_config):
@@ -104,57 +151,72 @@ def _cp_config(parallel_config):
     return getattr(parallel_config, "context_parallel_config", None)
 
 
-def ulysses_group(parallel_config) -> UlyssesGroup | None:
-    """The Ulysses group of a diffusers ``ParallelConfig``, or ``None`` when it runs no context parallelism.
+def _rank_group(mesh, degree: int) -> RankGroup:
+    group = mesh.get_group()
+    return RankGroup(group=group, degree=int(degree), rank=dist.get_rank(group))
+
+
+def context_parallel_groups(parallel_config) -> ContextParallelGroups | None:
+    """The groups of a diffusers ``ParallelConfig``, or ``None`` when it runs no context parallelism.
 
     Raises:
-        ValueError: ring attention (``ring_degree > 1``), ``ulysses_anything`` / ``ring_anything``,
-            or a config that was never set up (no ``enable_parallelism``).
+        ValueError: ``ulysses_anything`` / ``ring_anything``, or a config that was never set up (no
+            ``enable_parallelism``).
     """
     cp = _cp_config(parallel_config)
     if cp is None:
         return None
-    if cp.ring_degree > 1:
-        raise ValueError(
-            f"parallel_config: rotvid supports Ulysses context parallelism only; got ring_degree={cp.ring_degree} "
-            f"(use ContextParallelConfig(ulysses_degree=N))"
-        )
     if cp.ulysses_anything or cp.ring_anything:
         raise ValueError(
             "parallel_config: rotvid needs equal sequence shards; ulysses_anything / ring_anything is not supported"
         )
-    if cp.ulysses_degree == 1:
+    if cp.ulysses_degree == 1 and cp.ring_degree == 1:
         return None
-    if cp._ulysses_mesh is None:
+    if cp._ulysses_mesh is None or cp._ring_mesh is None or cp._flattened_mesh is None:
         raise ValueError(
             "parallel_config: the ContextParallelConfig was not set up; call transformer.enable_parallelism "
             "(or rotvid.pipelines.context_parallel.enable_context_parallel) first"
         )
-    group = cp._ulysses_mesh.get_group()
-    return UlyssesGroup(group=group, degree=int(cp.ulysses_degree), rank=dist.get_rank(group))
+    u, r = int(cp.ulysses_degree), int(cp.ring_degree)
+    return ContextParallelGroups(
+        world=_rank_group(cp._flattened_mesh, u * r),
+        ulysses=_rank_group(cp._ulysses_mesh, u) if u > 1 else None,
+        ring=_rank_group(cp._ring_mesh, r) if r > 1 else None,
+    )
+
+
+def ulysses_group(parallel_config) -> UlyssesGroup | None:
+    """The Ulysses group of a diffusers ``ParallelConfig`` (None: no context parallelism, or ``ulysses_degree``
+    1); :func:`context_parallel_groups` for all of them."""
+    groups = context_parallel_groups(parallel_config)
+    return None if groups is None else groups.ulysses
 
 
 def _check_heads(heads: int, degree: int, where: str) -> None:
     if heads % degree != 0:
         raise ValueError(
             f"ulysses_degree: {where} has {heads} attention heads, which {degree} ranks cannot split evenly "
-            f"(Ulysses needs heads divisible by ulysses_degree; {heads} % {degree} = {heads % degree})"
+            f"(Ulysses needs heads divisible by ulysses_degree; {heads} % {degree} = {heads % degree}; ring attention "
+            f"does not: ContextParallelConfig(ulysses_degree={math.gcd(heads, degree)}, "
+            f"ring_degree={degree // math.gcd(heads, degree)}) runs {heads} heads on {degree} ranks)"
         )
 
 
-def check_context_parallel(
-    family: Family, transformer: nn.Module, where: str, *, cp_families: tuple[str, ...] = ()
-) -> UlyssesGroup | None:
-    """Check that rotvid can run ``transformer`` under its context-parallel config (if any).
+def check_context_parallel(family: Family, transformer: nn.Module, where: str, *, cp_families: tuple[str, ...] = (),
+                           check_ring: Callable[[int], None] | None = None) -> ContextParallelGroups | None:
+    """Check that rotvid can run ``transformer`` under its context-parallel config (if any). Under ring attention
+    ``check_ring(ring_degree)`` runs after the checks of the config itself: what the rotvid config must not ask
+    there -- a block map, a kernel without the log-sum-exp -- is
+    :func:`rotvid.pipelines.attach.check_ring_config`'s (it reads the recipes, which this module does not import).
 
     ``cp_families``: the registered families that can run context-parallel (named in the refusal).
 
     Returns:
-        The :class:`UlyssesGroup`, or ``None`` when the transformer is not context-parallel.
+        The :class:`ContextParallelGroups`, or ``None`` when the transformer is not context-parallel.
 
     Raises:
-        ValueError: the family has no diffusers ``_cp_plan``, ring / uneven parallelism, or
-            heads not divisible by ``ulysses_degree``.
+        ValueError: the family has no diffusers ``_cp_plan``, uneven parallelism, heads not divisible by
+            ``ulysses_degree``.
     """
     parallel_config = getattr(transformer, "_parallel_config", None)
     if _cp_config(parallel_config) is None:
@@ -167,10 +229,12 @@ def check_context_parallel(
         )
     cp = _cp_config(parallel_config)
     _check_heads(int(transformer.config.num_attention_heads), int(cp.ulysses_degree), where)
-    group = ulysses_group(parallel_config)
-    if group is not None:
+    if cp.ring_degree > 1 and check_ring is not None:
+        check_ring(int(cp.ring_degree))
+    groups = context_parallel_groups(parallel_config)
+    if groups is not None:
         check_cache_under_context_parallel(transformer, where)
-    return group
+    return groups
 
 
 # diffusers cache configs whose skip decision reads the denoising step (and fixed settings) only, never the
@@ -201,13 +265,13 @@ def check_cache_under_context_parallel(transformer: nn.Module, where: str) -> No
         return
     why = _WHY_REFUSED.get(name, "rotvid does not know that its skip decisions agree on every rank")
     raise ValueError(
-        f"cache: {where} runs under context parallelism (Ulysses) with the diffusers cache {name}; {why}. Use "
+        f"cache: {where} runs under context parallelism with the diffusers cache {name}; {why}. Use "
         f"{' or '.join(c.removesuffix('Config') for c in CACHES_AGREEING_ACROSS_RANKS)} (decided from the step "
         f"alone), or run on one process"
     )
 
 
-def any_rank(flag: torch.Tensor | bool, group: UlyssesGroup | None, device: torch.device | str | None = None) -> bool:
+def any_rank(flag: torch.Tensor | bool, group: RankGroup | None, device: torch.device | str | None = None) -> bool:
     """True when ``flag`` holds on any rank of ``group`` (one MAX all-reduce of a 0/1 int32; a collective: every
     rank calls it). ``flag``: a host bool or a 0-d bool tensor (then on its device, read once after the reduce).
     Without a group: ``bool(flag)``.
@@ -255,8 +319,9 @@ def heads_to_sequence(x: torch.Tensor, group: UlyssesGroup) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, p * h_local, n // p, d)
 
 
-def gather_key_mask(mask: torch.Tensor | None, n_kv_local: int, group: UlyssesGroup) -> torch.Tensor | None:
-    """An attention mask over the local keys (last dim ``N/P``), all-gathered to the full key sequence.
+def gather_key_mask(mask: torch.Tensor | None, n_kv_local: int, group: RankGroup) -> torch.Tensor | None:
+    """An attention mask over the local keys (last dim ``N/P``), all-gathered to the full key sequence of ``group``
+    (in its rank order: the mesh's whole group, or the Ulysses group of a Ulysses-only run).
 
     A mask whose last dim is already the full length ``N`` is returned as it is.
 
@@ -307,12 +372,56 @@ def ulysses_attend(
     return heads_to_sequence(out, group)
 
 
-def enable_context_parallel(transformer: nn.Module, ulysses_degree: int):
-    """Put ``transformer`` under diffusers' Ulysses context parallelism over ``ulysses_degree`` ranks.
+def context_parallel_attend(
+    groups: ContextParallelGroups,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    attend: Callable[..., torch.Tensor],
+) -> torch.Tensor:
+    """Self-attention of one sequence shard under Ulysses, ring, or Ulysses × ring (module docstring).
 
-    Needs ``torch.distributed`` initialized with ``ulysses_degree`` ranks (``torchrun`` /
+    Args:
+        groups: the :class:`ContextParallelGroups`.
+        q, k, v: ``[B, H, N/(U·R), D]`` (BHND), this rank's shard, already rotated (RoPE·R).
+        mask: attention mask over the local keys (``[..., N/(U·R)]``) or over all ``N``, or ``None``.
+        attend: ``attend(q, k, v, mask, key_chunks)``: q ``[B, H/U, N/R, D]`` (segment ``r`` of the sequence, this
+            rank's heads), k and v ``[B, H/U, N, D]`` (every key of the ring, ``key_chunks = R`` equal chunks in
+            order), the mask over all ``N`` keys; returns ``[B, H/U, N/R, D]``.
+
+    Returns:
+        ``[B, H, N/(U·R), D]``: this shard's attention output, all heads.
+    """
+    from rotvid.pipelines.ring import gather_sequence
+
+    full_mask = gather_key_mask(mask, k.shape[2], groups.world)
+    if groups.ulysses is not None:
+        q, k, v = (sequence_to_heads(t, groups.ulysses) for t in (q, k, v))
+    chunks = 1
+    if groups.ring is not None:
+        k, v = (gather_sequence(t, groups.ring.group, groups.ring.degree) for t in (k, v))
+        chunks = groups.ring.degree
+    out = attend(q, k, v, full_mask, chunks)
+    return out if groups.ulysses is None else heads_to_sequence(out, groups.ulysses)
+
+
+def split_degrees(heads: int, world: int) -> tuple[int, int]:
+    """``(ulysses_degree, ring_degree)`` for ``heads`` attention heads on ``world`` ranks: the largest Ulysses
+    degree that divides both (``gcd``), the ring for the rest -- 40 heads on 8: (8, 1); 12 on 8: (4, 2); 40 on 3:
+    (1, 3)."""
+    u = math.gcd(int(heads), int(world))
+    return u, world // u
+
+
+def enable_context_parallel(transformer: nn.Module, ulysses_degree: int, ring_degree: int = 1):
+    """Put ``transformer`` under diffusers' context parallelism: Ulysses over ``ulysses_degree`` ranks, times ring
+    attention over ``ring_degree`` (``ulysses_degree=1`` for ring attention alone; :func:`split_degrees` chooses
+    both for a head count).
+
+    Needs ``torch.distributed`` initialized with ``ulysses_degree · ring_degree`` ranks (``torchrun`` /
     ``rotvid generate --gpus N``). On a machine with an accelerator this is exactly
-    ``transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=N))`` (set
+    ``transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=U, ring_degree=R))`` (set
     ``torch.cuda.set_device(local_rank)`` and move the model first). On a CPU-only machine it does
     the same steps by hand with a CPU device mesh, because diffusers 0.42.1's
     ``enable_parallelism`` computes ``rank % torch.accelerator.device_count()``, which is a
@@ -327,24 +436,29 @@ def enable_context_parallel(transformer: nn.Module, ulysses_degree: int):
         The diffusers ``ParallelConfig`` now on the transformer.
 
     Raises:
-        ValueError: ``ulysses_degree`` is not an int ≥ 2, differs from the world size, does not
-            divide the heads, or the model has no ``_cp_plan``; torch.distributed not initialized.
+        ValueError: a degree that is not an int ≥ 1, both 1, a product that differs from the world size, a
+            ``ulysses_degree`` that does not divide the heads, or a model without ``_cp_plan``; torch.distributed
+            not initialized.
     """
     from diffusers import ContextParallelConfig
 
-    if isinstance(ulysses_degree, bool) or not isinstance(ulysses_degree, int) or ulysses_degree < 2:
-        raise ValueError(f"ulysses_degree: expected an int >= 2, got {ulysses_degree!r}")
+    for name, degree in (("ulysses_degree", ulysses_degree), ("ring_degree", ring_degree)):
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {degree!r}")
+    if ulysses_degree * ring_degree < 2:
+        raise ValueError(f"ulysses_degree: expected an int >= 2 (or ring_degree >= 2), got {ulysses_degree!r}")
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("ulysses_degree: torch.distributed is not initialized (launch with torchrun)")
     world = dist.get_world_size()
-    if world != ulysses_degree:
-        raise ValueError(f"ulysses_degree: expected the world size {world}, got {ulysses_degree}")
+    if world != ulysses_degree * ring_degree:
+        raise ValueError(f"ulysses_degree: expected ulysses_degree · ring_degree = the world size {world}, got "
+                         f"{ulysses_degree} · {ring_degree}")
     heads = getattr(getattr(transformer, "config", None), "num_attention_heads", None)
     if heads is not None:
         _check_heads(int(heads), ulysses_degree, type(transformer).__name__)
     if getattr(transformer, "_cp_plan", None) is None:
         raise ValueError(f"transformer: {type(transformer).__name__} has no _cp_plan in this diffusers version")
-    cp = ContextParallelConfig(ulysses_degree=ulysses_degree)
+    cp = ContextParallelConfig(ulysses_degree=ulysses_degree, ring_degree=ring_degree)
     if torch.accelerator.device_count() > 0:
         transformer.enable_parallelism(config=cp)
         return transformer._parallel_config

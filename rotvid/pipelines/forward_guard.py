@@ -21,8 +21,9 @@ traced. Once per forward it
    redo (the cache was filled by the non-finite forward), so the redo computes every block.
 
 Under context parallelism (:mod:`rotvid.pipelines.context_parallel`) every decision of step 4 is agreed by the
-ranks of the Ulysses group before anyone acts on it (:func:`~rotvid.pipelines.context_parallel.any_rank`: one MAX
-all-reduce of a 0/1 flag, in place of the host read of the finiteness check): a redo runs on every rank or on none.
+ranks of the context-parallel mesh (Ulysses, ring, both) before anyone acts on it
+(:func:`~rotvid.pipelines.context_parallel.any_rank`: one MAX all-reduce of a 0/1 flag, in place of the host read of
+the finiteness check): a redo runs on every rank or on none.
 A redo on one rank only would run its all-to-alls alone -- the other ranks wait in the next forward's, or leave --
 and the ranks would hang or desynchronise. The rare paths (inputs not finite; the redo's own check) are agreed the
 same way, so every rank records the same redo.
@@ -41,7 +42,7 @@ import logging
 import torch
 from torch import nn
 
-from rotvid.pipelines.context_parallel import any_rank, ulysses_group
+from rotvid.pipelines.context_parallel import any_rank, context_parallel_groups
 
 __all__ = ["ForwardGuard", "first_tensor", "all_finite"]
 
@@ -135,7 +136,8 @@ class ForwardGuard:
         handle.before_forward(self.name, self.module, args, kwargs)
         try:
             output = self._forward(args, kwargs)
-            group = ulysses_group(getattr(self.module, "_parallel_config", None))
+            groups = context_parallel_groups(getattr(self.module, "_parallel_config", None))
+            group = None if groups is None else groups.world
             if not self._not_finite_on_any_rank(output, group):
                 return output
             return self._not_finite(output, args, kwargs, group)
@@ -143,8 +145,8 @@ class ForwardGuard:
             handle.after_forward(self.name)
 
     def _not_finite_on_any_rank(self, output, group) -> bool:
-        """Whether the forward's output (its first tensor) is not finite -- on any rank of the Ulysses ``group``
-        (:func:`~rotvid.pipelines.context_parallel.any_rank`; one host read without a group)."""
+        """Whether the forward's output (its first tensor) is not finite -- on any rank of the context-parallel
+        ``group`` (:func:`~rotvid.pipelines.context_parallel.any_rank`; one host read without a group)."""
         sample = first_tensor(output)
         flag = False if sample is None else ~torch.isfinite(sample).all()
         return any_rank(flag, group, self._device() if group is not None and sample is None else None)

@@ -13,10 +13,11 @@ the diffusers processor it replaces, except for two steps, which it hands to thi
   original processor's backend by default; a processor whose diffusers twin calls
   ``F.scaled_dot_product_attention`` directly passes :meth:`RotvidProcessorBase._sdpa_fp16`).
 
-Under diffusers' context parallelism the attention call is wrapped in rotvid's own Ulysses
-all-to-all (:func:`rotvid.pipelines.context_parallel.ulysses_attend`): each call gets its
-sequence shard, rotates it, exchanges it for the full sequence of H/P heads, attends, and
-exchanges back.
+Under diffusers' context parallelism the attention call is wrapped in rotvid's own exchanges
+(:func:`rotvid.pipelines.context_parallel.context_parallel_attend`): each call gets its sequence
+shard, rotates it, exchanges it for the full sequence of H/P heads (Ulysses) and/or gathers the
+keys of the ring (ring attention: the quantized recipe per key chunk, merged by log-sum-exp),
+attends, and exchanges back.
 
 The V/O Hadamard lives in the weights (fused by ``apply``), so nothing here touches V.
 Processors are installed with ``attn.set_processor`` on self-attention modules only; their
@@ -32,7 +33,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-from rotvid.pipelines.context_parallel import ulysses_attend, ulysses_group
+from rotvid.pipelines.context_parallel import context_parallel_attend, context_parallel_groups
 
 __all__ = ["RotvidProcessorBase"]
 
@@ -74,7 +75,7 @@ class RotvidProcessorBase:
         """diffusers' own attention on BHND q/k/v (it takes BNHD); returns BHND.
 
         No parallel config is passed: under context parallelism the tensors are already the
-        full sequence (rotvid's Ulysses exchange ran before).
+        full sequence (rotvid's Ulysses exchange ran before; under ring attention, the keys of the whole ring).
         """
         out = dispatch_attention_fn(
             q.transpose(1, 2),
@@ -99,9 +100,9 @@ class RotvidProcessorBase:
         Returns BHND.
         """
         fp16 = self._dispatch_fp16 if fp16 is None else fp16
-        group = ulysses_group(self._parallel_config)
+        groups = context_parallel_groups(self._parallel_config)
         table = None
-        if group is None and not self.runtime.observers:
+        if groups is None and not self.runtime.observers:
             table = self.rotator.deferred_table(q, rope, span)
         if table is not None:
             # RoPE·R left to the call: the int8-fp8 CUDA pre-processing applies it itself; FP16 rotates here.
@@ -112,17 +113,18 @@ class RotvidProcessorBase:
         q = self.rotator.rotate(q, rope, span)
         k = self.rotator.rotate(k, rope, span)
 
-        def attend(q, k, v, mask):
-            return self.runtime.attend(self.site, q, k, v, mask=mask, fp16_attention=lambda: fp16(q, k, v, mask))
+        def attend(q, k, v, mask, key_chunks=1):
+            return self.runtime.attend(self.site, q, k, v, mask=mask, fp16_attention=lambda: fp16(q, k, v, mask),
+                                       key_chunks=key_chunks)
 
-        if group is None:
+        if groups is None:
             return attend(q, k, v, mask)
         if self.runtime.observers:
             raise ValueError(
                 f"parallel_config: {self.site.key} runs context-parallel; calibration observers (rotvid calibrate) "
                 "would see only this rank's heads — calibrate on one process"
             )
-        return ulysses_attend(group, q, k, v, mask, attend)
+        return context_parallel_attend(groups, q, k, v, mask, attend)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(site={self.site.key}, rotation={self.rotator.kind})"

@@ -90,6 +90,17 @@ top-p, its mean estimated dropped mass to the site's sums (:meth:`SiteCounters.a
   ``oracle`` builder's own masses are reused), for evaluation. ``oracle`` maps log a warning once per ``apply``:
   they are an evaluation tool.
 
+Ring attention
+--------------
+Under ring attention (:mod:`rotvid.pipelines.ring`) a call gets ``key_chunks = R``: k and v hold every key of the
+ring, ``R`` equal chunks in order, and the mask covers them all. The decision, the checks and the counts are the
+call's, once; the FP16 path attends every key at once (the model's own attention); the quantized path is prepared
+on the first chunk with ``return_lse=True`` and run once per chunk (each with its own key padding), the partials
+merged by their log-sum-exp (:func:`rotvid.pipelines.ring.attend_key_chunks`). A backend that returns no LSE
+refuses the call at that preparation: a counted fallback (with ``backend="auto"`` on a GPU, a GPU fallback naming
+``return_lse``). Block maps are refused under ring attention at ``apply``; a call that still has one here is a
+counted fallback.
+
 Non-finite redo
 ---------------
 While :attr:`Runtime.redo` is set (the forward guard re-running a forward whose output was not
@@ -114,6 +125,7 @@ from rotvid.kernels.sparsity.oracle import block_attention_mass, kept_mass, orac
 from rotvid.pipelines.call_counts import SiteCounters
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.report import GPU_FALLBACK, UNTRACKED_RULE, RunReport
+from rotvid.pipelines.ring import attend_key_chunks, chunk_key_lengths
 from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
 from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block
 
@@ -180,6 +192,21 @@ def run_into_bnhd(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
     """
     out = run_attention(call, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="BNHD", rope=rope)
     return out.transpose(1, 2)
+
+
+def run_key_chunks(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   kv_lens: torch.Tensor | None, chunks: int) -> torch.Tensor:
+    """A call prepared with ``return_lse=True`` on the first of ``chunks`` equal key chunks of ``k``, ``v`` (BHND),
+    run on each chunk in the BNHD layout (as :func:`run_into_bnhd`) with the chunk's key padding, and the partials
+    merged by their LSE (:func:`rotvid.pipelines.ring.attend_key_chunks`); ``kv_lens`` over all the keys. Returns
+    [B, H, N_q, D] in q's dtype."""
+
+    def run_chunk(k_c, v_c, lens):
+        out, lse = run_attention(call, q.transpose(1, 2), k_c.transpose(1, 2), v_c.transpose(1, 2), layout="BNHD",
+                                 kv_lens=lens)
+        return out.transpose(1, 2), lse.transpose(1, 2)  # (BHND views; the LSE [B, N, H] -> [B, H, N])
+
+    return attend_key_chunks(run_chunk, k, v, kv_lens, chunks).to(q.dtype)
 
 
 def attention_into_bnhd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rope=None, **opts) -> torch.Tensor:
@@ -563,6 +590,7 @@ class Runtime:
         mask: torch.Tensor | None,
         fp16_attention: Callable[[], torch.Tensor],
         rope=None,
+        key_chunks: int = 1,
     ) -> torch.Tensor:
         """Run one self-attention.
 
@@ -574,6 +602,8 @@ class Runtime:
             rope: ``None``, or the RoPE·R table (:class:`~rotvid.rope.fused_table.GeneralizedRopeTable`) still to
                 be applied to q and k: the quantized call hands it to :func:`rotvid.kernels.attention`, whose
                 CUDA int8-fp8 pre-processing applies it itself (one pass less), and ``fp16_attention`` rotates.
+            key_chunks: under ring attention, the number of equal key chunks k and v hold (the ring's degree): the
+                quantized recipe runs once per chunk and merges by LSE (module docstring); 1: one call.
 
         Returns:
             [B, H, N_q, D] in q's dtype.
@@ -611,6 +641,8 @@ class Runtime:
         sparse = None
         spec = self.planned_sparsity(site)
         kept = oracle_kept = None
+        if problem is None and spec is not None and key_chunks > 1:  # (apply refuses it: check_ring_config)
+            problem = f"sparsity {spec}: block maps are not split per key chunk under ring attention"
         if problem is None and spec is not None:
             sparse, problem, q, k, rope = self.block_map_for_call(site, spec, q, k, rope, kv_lens)
             if sparse is not None:
@@ -618,8 +650,14 @@ class Runtime:
         if problem is None:
             block_map = None if sparse is None else sparse.block_map
             try:  # validated and the backend chosen once, here
-                call = prepare_attention(q, k, v, backend=self.config.backend, kv_lens=kv_lens, block_map=block_map,
-                                         **self.call_options)
+                if key_chunks > 1:  # on the first key chunk, with its key padding and the LSE
+                    n_c = k.shape[2] // key_chunks
+                    lens0, _ = chunk_key_lengths(kv_lens, 0, n_c)
+                    call = prepare_attention(q, k[:, :, :n_c], v[:, :, :n_c], backend=self.config.backend,
+                                             kv_lens=lens0, return_lse=True, **self.call_options)
+                else:
+                    call = prepare_attention(q, k, v, backend=self.config.backend, kv_lens=kv_lens,
+                                             block_map=block_map, **self.call_options)
             except ValueError as e:
                 problem = "kernel cannot take this call: " + e.args[0]
             else:
@@ -636,6 +674,9 @@ class Runtime:
                 counters.add_sparse(sparse.block_map.density(), _mean(sparse.dropped_mass), kept_mass=kept,
                                     oracle_kept_mass=oracle_kept)
             block = self._vo_block(v)
+            if key_chunks > 1:
+                out = run_key_chunks(call, q, k, rotate_v_online(v, block), kv_lens, key_chunks)
+                return unrotate_o_online(out, block)
             return unrotate_o_online(run_into_bnhd(call, q, k, rotate_v_online(v, block), rope=rope), block)
         # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.
         take = run if ok is None else (ok if run is None else run & ok)
@@ -649,7 +690,11 @@ class Runtime:
 
         def quantized(q, k, v, *lens):
             block = self._vo_block(v)
-            out = run_attention(call, q, k, rotate_v_online(v, block), kv_lens=lens[0] if lens else None, rope=rope)
+            if key_chunks > 1:
+                out = run_key_chunks(call, q, k, rotate_v_online(v, block), lens[0] if lens else None, key_chunks)
+            else:
+                out = run_attention(call, q, k, rotate_v_online(v, block), kv_lens=lens[0] if lens else None,
+                                    rope=rope)
             return unrotate_o_online(out, block)
 
         def fp16(q, k, v, *lens):

@@ -1,4 +1,5 @@
-"""Spawning a 2-process group for the context-parallel tests (gloo on CPU, NCCL on two GPUs).
+"""Spawning a process group for the context-parallel tests (2 by default, 4 for ring × Ulysses; gloo on CPU, NCCL
+on two GPUs).
 
 Workers write their results to ``rank{r}.json`` in ``out_dir``; the parent reads them and asserts, so a failure
 names the case. A deadline kills the group, so a hang (a collective one rank never reaches) fails the test instead
@@ -55,11 +56,11 @@ def finish(out_dir: str, rank: int, results: dict) -> None:
     os._exit(0)
 
 
-def run_group(fn, args: tuple, out_dir: Path, deadline_s: float = 240) -> list[dict]:
-    """Run ``fn(rank, WORLD, port, *args)`` on WORLD spawned processes; kill them and fail past ``deadline_s``."""
+def run_group(fn, args: tuple, out_dir: Path, deadline_s: float = 240, world: int = WORLD) -> list[dict]:
+    """Run ``fn(rank, world, port, *args)`` on ``world`` spawned processes; kill them and fail past ``deadline_s``."""
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(fn, args=(WORLD, free_port(), *args), nprocs=WORLD, join=False, start_method="spawn")
+    ctx = mp.start_processes(fn, args=(world, free_port(), *args), nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + deadline_s
     try:
         while not ctx.join(timeout=2):
@@ -69,9 +70,9 @@ def run_group(fn, args: tuple, out_dir: Path, deadline_s: float = 240) -> list[d
                         p.kill()
                 pytest.fail(f"context-parallel workers did not finish within {deadline_s} s (hang?)")
     except mp.ProcessExitedException as e:
-        written = [r for r in range(WORLD) if (out_dir / f"rank{r}.json").exists()]
-        pytest.fail(f"{e} (results written by ranks {written} of {WORLD})")
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
+        written = [r for r in range(world) if (out_dir / f"rank{r}.json").exists()]
+        pytest.fail(f"{e} (results written by ranks {written} of {world})")
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def needs_gloo():

@@ -399,7 +399,8 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
                              const at::Tensor& v_mean, const c10::optional<at::Tensor>& kv_lens, int64_t n_q,
                              int64_t n_kv, int64_t head_dim, double qk_scale, bool out_bf16, bool bnhd,
                              const c10::optional<at::Tensor>& out_opt, bool mma, bool split_tail,
-                             const c10::optional<at::Tensor>& map_index, const c10::optional<at::Tensor>& map_count) {
+                             const c10::optional<at::Tensor>& map_index, const c10::optional<at::Tensor>& map_count,
+                             const c10::optional<at::Tensor>& lse_opt) {
   TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,D]");
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
   const c10::cuda::CUDAGuard guard(q_hat.device());
@@ -459,6 +460,14 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   p.qk_scale = (float)qk_scale;
   p.out_bf16 = out_bf16 ? 1 : 0;
   set_block_map(p, map_index, map_count, q_hat);
+  if (lse_opt.has_value()) {  // each row's log-sum-exp (int4_common.cuh: AttnParams.lse), the wgmma kernel only
+    const at::Tensor& lse = *lse_opt;
+    TORCH_CHECK(!mma, "lse: the int8-fp8 mma.sync kernel returns no log-sum-exp (the sm90 wgmma kernel does)");
+    TORCH_CHECK(lse.is_cuda() && lse.device() == q_hat.device() && lse.scalar_type() == at::kFloat &&
+                    lse.is_contiguous() && lse.sizes() == at::IntArrayRef({B, H, n_q}),
+                "lse: contiguous fp32 CUDA [B, H, n_q] on the operands' device");
+    p.lse = lse.data_ptr<float>();
+  }
   const at::Tensor ws = plan_tail_split(p, split_tail && !mma, 128, D, q_hat.options());  // (wgmma path only)
   if (n_q > 0 && mma) {
     const cudaError_t err = rotvid::launch_int8fp8_attention_mma(p, (int)D, c10::cuda::getCurrentCUDAStream());
@@ -509,7 +518,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("preprocess_int8fp8", &preprocess_int8fp8, "int8-fp8 pre-processing (INT8 Q/K per token, FP8 V per channel)");
   m.def("attention_int8fp8", &attention_int8fp8,
         "int8-fp8 attention on quantized inputs (mma=false: the sm90 wgmma kernel; true: the sm89+ mma.sync kernel; "
-        "map_index / map_count: a block map, both kernels)");
+        "map_index / map_count: a block map, both kernels; lse: fp32 [B, H, n_q] written with each row's "
+        "log-sum-exp, the wgmma kernel only)");
   m.def("generalized_rope", &generalized_rope,
         "RoPE·R by the generalized table shared by the heads (one pass; hadamard: then the Walsh-Hadamard transform)",
         py::arg("x"), py::arg("coef"), py::arg("index"), py::arg("out") = py::none(), py::arg("hadamard") = false);

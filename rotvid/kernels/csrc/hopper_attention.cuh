@@ -19,7 +19,10 @@
 //   flight, PIPE 2 right after P.V completes (both overlap it with the O update), PIPE 0 after the O update;
 //   PINGPONG 1 makes the two consumer warpgroups take turns issuing the QK^T, PINGPONG 2 issuing P.V + the next
 //   QK^T (FlashAttention-3's order);
-// - the epilogue: the numerics' store of O / l, or the split's partials.
+// - the epilogue: the numerics' store of O / l, or the split's partials; LSE (a template flag, only for numerics
+//   whose RETURNS_LSE is true, launched when p.lse is set: the LSE = false instantiations are the kernel as it was,
+//   code included -- benchmarks/kernel_ptx_diff.py) each row's log-sum-exp into p.lse too, from the same m_run and
+//   l_run (rowmath::row_lse), written by the whole tile's epilogue or by the split combine.
 //
 // Both the producer and the consumers walk the key blocks through KeyBlocks (key_blocks.cuh) and mask keys by
 // their absolute index, so a block-sparse walk replaces the dense one without touching the numerics. SPARSE (a
@@ -45,6 +48,7 @@
 //     .p_fragments<PARTIAL>(sacc, mblk, blk, kv_len, t, c_fac, pf, l_run)   P as e4m3 A fragments, l += c rowsum
 //     .update_o<ST>(o, pacc, c_fac, smem, small_off, s, t)   O += c (P V) (times a per-block V scale, if any)
 //   store_rows(p, o, l_run, row_base, g, t, b, h), split_scale(p, bh)   the epilogue, the split partials' O scale
+//   RETURNS_LSE, LSE_LOG2_UNIT   whether p.lse is written, and log2 of the unit of l (l counts L p: log2 L)
 // (smem + small_off + the policy's offset of stage s addresses its operands in the consumers, as one offset sum;
 // small is the same region's shared address in the producer. The thread's column index t is passed, not kept in
 // Rows: both forms cost the kernel its measured code generation -- benchmarks/kernel_ptx_diff.py shows it.)
@@ -117,7 +121,7 @@ __device__ __forceinline__ auto key_walk(const AttnParams& p, int b, int h, int 
   }
 }
 
-template <class N, int STAGES, int PINGPONG, int PIPE, bool SPARSE>
+template <class N, int STAGES, int PINGPONG, int PIPE, bool SPARSE, bool LSE = false>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ CUtensorMap tm_q,
                             const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -125,6 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace sm90;
   static_assert(PINGPONG >= 0 && PINGPONG <= 2, "PINGPONG 0 (none), 1 (turn around QK^T) or 2 (around P.V + QK^T)");
   static_assert(PIPE >= 0 && PIPE <= 2, "PIPE 0, 1 or 2");
+  static_assert(!LSE || N::RETURNS_LSE, "LSE: a numerics that returns the log-sum-exp");
   constexpr int D = N::D;
   constexpr int kBN = N::BN;
   constexpr int ST = STAGES;
@@ -353,6 +358,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       N::store_rows(p, o, l_run, row_base, g, t, b, h);
     }
+    if constexpr (LSE) {  // (after store_rows, which sums l_run over the row's 4 threads; an empty tile: l_run 0, -inf)
+      rowmath::store_lse_rows(p, m_run, l_run, row_base, g, t, b, h, N::LSE_LOG2_UNIT);
+    }
   } else {  // partials of this split: O (relative to m_run; times the numerics' split scale), m_run, l per row
     float* w = p.ws + ((size_t)(tile - p.split_from) * p.splits + part) * kBM * (D + 2);
     rowmath::store_split_partials<D>(w, o, m_run, l_run, row_base - mb * kBM + g, t, N::split_scale(p, bh));
@@ -361,10 +369,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // ROTVID_WGMMA_ENABLED
 }
 
+// The split combine's LSE policy when the launch writes none (every numerics then shares one combine per head_dim and
+// SPARSE, as before the LSE).
+struct NoLse {
+  static constexpr bool RETURNS_LSE = false;
+  static constexpr float LSE_LOG2_UNIT = 0.f;
+};
+
 // The tail split's second pass: one warp per row of a split tile merges the splits' (O, m, l) -- weights
-// exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows. Grid (split tiles, kBM / 8), 256 threads.
-// SPARSE: a row whose splits all kept no key (every m -inf) is written 0, without the V mean.
-template <int D, bool SPARSE>
+// exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows, and (L: the kernel's numerics when the launch
+// writes the LSE, NoLse otherwise) the row's LSE into p.lse from the merged l and max m. Grid (split tiles, kBM / 8),
+// 256 threads. SPARSE: a row whose splits all kept no key (every m -inf) is written 0, without the V mean (LSE -inf).
+template <int D, bool SPARSE, class L = NoLse>
 __global__ void __launch_bounds__(256) combine_splits_kernel(const AttnParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tile = p.split_from + blockIdx.x;
@@ -382,6 +398,9 @@ __global__ void __launch_bounds__(256) combine_splits_kernel(const AttnParams p)
       const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
 #pragma unroll
       for (int i = 0; i < EPL; i += 2) rowmath::store_pair(p, off, lane * EPL + i, 0.f, 0.f, nullptr);
+      if constexpr (L::RETURNS_LSE) {
+        if (lane == 0) p.lse[((size_t)b * p.H + h) * p.Nq + row] = -INFINITY;
+      }
       return;
     }
   }
@@ -399,6 +418,9 @@ __global__ void __launch_bounds__(256) combine_splits_kernel(const AttnParams p)
   const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
 #pragma unroll
   for (int i = 0; i < EPL; i += 2) rowmath::store_pair(p, off, lane * EPL + i, acc[i] / l, acc[i + 1] / l, vm);
+  if constexpr (L::RETURNS_LSE) {
+    if (lane == 0) p.lse[((size_t)b * p.H + h) * p.Nq + row] = rowmath::row_lse(m_max, l, L::LSE_LOG2_UNIT);
+  }
 }
 
 }  // namespace hopper

@@ -31,6 +31,8 @@ namespace hopper {
 // product by sq is folded into the exponent's FFMA.
 template <int D_, int BN_, int PMODE, bool SQ>
 struct Int4ValuedNumerics {
+  static constexpr bool RETURNS_LSE = false;  // p.lse not written (the INT4 kernels return no LSE yet)
+  static constexpr float LSE_LOG2_UNIT = 0.f;
   static constexpr int D = D_;
   static constexpr bool TILE_COUNT_ROUNDED_UP = false;  // the tile decode's code form (hopper_attention.cuh)
   static constexpr int BN = BN_;

@@ -10,6 +10,13 @@
 //   reference), then O = O a + c pv, l = l a + c l_blk (lazy reference max, rowmath::online_combine), and at the end
 //   out = O / l * v_scale (+ v_mean): the 448 cancels in O / l and the per-channel V scale factors out of the sum
 //   over keys, so neither is applied per block (one FFMA per O element and block).
+// The log-sum-exp (p.lse set; RETURNS_LSE): l = sum_j 448 2^(x_j - m) with x_j = float(S_j) sq ks the log2-domain
+//   score (m the lazy reference max: any value, l is relative to it), so ln sum_j exp(sm_scale q^.k^_j) =
+//   ln 2 (m + log2(l) - log2 448) -- rowmath::row_lse with LSE_LOG2_UNIT = log2 448, in the epilogue and in the
+//   tail split's combine (whose merged l is relative to the splits' largest m). It is the LSE of the smoothed K^'s
+//   scores: the Python side adds K smoothing's shift sm_scale q.mean(k) (rotvid/kernels/recipes/int8_fp8_ops.py).
+//   With MAGIC the exponent's folded constant is rounded once per row and block: l moves by the same relative
+//   ~1e-5 (log2 units) as the P levels; the LSE by as much.
 // V8^T keys are permuted per 32 exactly as the s8 layout (int4_common.cuh), so that the S accumulator layout is the
 // e4m3 A-fragment layout.
 #pragma once
@@ -35,6 +42,8 @@ struct Int8Fp8Numerics {
   static constexpr bool TILE_COUNT_ROUNDED_UP = true;  // the tile decode's code form (hopper_attention.cuh)
   static constexpr int BN = 128;
   static constexpr bool S_STARTS_AT_MAGIC = MAGIC;
+  static constexpr bool RETURNS_LSE = true;                      // p.lse honoured (hopper_attention.cuh)
+  static constexpr float LSE_LOG2_UNIT = rowmath::kLog2Fp8Max;  // l counts 448 p
 
   // What each stage holds besides the K^ / V8^T tiles: the block's four K group scales. [KS0][KS1]...
   static constexpr int KS_BYTES = 16;

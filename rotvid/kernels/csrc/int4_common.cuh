@@ -62,6 +62,12 @@ struct AttnParams {
   const int* map_count; // [B', H', Tq] int32, or nullptr
   int map_sb, map_sh;   // rows of the map per batch / per head (0: one map row for every batch / head)
   int map_kmax;         // Kmax
+  // The log-sum-exp of each row (ring attention merges partial results by it): [B, H, Nq] fp32, natural log, of the
+  // scores the kernel computed (rotvid/kernels/reference.py: ln 2 (m + log2(l / L))), written only when set, by
+  // the numerics that return it (N::RETURNS_LSE: the int8-fp8 Hopper kernel, launched as its LSE instantiation;
+  // set for another numerics: cudaErrorInvalidValue); nullptr: the kernels as they were. (The last 8 bytes before
+  // the tensor maps: sizeof(AttnParams) is 192 with it.)
+  float* lse;
 };
 static_assert(sizeof(AttnParams) <= 192, "AttnParams: the Hopper kernel's tensor maps follow at offset 192");
 

@@ -18,6 +18,16 @@ __device__ __forceinline__ float ex2(float x) {
 
 // log2(448): 448 p = exp2(x - (m - log2 448)) forms the FP8 e4m3 levels of p in one ex2 (int8-fp8 recipe).
 constexpr float kLog2Fp8Max = 8.807354922057604f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// The natural-log LSE of a row from the online softmax's state: the scores x are in the log2 domain (x = S sq ks,
+// sq = q_scale * sm_scale * log2 e) and l = sum_j L 2^(x_j - m) in units of 1/L (log2_unit = log2 L), whatever the
+// lazily moved reference m is, so sum_j exp(sm_scale q.k_j) = sum_j 2^(x_j) = (l / L) 2^m and
+//   lse = ln 2 * (m + log2(l) - log2 L);   -inf where l = 0 (a row that attended no key).
+// (log2f, not ex2.approx's inverse: one call per row.)
+__device__ __forceinline__ float row_lse(float m, float l, float log2_unit) {
+  return l > 0.f ? (m + log2f(l) - log2_unit) * kLn2 : -INFINITY;
+}
 
 // Four floats -> four e4m3 bytes (round to nearest even, saturating at 448): byte i = e4m3(fi). sm89+ (cvt e4m3x2).
 __device__ __forceinline__ uint32_t pack_e4m3x4(float f0, float f1, float f2, float f3) {
@@ -121,6 +131,19 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, float (&o)[D / 8
     for (int j = 0; j < D / 8; ++j) {
       store_pair(p, off, 8 * j + 2 * t, o[j][2 * r] / l_run[r], o[j][2 * r + 1] / l_run[r], vm);
     }
+  }
+}
+
+// The LSE of rows row0 + g (+ 8) into p.lse [B, H, Nq] (row_lse; l_run already summed over the row's 4 threads, as
+// the store_rows* epilogues leave it), one thread per row; rows >= Nq skipped.
+__device__ __forceinline__ void store_lse_rows(const AttnParams& p, const float (&m_run)[2], const float (&l_run)[2],
+                                               int row0, int g, int t, int b, int h, float log2_unit) {
+  if (t != 0) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + g + 8 * r;
+    if (row >= p.Nq) continue;
+    p.lse[((size_t)b * p.H + h) * p.Nq + row] = row_lse(m_run[r], l_run[r], log2_unit);
   }
 }
 

@@ -58,7 +58,8 @@ def attention_reference(
     smooth_v: bool = False,
     q_block: int | None = None,
     block_map: BlockMap | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q`` [B, H, Nq, D] (or BNHD) over ``k``, ``v`` [.., N_kv, ..] under ``recipe``, on the PyTorch
     reference (:attr:`Recipe.reference`).
 
@@ -67,9 +68,14 @@ def attention_reference(
     ``block_m`` is the kernels' query tile (no effect on these numerics); ``q_block``: query rows per Q
     smoothing mean (None: one per head, as the CUDA kernels). ``block_map``: the key blocks each query tile visits
     (:class:`rotvid.kernels.sparsity.BlockMap`; skipped blocks are blocks of ``-inf`` scores, see
-    :mod:`rotvid.kernels.reference`); None: all of them.
+    :mod:`rotvid.kernels.reference`); None: all of them. ``return_lse``: ``(out, lse)`` with each row's log-sum-exp
+    (:mod:`rotvid.kernels.reference`; a recipe whose reference takes no ``return_lse`` raises ValueError).
     """
     sparse = {} if block_map is None else {"block_map": block_map}
+    if return_lse:
+        if not get_recipe(recipe).reference_lse:
+            raise ValueError(f"return_lse: recipe {recipe!r}'s reference returns no log-sum-exp")
+        sparse["return_lse"] = True
     return get_recipe(recipe).reference(
         q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=resolve_sm_scale(sm_scale, q.shape[-1]), block_m=block_m,
         block_n=block_n, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block, **sparse,

@@ -47,6 +47,10 @@ class KernelEntry:
         fuses_rope: ``fuses_rope(q, k, rope, layout=...)`` -> "" when ``run`` applies a RoPE·R table itself
             (inside its pre-processing), else why not; None: it never does (the dispatcher rotates q and k first).
         describe: a few words for ``rotvid backends`` on where it runs (optional).
+        returns_lse: whether ``run`` takes ``return_lse=True`` and then returns ``(out, lse)`` (the reference's
+            LSE convention, :mod:`rotvid.kernels.reference`); False: the CUDA backend refuses such calls (check name
+            ``"return_lse"``) before any work. A kernel that returns it on some GPUs only refuses the others in its
+            ``checks``.
     """
 
     run: Callable[..., torch.Tensor]
@@ -54,6 +58,7 @@ class KernelEntry:
     block_n: Callable[[torch.device | None], int]
     fuses_rope: Callable[..., str] | None = None
     describe: Callable[[], str] | None = None
+    returns_lse: bool = False
 
     def refusal(self, q, k, v, **opts) -> tuple[str, str] | None:
         """``(check name, reason)`` when this kernel cannot take the call, else None."""
@@ -89,6 +94,11 @@ class Recipe:
             smooth_v, q_block[, block_map])`` -> the output in q's shape, layout and dtype (``sm_scale`` already
             resolved). ``block_map`` (a :class:`rotvid.kernels.sparsity.BlockMap`) is passed only when a call has
             one; the built-in references all take it (:func:`rotvid.kernels.reference.attention_blockwise`).
+            ``return_lse=True`` likewise, only when a call asks: it then returns ``(out, lse)``, the per-row
+            log-sum-exp of the unsmoothed scores (:mod:`rotvid.kernels.reference`; ring attention merges by it).
+        reference_lse: whether ``reference`` takes ``return_lse`` (True for every reference built on
+            :func:`~rotvid.kernels.reference.attention_blockwise` or :func:`~rotvid.kernels.reference.attention_int4`;
+            False: the reference backend refuses calls that ask for the LSE).
         reference_block_n: the key-block size of the reference backend when a call gives none.
         kernels: backend name -> :class:`KernelEntry` (``"cuda"``: rotvid's CUDA kernels).
         auto_on: compute capability -> why ``recipe="auto"`` picks this recipe on that GPU.
@@ -110,11 +120,12 @@ class Recipe:
     auto_on: Mapping[tuple[int, int], str] = field(default_factory=dict)
     auto_elsewhere: str = ""
     requested_notes: Mapping[tuple[int, int], str] = field(default_factory=dict)
+    reference_lse: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or self.name == "auto" or ":" in self.name:
             raise ValueError(f"name: expected a non-empty recipe name other than 'auto', without ':', got {self.name!r}")
-        for attr in ("quantized", "smooth_q", "smooth_v"):
+        for attr in ("quantized", "smooth_q", "smooth_v", "reference_lse"):
             if not isinstance(getattr(self, attr), bool):
                 raise ValueError(f"{attr}: expected True or False, got {getattr(self, attr)!r}")
         if not callable(self.reference):

@@ -4,7 +4,8 @@ kernel thread holds), P and V in FP8 e4m3 with V per channel and P scaled by 448
 CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma, the default there): :mod:`rotvid.kernels.recipes.int8_fp8_ops`;
 they do not smooth Q and use key blocks of 128 on every backend (the reference's default for this recipe too, so a
 fallback keeps their numerics). Their pre-processing can apply a RoPE·R table itself; the sm90 kernel takes a block
-map (block-sparse attention).
+map (block-sparse attention) and returns each row's log-sum-exp on request (``return_lse``: ring attention); the
+sm89 one refuses that.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from rotvid.kernels.quantize import (
     quantize_per_token_int8,
 )
 from rotvid.kernels.recipes.base import KernelEntry, Recipe, RecipeLabels
-from rotvid.kernels.recipes.int8_fp8_ops import int8fp8_attention_cuda, int8fp8_device_problem, rope_fusion_unsupported
+from rotvid.kernels.recipes.int8_fp8_ops import (
+    int8fp8_attention_cuda,
+    int8fp8_device_problem,
+    int8fp8_returns_lse,
+    rope_fusion_unsupported,
+)
 from rotvid.kernels.reference import INT8FP8_BLOCK_N, attention_blockwise
 
 NAME = "int8-fp8"
@@ -69,6 +75,13 @@ def no_q_smoothing(q, k, v, **opts) -> str | None:
     return None
 
 
+def lse_on_wgmma(q, k, v, **opts) -> str | None:
+    """``return_lse`` only where the device's int8-fp8 kernel is the sm90 wgmma one (the mma.sync one returns none)."""
+    if opts.get("return_lse") and not int8fp8_returns_lse(cuda_checks.device_index(q)):
+        return "return_lse=True on the int8-fp8 mma.sync kernel (only the sm90 wgmma kernel returns the log-sum-exp)"
+    return None
+
+
 def key_block_128(q, k, v, **opts) -> str | None:
     bn = opts.get("block_n")
     if bn is not None and bn != INT8FP8_BLOCK_N:
@@ -77,9 +90,9 @@ def key_block_128(q, k, v, **opts) -> str | None:
 
 
 def _run_cuda(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_v=False, rope=None,
-              block_map=None, **_):
+              block_map=None, return_lse=False, **_):
     return int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
-                                  smooth_v=smooth_v, rope=rope, block_map=block_map)
+                                  smooth_v=smooth_v, rope=rope, block_map=block_map, return_lse=return_lse)
 
 
 def _describe_cuda() -> str:
@@ -95,11 +108,12 @@ CUDA_KERNEL = KernelEntry(
     checks=(
         *cuda_checks.FIRST_CHECKS, int8fp8_gpu, cuda_checks.dtype, cuda_checks.head_dim, no_q_smoothing,
         cuda_checks.q_block, cuda_checks.block_m, cuda_checks.block_n, key_block_128, cuda_checks.strides,
-        cuda_checks.alignment,
+        cuda_checks.alignment, lse_on_wgmma,
     ),
     block_n=lambda device=None: INT8FP8_BLOCK_N,
     fuses_rope=rope_fusion_unsupported,
     describe=_describe_cuda,
+    returns_lse=True,
 )
 
 RECIPE = Recipe(

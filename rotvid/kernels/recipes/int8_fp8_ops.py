@@ -15,6 +15,14 @@ s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]). Two kernels of the sa
 A block map (``block_map=``, :class:`~rotvid.kernels.sparsity.BlockMap`) runs on both kernels: each query tile
 visits only its row's key blocks (the skipped ones are never loaded), with the numerics of
 :func:`rotvid.kernels.reference.attention_int8fp8_from_quantized` under the same map.
+
+The log-sum-exp (``return_lse=True``; the ``"wgmma"`` kernel only, op ``rotvid::int8fp8_attention_lse``): the kernel
+writes ``ln 2 · (m + log2(l) - log2 448)`` per row from its online softmax (``l`` sums ``448 p``; a row that attends
+no key: ``-inf``; ``csrc/hopper_int8fp8_numerics.cuh``) into an fp32 [B, H, N_q] tensor that is passed only when
+asked (the default call passes none and its kernel path is unchanged). That is the LSE of the smoothed K̂'s scores;
+:func:`int8fp8_attention_cuda` adds K smoothing's shift ``sm_scale · q·mean(k)`` (:func:`k_smoothing_shift`: one
+fp32 pass over q and k in torch), giving the LSE of the unsmoothed scores that ring attention merges
+(:mod:`rotvid.kernels.reference`).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from rotvid.kernels.cuda_layout import (
     kv_lens_int32,
     pads,
 )
-from rotvid.kernels.reference import INT8FP8_BLOCK_N, LOG2E, check_sm_scale
+from rotvid.kernels.reference import INT8FP8_BLOCK_N, LOG2E, check_sm_scale, to_bhnd
 from rotvid.kernels.rope_op import ROPE_HEAD_DIMS
 from rotvid.kernels.sparsity.block_map import BlockMap
 
@@ -106,7 +114,7 @@ def _int8fp8_attention_op(
     ext = cuda_build.load_extension(q_hat.device)
     return ext.attention_int8fp8(
         q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd, None,
-        path == "mma", split_tail, map_index, map_count,
+        path == "mma", split_tail, map_index, map_count, None,
     )
 
 
@@ -116,6 +124,61 @@ def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, h
     b, h = q_hat.shape[0], q_hat.shape[1]
     shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
     return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
+
+
+@torch.library.custom_op("rotvid::int8fp8_attention_lse", mutates_args=())
+def _int8fp8_attention_lse_op(
+    q_hat: torch.Tensor,
+    q_scale: torch.Tensor,
+    k_hat: torch.Tensor,
+    k_scale: torch.Tensor,
+    vt: torch.Tensor,
+    v_scale: torch.Tensor,
+    v_mean: torch.Tensor,
+    kv_lens: torch.Tensor | None,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    qk_scale: float,
+    out_bf16: bool,
+    bnhd: bool,
+    split_tail: bool,
+    map_index: torch.Tensor | None = None,
+    map_count: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotvid::int8fp8_attention`` on the wgmma kernel with each row's log-sum-exp: ``(out, lse)``, ``lse`` fp32
+    [B, H, n_q] of the operands' scores (module docstring)."""
+    ext = cuda_build.load_extension(q_hat.device)
+    lse = torch.empty((q_hat.shape[0], q_hat.shape[1], n_q), dtype=torch.float32, device=q_hat.device)
+    out = ext.attention_int8fp8(
+        q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
+        None, False, split_tail, map_index, map_count, lse,
+    )
+    return out, lse
+
+
+@_int8fp8_attention_lse_op.register_fake
+def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
+      split_tail, map_index=None, map_count=None):
+    b, h = q_hat.shape[0], q_hat.shape[1]
+    shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
+    return (q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16),
+            q_hat.new_empty((b, h, n_q), dtype=torch.float32))
+
+
+def k_smoothing_shift(q: torch.Tensor, k: torch.Tensor, kv_lens: torch.Tensor | None, sm_scale: float) -> torch.Tensor:
+    """K smoothing's shift of each row's scores, ``sm_scale · q·mean(k)`` fp32 [B, H, N_q] (q, k in (B, H, N, D)
+    order, any strides; ``mean(k)`` over the valid keys), what :func:`int8fp8_attention_cuda` adds to the kernel's
+    LSE: :func:`rotvid.kernels.reference.k_smoothing_lse_shift` without its float64 copy of k (fp32 sums; they differ
+    from the pre-processing's float64 mean by ~1e-7 relative, an LSE difference far below the recipe's own)."""
+    n = k.shape[2]
+    if kv_lens is None:
+        mean = k.sum(dim=2, dtype=torch.float32) / n
+    else:
+        valid = torch.arange(n, device=k.device)[None, :] < kv_lens.to(k.device)[:, None]  # [B, N]
+        count = valid.sum(dim=1).clamp_min(1).to(torch.float32)[:, None, None]
+        mean = (k * valid[:, None, :, None].to(k.dtype)).sum(dim=2, dtype=torch.float32) / count
+    return torch.matmul(q.float(), mean.unsqueeze(-1)).squeeze(-1) * sm_scale
 
 
 
@@ -227,7 +290,8 @@ def attention_int8fp8_quantized(
     path: str | None = None,
     split_tail: bool = True,
     block_map: BlockMap | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The int8-fp8 attention kernel (sm89 / sm90) on operands from :func:`preprocess_int8fp8_cuda`.
 
     Returns [B, H, n_q, head_dim] (``"BHND"``) or [B, n_q, H, head_dim] (``"BNHD"``) in ``out_dtype``;
@@ -241,9 +305,13 @@ def attention_int8fp8_quantized(
     queries and ``n_kv`` keys on the operands' device; both paths): a skipped block is a block of
     ``-inf`` scores, and a query tile that keeps no block before ``kv_lens`` gives 0 (no V mean). Its values are
     not checked here (:meth:`BlockMap.check`; the dispatcher checks them in eager mode).
+    ``return_lse`` (the ``"wgmma"`` path): ``(out, lse)`` with ``lse`` fp32 [B, H, n_q], each row's log-sum-exp of the
+    operands' scores (of the smoothed K̂: module docstring; ``-inf`` for a row that attends no key).
     """
     check_output_args(out_dtype, head_dim, layout)
     path = _check_int8fp8_device(qkv.q_hat.device, path)
+    if return_lse and path != "wgmma":
+        raise ValueError(f"return_lse: the int8-fp8 {path!r} kernel returns no log-sum-exp (the sm90 wgmma one does)")
     check_sm_scale(sm_scale)
     sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
     b, h = qkv.q_hat.shape[:2]
@@ -255,12 +323,15 @@ def attention_int8fp8_quantized(
         out_dtype == torch.bfloat16, layout == "BNHD",
     )
     if out is None:
+        if return_lse:
+            return _int8fp8_attention_lse_op(*args, bool(split_tail), map_index, map_count)
         return _int8fp8_attention_op(*args, path, bool(split_tail), map_index, map_count)
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
+    lse = torch.empty((b, h, n_q), dtype=torch.float32, device=out.device) if return_lse else None
     cuda_build.load_extension(qkv.q_hat.device).attention_int8fp8(*args, out, path == "mma", bool(split_tail),
-                                                                  map_index, map_count)
-    return out
+                                                                  map_index, map_count, lse)
+    return (out, lse) if return_lse else out
 
 
 def int8fp8_attention_cuda(
@@ -276,20 +347,49 @@ def int8fp8_attention_cuda(
     path: str | None = None,
     rope: GeneralizedRopeTable | None = None,
     block_map: BlockMap | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Pre-processing + int8-fp8 attention on an sm89 / sm90 GPU (``path`` and ``block_map`` as
     :func:`attention_int8fp8_quantized`, ``rope``: RoPE·R applied to q and k inside the pre-processing, as
-    :func:`preprocess_int8fp8_cuda`); output has q's shape, layout and dtype."""
+    :func:`preprocess_int8fp8_cuda`); output has q's shape, layout and dtype. ``return_lse`` (the ``"wgmma"``
+    kernel): ``(out, lse)``, each row's log-sum-exp of the unsmoothed scores (the kernel's plus
+    :func:`k_smoothing_shift`), [B, H, N_q] for ``"BHND"`` or [B, N_q, H] for ``"BNHD"``, fp32 -- the reference's
+    convention (:mod:`rotvid.kernels.reference`). With ``rope`` the shift needs the rotated q and k: they are rotated
+    first and the pre-processing runs without the table."""
     qb, qh, qn, qd, kn = check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     path = _check_int8fp8_device(q.device, path)
+    if return_lse and path != "wgmma":
+        raise ValueError(f"return_lse: the int8-fp8 {path!r} kernel returns no log-sum-exp (the sm90 wgmma one does)")
     block_map_operands(block_map, batch=qb, heads=qh, n_q=qn, n_kv=kn, device=q.device)  # (before the pre-processing)
+    if return_lse and rope is not None:
+        from rotvid.kernels.rope_op import apply_generalized_rope
+
+        q = apply_generalized_rope(to_bhnd(q, layout), rope)
+        k = apply_generalized_rope(to_bhnd(k, layout), rope)
+        if layout == "BNHD":
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        rope = None
     qkv = preprocess_int8fp8_cuda(
         q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v, rope=rope
     )
-    return attention_int8fp8_quantized(
+    res = attention_int8fp8_quantized(
         qkv, n_q=qn, n_kv=kn, head_dim=qd, kv_lens=kv_lens, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout,
-        path=path, block_map=block_map,
+        path=path, block_map=block_map, return_lse=return_lse,
     )
+    if not return_lse:
+        return res
+    out, lse = res
+    if smooth_k:  # the kernel's scores were of k - mean(k): add the shift back (rotvid.kernels.reference)
+        lse = lse + k_smoothing_shift(to_bhnd(q, layout), to_bhnd(k, layout), kv_lens,
+                                      qd**-0.5 if sm_scale is None else sm_scale)
+    return out, (lse if layout == "BHND" else lse.transpose(1, 2).contiguous())
+
+
+@torch.compiler.assume_constant_result
+def int8fp8_returns_lse(device_index: int) -> bool:
+    """Whether GPU ``device_index``'s int8-fp8 kernel returns the log-sum-exp (its arch default is the sm90 wgmma
+    kernel); a constant of a compiled graph. Call after :func:`int8fp8_device_problem` found a kernel there."""
+    return int8fp8_path_for(cuda_build.capability(torch.device("cuda", device_index))) == "wgmma"
 
 
 @torch.compiler.assume_constant_result
