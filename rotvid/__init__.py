@@ -13,7 +13,7 @@ The names are imported on first use (``import rotvid`` alone stays light: the CL
 ``__version__``).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["RotvidConfig", "__version__", "apply", "attention", "load_pipeline", "remove"]
 
