@@ -284,12 +284,12 @@ def test_eval_generates_reference_and_variants_then_resumes(tiny_wan, tmp_path, 
     assert {p for p in again if again[p] != mtimes.get(p)} == {lost}
     # resume: nothing is generated again and the model is not even loaded
     mtimes = again
-    import rotvid.cli
+    import rotvid.cli.pipeline
 
     def no_load(*a, **k):
         raise AssertionError("the pipeline was loaded although every video exists")
 
-    monkeypatch.setattr(rotvid.cli, "_load", no_load)
+    monkeypatch.setattr(rotvid.cli.pipeline, "load", no_load)
     r2 = run(*args, "--quiet")
     assert r2.exit_code == 0, r2.output
     assert {p: p.stat().st_mtime_ns for p in videos.rglob("*.mp4")} == mtimes
@@ -352,13 +352,13 @@ def test_help_shows_the_documented_defaults():
 def test_device_index_past_the_gpus_is_refused_by_name(monkeypatch):
     import torch
 
-    from rotvid.cli import _check_dtype_device
+    from rotvid.cli.options import check_dtype_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    _check_dtype_device("bf16", "cuda:1")
+    check_dtype_device("bf16", "cuda:1")
     with pytest.raises(ValueError, match=r"--device cuda:2: this machine has 2 CUDA GPU\(s\) \(cuda:0 \.\. cuda:1\)"):
-        _check_dtype_device("bf16", "cuda:2")
+        check_dtype_device("bf16", "cuda:2")
 
 
 def test_missing_learned_rotation_file_is_refused_before_loading(tiny_wan, tmp_path):

@@ -38,14 +38,13 @@ def test_generate_smoothing_switches_and_explicit_recipe(tiny_wan, tmp_path):  #
 
 
 def test_smoothing_switches_override_a_config_file_only_when_given(tmp_path):
-    from rotvid.cli import _ConfigFactory
     from rotvid.pipelines.config import RotvidConfig
 
     base = RotvidConfig(recipe="int8-fp8", smooth_v=False, smooth_q=True)
     none_given = dict(smooth_k=None, smooth_q=None, smooth_v=None)
-    kept = _ConfigFactory("m", base=base, smoothing=none_given).check()
+    kept = RotvidConfig.from_options(base=base, **none_given)
     assert (kept.recipe, kept.smooth_k, kept.smooth_q, kept.smooth_v) == ("int8-fp8", True, True, False)
-    changed = _ConfigFactory("m", base=base, smoothing={**none_given, "smooth_v": True, "smooth_q": False}).check()
+    changed = RotvidConfig.from_options(base=base, **{**none_given, "smooth_v": True, "smooth_q": False})
     assert (changed.smooth_q, changed.smooth_v) == (False, True)
 
 

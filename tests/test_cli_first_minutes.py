@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-import rotvid.cli
+import rotvid.cli.pipeline
 import rotvid.pipelines.loading
 from rotvid.eval import generation as gen
 from tests.test_cli import TINY, assert_fails, run, tiny_wan  # noqa: F401  (tiny_wan: a fixture)
@@ -25,7 +25,7 @@ def no_weights(monkeypatch):
     def loaded(*args, **kwargs):
         raise AssertionError("weights were loaded before the request was checked")
 
-    monkeypatch.setattr(rotvid.cli, "_load", loaded)
+    monkeypatch.setattr(rotvid.cli.pipeline, "load", loaded)
     monkeypatch.setattr(rotvid.pipelines.loading, "load_pipeline", loaded)
     from diffusers import DiffusionPipeline
 

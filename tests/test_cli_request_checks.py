@@ -97,7 +97,7 @@ def test_resume_with_a_changed_request_refused_before_loading(tiny_wan, tmp_path
     def loaded(*args, **kwargs):
         raise AssertionError("weights were loaded before the resumed request was checked")
 
-    monkeypatch.setattr(rotvid.cli, "_load", loaded)
+    monkeypatch.setattr(rotvid.cli.pipeline, "load", loaded)
     r = run("generate", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--schedule", "none", "--seed", "3",
             "--recipe", "int8-fp8", "--out", out)
     assert_fails(r, "000-a-dog.mp4", "different request", "config", "seed")

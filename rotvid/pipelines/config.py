@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from rotvid.atomic import write_file_atomically
 from rotvid.kernels.recipes import AUTO, get_recipe, recipe_names
@@ -14,7 +15,7 @@ from rotvid.rope.hadamard import VO_HADAMARD_MODES
 
 __all__ = [
     "RotvidConfig", "CONFIG_VERSION", "CONFIG_RECIPES", "PIPELINE_RECIPES", "ROTATION_KINDS", "BACKENDS",
-    "smooth_v_for", "smooth_q_for",
+    "smooth_v_for", "smooth_q_for", "NeedsPipeline", "check_learned_file", "dense_flags", "check_dense_has_block_map",
 ]
 
 CONFIG_VERSION = 1
@@ -53,6 +54,37 @@ def smooth_v_for(recipe: str, smooth_v: bool | None) -> bool:
 def _check_bool(name: str, value) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name}: expected true or false, got {value!r}")
+
+
+class NeedsPipeline(ValueError):
+    """:meth:`RotvidConfig.from_options` needs the model family's schedule and was not given it: the loaded
+    pipeline is needed to tell it."""
+
+
+def check_learned_file(flag: str, rotation: str) -> None:
+    """A ``learned:FILE`` rotation names an existing file (``flag``: the option it came from)."""
+    if rotation.startswith("learned:") and not Path(rotation[len("learned:"):]).is_file():
+        raise ValueError(f"{flag}{'' if flag.endswith(':') else ' '}{rotation}: the learned-rotation file does not "
+                         "exist (rotvid calibrate writes it)")
+
+
+def dense_flags(dense: dict) -> str:
+    """The options that gave the sparsity rules ``dense`` (``{"dense_blocks": ...}``), e.g. ``--dense-blocks``."""
+    return ", ".join("--" + k.replace("_", "-") for k in dense)
+
+
+def check_dense_has_block_map(dense: dict, has_block_map: bool) -> None:
+    """The sparsity rules ``dense`` act on a block map: a ValueError when some are given and the run has no map."""
+    if dense and not has_block_map:
+        raise ValueError(f"{dense_flags(dense)}: sparsity rules without a block map (pass --sparsity radial or "
+                         "topp:TAU)")
+
+
+def _runs_model_attention(recipe: str | None) -> bool:
+    """True for a registered recipe that runs the model's own attention (``fp16``: nothing quantized)."""
+    from rotvid.kernels.recipes import recipes
+
+    return any(r.name == recipe and not r.quantized for r in recipes())
 
 
 @dataclass(frozen=True)
@@ -209,6 +241,54 @@ class RotvidConfig:
         except json.JSONDecodeError as e:
             raise ValueError(f"text_or_path: not valid JSON ({e})") from None
         return cls.from_dict(d)
+
+    @classmethod
+    def from_options(cls, *, base: "RotvidConfig | None" = None, recipe: str | None = None,
+                     rotation: str | None = None, schedule: "Schedule | None" = None, backend: str | None = None,
+                     smooth_k: bool | None = None, smooth_q: bool | None = None, smooth_v: bool | None = None,
+                     sparsity: "str | SparsitySpec | None" = None, dense: dict | None = None,
+                     family_schedule: "Schedule | str | Callable[[], str | None] | None" = None,
+                     strict_dense: bool = True) -> "RotvidConfig | None":
+        """The config of a run from command-line options (``rotvid generate`` / ``eval``; None: not given).
+
+        ``base`` (``--config``) with ``recipe``, ``rotation``, ``backend``, ``smooth_k/q/v`` and ``sparsity``
+        changed where given; the schedule is ``schedule`` (``--schedule``), else ``base``'s, else
+        ``family_schedule`` (the paper's preset for the model's family, or a function that tells it, called only
+        when needed, e.g. one over :func:`rotvid.eval.generation.default_schedule`): :class:`NeedsPipeline` (a
+        ValueError) when it is needed and None. ``dense`` (``--dense-first-steps`` / ``--dense-blocks``:
+        ``{"dense_first_steps": 2, ...}``, the given ones) go on that schedule when the config has a block map;
+        without one a ValueError (``strict_dense``: a single run) or the config as it is (an eval's variants, some
+        dense).
+
+        ``recipe`` ``fp16`` (one that runs the model's own attention) without ``rotation`` and without ``base``
+        means the untouched pipeline (the FP16 reference): returns None.
+        """
+        if sparsity is not None and _runs_model_attention(recipe) and parse_sparsity(sparsity).enabled:
+            raise ValueError(f"--sparsity {sparsity}: --recipe {recipe} runs the model's own attention, which "
+                             "takes no block map (a map applies to quantized calls only)")
+        if rotation is not None:
+            check_learned_file("--rotation", rotation)
+        if base is None and rotation is None and _runs_model_attention(recipe):
+            return None
+        changes = {k: v for k, v in (("recipe", recipe), ("rotation", rotation), ("backend", backend),
+                                     ("sparsity", sparsity), ("smooth_k", smooth_k), ("smooth_q", smooth_q),
+                                     ("smooth_v", smooth_v)) if v is not None}
+        if schedule is None and base is None:
+            if callable(family_schedule):
+                family_schedule = family_schedule()
+            if family_schedule is None:
+                raise NeedsPipeline("--schedule: the model's family is needed to choose the paper schedule")
+            schedule = schedule_preset(family_schedule) if isinstance(family_schedule, str) else family_schedule
+        if schedule is not None:
+            changes["schedule"] = schedule
+        cfg = (base or cls()).with_(**changes)
+        if not dense:
+            return cfg
+        has_block_map = cfg.sparsity.enabled or bool(cfg.schedule.block_sparsity)
+        if not strict_dense and not has_block_map:
+            return cfg
+        check_dense_has_block_map(dense, has_block_map)
+        return cfg.with_(schedule=replace(cfg.schedule, **dense))
 
     def resolved(self, recipe: str) -> "RotvidConfig":
         """This config running ``recipe`` (a registered recipe: ``auto`` already resolved) with the smoothing left
