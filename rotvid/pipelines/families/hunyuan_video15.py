@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from rotvid.pipelines.families.base import BlockStack, Family, ModelEntry, TinyVariant
+from rotvid.pipelines.families.hunyuan_video import _segments, _video_factors
 from rotvid.pipelines.families.tiny_parts import HEAD_DIM, t5_text_encoder, tiny_tokenizer, vocab_size
 from rotvid.pipelines.processors import RotvidProcessorBase
 from rotvid.rope.facts import RopeFacts
@@ -104,16 +105,6 @@ class HunyuanVideo15RotvidAttnProcessor(RotvidProcessorBase):
             if getattr(attn, "to_add_out", None) is not None:
                 encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
         return hidden_states, encoder_hidden_states
-
-
-def _segments(head_dim: int) -> tuple[int, int, int]:
-    t = head_dim // 8
-    rest = head_dim - t
-    return t, rest // 2, rest - rest // 2
-
-
-def _video_factors(vae, transformer) -> tuple:
-    return vae("spatial_compression_ratio"), vae("temporal_compression_ratio"), 1
 
 
 # The MLLM prompt: HunyuanVideo15Pipeline crops the first ``prompt_template_encode_start_idx`` (108) tokens of the

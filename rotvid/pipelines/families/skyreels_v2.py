@@ -34,7 +34,7 @@ import torch
 
 from rotvid.pipelines.families.base import BlockStack, Family, ModelEntry, TinyVariant
 from rotvid.pipelines.families.tiny_parts import HEAD_DIM, t5_text_encoder
-from rotvid.pipelines.processors import RotvidProcessorBase
+from rotvid.pipelines.families.wan import WanRotvidAttnProcessor, _segments, _video_factors
 from rotvid.rope.facts import RopeFacts
 
 __all__ = ["FAMILY", "SkyReelsV2RotvidAttnProcessor"]
@@ -43,49 +43,14 @@ NAME = "skyreels_v2"
 _REPO = "Skywork/SkyReels-V2-{}-Diffusers"
 
 
-class SkyReelsV2RotvidAttnProcessor(RotvidProcessorBase):
+class SkyReelsV2RotvidAttnProcessor(WanRotvidAttnProcessor):
     """Replaces ``SkyReelsV2AttnProcessor`` on ``SkyReelsV2TransformerBlock.attn1`` (self-attention).
 
     Tokens: video only, RoPE on all of them (``rotary_emb`` = (cos, sin), each [1, N, 1, D]); ``attention_mask`` is
     the causal block mask of a diffusion-forcing run (``None`` otherwise).
+
+    The maths is Wan's line for line, so the call is :class:`WanRotvidAttnProcessor`'s.
     """
-
-    def __call__(
-        self,
-        attn,
-        hidden_states: torch.Tensor,
-        encoder_hidden_states: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        if encoder_hidden_states is not None or attn.add_k_proj is not None:
-            raise RuntimeError(f"rotvid: {self.site.key} is installed as self-attention but got cross-attention inputs")
-        query = attn.to_q(hidden_states)
-        key = attn.to_k(hidden_states)
-        value = attn.to_v(hidden_states)
-
-        query = attn.norm_q(query)
-        key = attn.norm_k(key)
-
-        q = query.unflatten(2, (attn.heads, -1)).transpose(1, 2)
-        k = key.unflatten(2, (attn.heads, -1)).transpose(1, 2)
-        v = value.unflatten(2, (attn.heads, -1)).transpose(1, 2)
-
-        out = self._rotate_and_attend(q, k, v, rotary_emb, (0, q.shape[2]), attention_mask)
-        hidden_states = out.transpose(1, 2).flatten(2, 3)
-        hidden_states = hidden_states.type_as(query)
-        hidden_states = attn.to_out[0](hidden_states)
-        hidden_states = attn.to_out[1](hidden_states)
-        return hidden_states
-
-
-def _segments(head_dim: int) -> tuple[int, int, int]:
-    h = w = 2 * (head_dim // 6)
-    return head_dim - h - w, h, w
-
-
-def _video_factors(vae, transformer) -> tuple:
-    return vae("scale_factor_spatial"), vae("scale_factor_temporal"), 1
 
 
 def _components(num_layers: int, seed: int) -> dict:
