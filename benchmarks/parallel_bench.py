@@ -7,7 +7,7 @@ random weights (same seed on every rank, directly in bf16) and fed random inputs
 [1, 16, 21, 90, 160] (720x1280, 81 frames -> 21 x 45 x 80 = 75,600 video tokens) and a 512-token text embedding.
 
 For each world size in ``--gpus`` (default ``1,2``) the script runs itself under torchrun (one process per GPU,
-NCCL; ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``: NVLink multicast stays off), builds the
+NCCL; ``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NVSHMEM_DISABLE_NVLS=1``: NVLink multicast stays off), builds the
 model once per process and times, on rank 0, with CUDA events (every rank in step: a barrier before each timed
 forward), the median of ``--iters`` forwards after ``--warmup`` warm-up forwards. Rows (``method`` in the JSON):
 
@@ -218,8 +218,6 @@ def worker(args) -> None:
     if not args.no_sdpa:
         _free(device)
         options = _compile_options(args)
-        if world > 1:  # diffusers' own CP does not trace whole (torch's _maybe_view_chunk_cat is skipped by dynamo)
-            options = {**options, "fullgraph": False}
         compiled = compile_transformers({"transformer": model}, options) if args.compile else []
         try:
             rows.append({**base, "method": sdpa_method(world), "sparsity": "none", **_measure(forward, **timing)})
@@ -275,7 +273,7 @@ def worker(args) -> None:
 def launch(args, world: int, out: Path) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            str(Path(__file__).resolve()), *args.argv, "--worker-out", str(out)]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     rc = subprocess.call(cmd, env=env)
     if rc != 0:
         sys.exit(f"parallel_bench: the {world}-process run failed (exit code {rc})")

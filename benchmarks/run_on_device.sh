@@ -5,7 +5,8 @@
 #
 # Steps, run in the order given (a failing step is reported and the next one still runs; the exit status is
 # that of the last failing step):
-#   tests     the GPU test suite (pytest -m gpu; TESTS overrides the pytest arguments)
+#   tests     the GPU test suite (pytest -m gpu; TESTS overrides the pytest arguments, TESTS_OUT the name of its
+#             output file, default gpu_tests; ROTVID_TEST_GPUS=4 runs the NCCL tests on 4 GPUs)
 #   kernel    benchmarks/kernel_bench.py over every shape, the peer and cuDNN in the same run (KERNEL_ARGS)
 #   e2e       benchmarks/e2e_bench.py, compiled, both setups (E2E_ARGS replaces the default arguments)
 #   parallel  benchmarks/parallel_bench.py, 1 and 2 GPUs (PARALLEL_ARGS; needs two GPUs); its JSON is
@@ -51,7 +52,7 @@ SITE=${ROTVID_DEVICE_SITE:-$PWD/build/site}
 export ROTVID_EXT_CACHE=${ROTVID_EXT_CACHE:-$PWD/build/ext}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONUNBUFFERED=1
 # NVLink multicast stays off (shared hosts); torch.distributed respects these.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
 LOG=$OUT/run.log
@@ -104,8 +105,9 @@ for step in "${steps[@]}"; do
   case $step in
     tests)
       # shellcheck disable=SC2086
-      run_step tests bash -c "set -o pipefail; $PY -m pytest -q -rfs -p no:cacheprovider ${TESTS:--m gpu tests} 2>&1 | tee '$OUT/gpu_tests.txt'"
-      tail -1 "$OUT/gpu_tests.txt" | tee -a "$LOG" ;;
+      tests_out="$OUT/${TESTS_OUT:-gpu_tests}.txt"
+      run_step tests bash -c "set -o pipefail; $PY -m pytest -q -rfs -p no:cacheprovider ${TESTS:--m gpu tests} 2>&1 | tee '$tests_out'"
+      tail -1 "$tests_out" | tee -a "$LOG" ;;
     kernel)
       # shellcheck disable=SC2086
       run_step kernel "$PY" benchmarks/kernel_bench.py --markdown-out "$OUT/kernel_bench.md" \

@@ -95,9 +95,43 @@ def _prime_context_parallel_inputs(module: nn.Module) -> None:
                 meta.cached_parameter_indices = {name: i for i, name in enumerate(names)}
 
 
+def _trace_context_parallel_gather() -> None:
+    """Let compiled graphs pass diffusers' context-parallel output gather under torch < 2.13.
+
+    diffusers' output hook gathers the sequence with ``torch.distributed._functional_collectives.all_gather_tensor``,
+    which calls ``torch._utils._maybe_view_chunk_cat``; torch 2.11's dynamo skips every function of ``torch._utils``,
+    so a ``fullgraph=True`` compile of a transformer under context parallelism (rotvid's and diffusers' own alike)
+    failed there ("Attempted to call function marked as skipped"); 2.13 traces it. rotvid's floor is 2.13, but torch
+    2.11 is what GPU images ship: there the collectives module's reference to the function is replaced by the same
+    function under ``torch._dynamo.dont_skip_tracing`` (plain tensor ops: a view or ``torch.cat``), once per
+    process. A torch that traces it is left untouched."""
+    if _torch_version() >= (2, 13):
+        return
+    try:
+        from torch.distributed import _functional_collectives as funcol
+    except ImportError:  # a torch without distributed: no context parallelism to compile
+        return
+    fn = getattr(funcol, "_maybe_view_chunk_cat", None)
+    dont_skip = getattr(torch._dynamo, "dont_skip_tracing", None)
+    if fn is None or dont_skip is None or getattr(fn, _TRACED_ATTR, False):
+        return
+    traced = dont_skip(fn)
+    setattr(traced, _TRACED_ATTR, True)
+    funcol._maybe_view_chunk_cat = traced
+
+
+_TRACED_ATTR = "_rotvid_traced"
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
 def compile_transformers(transformers: dict[str, nn.Module], options: dict) -> list[str]:
     """``module.compile(**options)`` on each transformer; returns the names compiled."""
     _quiet_context_parallel_notice()
+    _trace_context_parallel_gather()
     for name, module in transformers.items():
         _prime_context_parallel_inputs(module)
         previous = getattr(module, "_compiled_call_impl", None)  # the caller's own compile, given back on undo

@@ -1,5 +1,5 @@
 """Spawning a process group for the context-parallel tests (2 by default, 4 for ring × Ulysses; gloo on CPU, NCCL
-on two GPUs).
+on two GPUs -- or on ``ROTVID_TEST_GPUS`` of them, 4 or 8 on a bigger machine: :func:`gpu_world`).
 
 Workers write their results to ``rank{r}.json`` in ``out_dir``; the parent reads them and asserts, so a failure
 names the case. A deadline kills the group, so a hang (a collective one rank never reaches) fails the test instead
@@ -80,8 +80,26 @@ def needs_gloo():
         pytest.skip("torch.distributed with gloo is not available in this torch build")
 
 
-def needs_two_gpus(monkeypatch):
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs two CUDA GPUs; this machine has {torch.cuda.device_count()}")
+GPUS_ENV = "ROTVID_TEST_GPUS"
+
+
+def gpu_world() -> int:
+    """The process count of the NCCL tests: ``ROTVID_TEST_GPUS`` (a power of two >= 2), default 2. The same tests
+    run on 4 or 8 GPUs with ``ROTVID_TEST_GPUS=4 pytest -m gpu ...``."""
+    raw = os.environ.get(GPUS_ENV, "2")
+    if not raw.isdigit() or int(raw) < 2 or int(raw) & (int(raw) - 1):
+        raise ValueError(f"{GPUS_ENV}: expected a power of two >= 2 (the GPUs of the NCCL tests), got {raw!r}")
+    return int(raw)
+
+
+def needs_gpus(monkeypatch, world: int) -> None:
+    """Skip unless ``world`` CUDA GPUs exist; NVLink multicast off (NCCL, symmetric memory, NVSHMEM)."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs; this machine has {torch.cuda.device_count()}")
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", "1")
+
+
+def needs_two_gpus(monkeypatch):
+    needs_gpus(monkeypatch, 2)

@@ -333,3 +333,26 @@ def test_remove_gives_back_the_callers_own_compile(tiny):
     remove(pipe)
     assert pipe.transformer._compiled_call_impl is mine
     assert not any(k.startswith("_rotvid") for k in vars(pipe.transformer))
+
+
+def test_the_context_parallel_gather_is_made_traceable_only_below_torch_2_13(monkeypatch):
+    """torch 2.11's dynamo skips ``torch._utils._maybe_view_chunk_cat`` (diffusers' CP output gather): below 2.13
+    the collectives module gets the same function marked traceable, once; from 2.13 on nothing is touched. Without
+    the wrap, a fullgraph compile under context parallelism fails on torch 2.11 (the GPU image's torch)."""
+    from torch.distributed import _functional_collectives as funcol
+
+    from rotvid.pipelines import compiling
+
+    original = funcol._maybe_view_chunk_cat
+    monkeypatch.setattr(funcol, "_maybe_view_chunk_cat", original)  # restored after the test
+    monkeypatch.setattr(compiling, "_torch_version", lambda: (2, 13))
+    compiling._trace_context_parallel_gather()
+    assert funcol._maybe_view_chunk_cat is original
+    monkeypatch.setattr(compiling, "_torch_version", lambda: (2, 11))
+    compiling._trace_context_parallel_gather()
+    wrapped = funcol._maybe_view_chunk_cat
+    assert wrapped is not original and getattr(wrapped, compiling._TRACED_ATTR)
+    compiling._trace_context_parallel_gather()  # idempotent: no wrap of the wrap
+    assert funcol._maybe_view_chunk_cat is wrapped
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    torch.testing.assert_close(wrapped(x, 2, 1), original(x, 2, 1), rtol=0, atol=0)

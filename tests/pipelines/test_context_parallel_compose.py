@@ -1,5 +1,6 @@
 """What must agree across the ranks of a context-parallel run (2 gloo processes, tiny Wan, reference backend, int4;
-and on two GPUs: NCCL, bf16, the CUDA backend, int8-fp8).
+and on two GPUs: NCCL, bf16, the CUDA backend, int8-fp8 -- or on ``ROTVID_TEST_GPUS`` of them: the tiny Wan's 2 heads
+on 4 GPUs run as Ulysses 2 × ring 2, :func:`~rotvid.pipelines.context_parallel.split_degrees`).
 
 * the forward guard's **non-finite redo**: one rank's output is made non-finite (a forward hook on rank 1 only);
   both ranks must redo the forward in FP16 and record it -- a redo decided on one rank alone runs its all-to-alls
@@ -17,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.pipelines.cp_spawn import finish, join_group, needs_gloo, run_group
+from tests.pipelines.cp_spawn import finish, gpu_world, join_group, needs_gloo, needs_gpus, run_group
 
 STEPS = 4
 # (recipe, backend) of each device kind's run
@@ -35,10 +36,10 @@ def _inputs(tr, device, dtype):
 def _load(folder, device, dtype, world):
     from diffusers import WanTransformer3DModel
 
-    from rotvid.pipelines.context_parallel import enable_context_parallel
+    from rotvid.pipelines.context_parallel import enable_context_parallel, split_degrees
 
     tr = WanTransformer3DModel.from_pretrained(f"{folder}/transformer", torch_dtype=dtype).to(device).eval()
-    enable_context_parallel(tr, world)
+    enable_context_parallel(tr, *split_degrees(tr.config.num_attention_heads, world))
     return tr
 
 
@@ -174,13 +175,13 @@ def _worker(rank, world, port, folder, out_dir, device_kind="cpu"):
     finish(out_dir, rank, results)
 
 
-def _run(tmp_path_factory, device_kind):
+def _run(tmp_path_factory, device_kind, world=2):
     from rotvid.pipelines.tiny import build_tiny_pipeline
 
     folder = tmp_path_factory.mktemp(f"cp-compose-wan-{device_kind}")  # its own folder (the tiny fixture caches its own)
     build_tiny_pipeline("wan", folder, num_layers=4)
     out = tmp_path_factory.mktemp(f"cp-compose-{device_kind}")
-    return run_group(_worker, (str(folder), str(out), device_kind), out, deadline_s=300)
+    return run_group(_worker, (str(folder), str(out), device_kind), out, deadline_s=300, world=world)
 
 
 @pytest.fixture(scope="module")
@@ -192,12 +193,10 @@ def group_results(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def nccl_results(tmp_path_factory, monkeypatch_module):
-    """The same on two GPUs (NCCL, the CUDA backend, int8-fp8; NVLink multicast off)."""
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs two CUDA GPUs; this machine has {torch.cuda.device_count()}")
-    monkeypatch_module.setenv("NCCL_NVLS_ENABLE", "0")
-    monkeypatch_module.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    return _run(tmp_path_factory, "cuda")
+    """The same on two GPUs (``ROTVID_TEST_GPUS``: 4 or 8; NCCL, the CUDA backend, int8-fp8; NVLink multicast off)."""
+    world = gpu_world()
+    needs_gpus(monkeypatch_module, world)
+    return _run(tmp_path_factory, "cuda", world)
 
 
 @pytest.fixture(scope="module")
@@ -207,22 +206,23 @@ def monkeypatch_module():
 
 
 def _check_composes(results):
-    r0, r1 = results
+    r0 = results[0]
 
     # the redo: on both ranks, finite, the same output
     for res in results:
         g = res["guard"]
         assert len(g["redos"]) == 1 and g["redos"][0]["finite_after_redo"] is True, (res["rank"], g)
         assert g["finite"] and g["fp16_calls"] == 4, (res["rank"], g)  # the redo's 4 calls ran FP16
-    assert r0["guard"]["sum"] == r1["guard"]["sum"]
+    assert all(res["guard"]["sum"] == r0["guard"]["sum"] for res in results)
 
     # the caches: the same skip decisions on every rank, some skipped
     for kind in ("taylorseer",):
-        a, b = r0["caches"][kind], r1["caches"][kind]
-        assert a["tail_ran"] == b["tail_ran"], kind
-        # (at these settings TaylorSeer skips no self-attention call, as in test_caches.py: agreement and no hang
-        # are what this checks)
-        assert a["sums"] == b["sums"], kind
+        for res in results[1:]:
+            a, b = r0["caches"][kind], res["caches"][kind]
+            assert a["tail_ran"] == b["tail_ran"], (kind, res["rank"])
+            # (at these settings TaylorSeer skips no self-attention call, as in test_caches.py: agreement and no
+            # hang are what this checks)
+            assert a["sums"] == b["sums"], (kind, res["rank"])
 
     # FirstBlockCache, MagCache: refused at apply and at the forward, naming both
     for res in results:

@@ -38,7 +38,7 @@ import math
 import pytest
 import torch
 
-from tests.pipelines.cp_spawn import finish, join_group, needs_gloo, needs_two_gpus, run_group
+from tests.pipelines.cp_spawn import finish, gpu_world, join_group, needs_gloo, needs_gpus, run_group
 
 B, D = 2, 64
 GRID = (8, 8, 8)
@@ -193,15 +193,22 @@ def test_ring_on_the_same_inputs_gloo_2(tiny, tiny_dir, tmp_path):
     check_cases(results, len(setups) * len(RECIPES) * 2)
 
 
+# (degrees, heads) per GPU count: ring alone on a head count the world does not divide, and Ulysses × ring -- on 8
+# GPUs Wan2.1-1.3B's 12 heads as Ulysses 4 × ring 2
+NCCL_SETUPS = {2: [((1, 2), 3)], 4: [((1, 4), 3), ((2, 2), 6)], 8: [((1, 8), 3), ((4, 2), 12)]}
+
+
 @pytest.mark.gpu
 def test_ring_on_the_same_inputs_nccl(tiny, tiny_dir, tmp_path, monkeypatch):
-    """2 GPUs, bf16, CUDA backend: 3 heads as ring 2 with int8-fp8 (the Hopper kernel's LSE) against one GPU, within
-    the recipe's noise as on CPU; fp16 (SDPA on all keys) within bf16 rounding."""
-    needs_two_gpus(monkeypatch)
+    """2 GPUs (``ROTVID_TEST_GPUS``: 4 or 8), bf16, CUDA backend: ring and Ulysses × ring (NCCL_SETUPS) with int8-fp8
+    (the Hopper kernel's LSE) against one GPU, within the recipe's noise as on CPU; fp16 (SDPA on all keys) within
+    bf16 rounding."""
+    world = gpu_world()
+    needs_gpus(monkeypatch, world)
     if torch.cuda.get_device_capability(0) != (9, 0):
         pytest.skip("the int8-fp8 kernel that returns the LSE is the Hopper (sm90) one")
-    setups = [((1, 2), 3)]
+    setups = NCCL_SETUPS[world]
     recipes = ["fp16", "int8-fp8"]
     results = run_group(_worker, (str(_tiny_wan_folder(tiny, tiny_dir)), str(tmp_path), "cuda", "cuda", setups,
-                                  recipes), tmp_path, world=2)
+                                  recipes), tmp_path, deadline_s=400, world=world)
     check_cases(results, len(setups) * len(recipes) * 2, fp16_rel=2 ** -7)

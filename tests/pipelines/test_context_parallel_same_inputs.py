@@ -54,7 +54,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.pipelines.cp_spawn import finish, join_group, needs_gloo, needs_two_gpus, run_group
+from tests.pipelines.cp_spawn import finish, gpu_world, join_group, needs_gloo, needs_gpus, run_group
 
 RECIPES = ["fp16", "int4", "int4-sym-p", "int8-fp8"]
 ROTATIONS = ["none", "half"]
@@ -167,8 +167,13 @@ def test_ulysses_on_the_same_inputs_is_bit_equal_gloo(tiny, tiny_dir, tmp_path):
 
 @pytest.mark.gpu
 def test_ulysses_on_the_same_inputs_nccl(tiny, tiny_dir, tmp_path, monkeypatch):
-    """2 GPUs over NCCL, CUDA kernels, bf16: within one bf16 ulp plus the fp32 reordering term of the tail split
-    (quantized recipes) or of SDPA's split-KV P rounding (fp16) -- the bounds derived in the module docstring."""
-    needs_two_gpus(monkeypatch)
-    results = run_group(_worker, (str(_tiny_wan_folder(tiny, tiny_dir)), str(tmp_path), "cuda", "cuda"), tmp_path)
+    """2 GPUs over NCCL (``ROTVID_TEST_GPUS``: 4, one head each), CUDA kernels, bf16: within one bf16 ulp plus the
+    fp32 reordering term of the tail split (quantized recipes) or of SDPA's split-KV P rounding (fp16) -- the bounds
+    derived in the module docstring."""
+    world = gpu_world()
+    if H % world:
+        pytest.skip(f"{H} heads: Ulysses over {world} GPUs needs a head count it divides")
+    needs_gpus(monkeypatch, world)
+    results = run_group(_worker, (str(_tiny_wan_folder(tiny, tiny_dir)), str(tmp_path), "cuda", "cuda"), tmp_path,
+                        world=world)
     _check(results, exact=False)
