@@ -187,8 +187,8 @@ class AttentionCall:
         backend: the backend object; reason: why it was chosen (``"cuda (auto)"``, ``"reference (auto; cuda: ...)"``).
         opts: the call's options as the backend takes them (recipe, layout, kv_lens, sm_scale, smoothing, tiles).
         v_hadamard: the block of the online V/O Hadamard the call attends V rotated by (1: none).
-        v_hadamard_fused: True when the backend rotates V itself (``opts`` then hold ``v_hadamard``) and
-            :func:`unrotate_output` runs the CUDA pass; False: both sides in PyTorch.
+        v_hadamard_fused: True when the backend rotates V itself (:func:`run_attention` then hands it
+            ``v_hadamard``) and :func:`unrotate_output` runs the CUDA pass; False: both sides in PyTorch.
     """
 
     backend: AttentionBackend

@@ -309,9 +309,10 @@ __device__ __forceinline__ void quantize_k_tile(const PreprocessParams& x, const
 // amax is 0), masked and padded keys 0; written to V^T [BH, D, N_pad] with keys permuted per 32. The 128 x D input
 // tile is staged in shared memory (coalesced 16-byte loads); thread t builds channel d = t % D at the positions
 // (t / D) * D / 2 .. + D / 2 - 1 of the block; the V^T tile (16-byte chunk c of row d at c ^ (d % 8)) goes back
-// through the same shared memory and leaves as 128-byte rows. V_HADAMARD: each loaded chunk is rotated (the online
-// V/O Hadamard) before it is staged; thread t holds chunk t % (D / 8) of its rows, the layout of roperows::wht8, and
-// every thread reaches the transform (masked keys load as zeros).
+// through the same shared memory and leaves as 128-byte rows. V_HADAMARD: each staged chunk is rotated in its own
+// slot (the online V/O Hadamard; re-read from shared memory, so the transform does not keep the tile's loads in
+// registers); thread t holds chunk t % (D / 8) of its rows, the layout of roperows::wht8, and every thread reaches the
+// transform (masked keys load as zeros and stay zeros).
 template <typename T, int D, bool V_HADAMARD>
 __device__ __forceinline__ void quantize_v_tile(const PreprocessParams& x, const float* v_mean,
                                                 const unsigned int* amax_bits, float* v_scale, int tile,
