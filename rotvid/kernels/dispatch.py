@@ -248,8 +248,8 @@ def prepare_attention(
         opts["block_map"] = block_map
     if return_lse:  # (only when asked, as the map: a backend without an LSE never sees the option)
         opts["return_lse"] = True
-    if isinstance(v_hadamard, bool) or not isinstance(v_hadamard, int) or v_hadamard < 1 or v_hadamard & (v_hadamard - 1) \
-            or q.shape[-1] % v_hadamard:
+    if (isinstance(v_hadamard, bool) or not isinstance(v_hadamard, int) or v_hadamard < 1
+            or v_hadamard & (v_hadamard - 1) or q.shape[-1] % v_hadamard):
         raise ValueError(f"v_hadamard: expected a power of two dividing head_dim {q.shape[-1]} (1: none), "
                          f"got {v_hadamard!r}")
     chosen, reason = select_backend(q, k, v, backend=backend, **opts)

@@ -48,7 +48,8 @@ def vo_hadamard_cuda_unsupported(x: torch.Tensor, block: int) -> str:
     if d not in SUPPORTED_HEAD_DIMS:
         return f"x: head_dim {d} (the CUDA pass takes {SUPPORTED_HEAD_DIMS})"
     if block != d:
-        return f"block {block}: the CUDA pass transforms whole rows (block = head_dim {d}); smaller blocks run in PyTorch"
+        return (f"block {block}: the CUDA pass transforms whole rows (block = head_dim {d}); smaller blocks run in "
+                "PyTorch")
     return ""
 
 

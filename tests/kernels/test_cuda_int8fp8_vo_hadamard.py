@@ -17,7 +17,7 @@ from rotvid.kernels.dispatch import prepare_attention
 from rotvid.kernels.recipes import attention_reference
 from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online
 from tests.kernels.helpers import attention_fp64, cuda_qkv
-from tests.kernels.test_cuda_int8fp8 import needs_sm90, to_bhnd
+from tests.kernels.test_cuda_int8fp8 import needs_sm90
 from tests.kernels.test_cuda_int8fp8_rope import FIELDS, poison_allocator, rotated
 from tests.kernels.test_rope_table_cuda import make_table
 

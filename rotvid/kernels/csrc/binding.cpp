@@ -485,8 +485,8 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   return out;
 }
 
-// One side of the online V/O Hadamard over the last dim of x (rotvid.rope.hadamard's rotate_v_online / unrotate_o_online
-// with block = D): a new tensor of x's shape and strides whose every row is T(wht(row) 2^-exponent), one pass
+// One side of the online V/O Hadamard over the last dim of x (rotvid.rope.hadamard's rotate_v_online /
+// unrotate_o_online with block = D): a new tensor of x's shape and strides whose every row is T(wht(row) 2^-exponent), one pass
 // (hadamard_rows.cu). x: fp16 / bf16 CUDA, D 64 or 128, dense with unit stride on D (any order of the other dims:
 // its rows lie back to back, and empty_like keeps that order), 16-byte aligned.
 at::Tensor hadamard_rows(const at::Tensor& x, int64_t exponent) {
@@ -552,7 +552,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "map_index / map_count: a block map, both kernels; lse: fp32 [B, H, n_q] written with each row's "
         "log-sum-exp, the wgmma kernel only)");
   m.def("hadamard_rows", &hadamard_rows,
-        "one side of the online V/O Hadamard over the last dim (64 or 128): every row T(wht(row) 2^-exponent), one pass",
+        "one side of the online V/O Hadamard over the last dim (64 or 128): every row T(wht(row) 2^-exponent), "
+        "one pass",
         py::arg("x"), py::arg("exponent"));
   m.def("generalized_rope", &generalized_rope,
         "RoPE·R by the generalized table shared by the heads (one pass; hadamard: then the Walsh-Hadamard transform)",

@@ -13,8 +13,8 @@
 //                      the statistics launch's read of K: RESULTS.md, session 11)
 // With the online V/O Hadamard (V_HADAMARD, launch_int8fp8_stats / _quantize with v_hadamard): every V row is
 // transformed right after its load by the butterflies of roperows::wht8 and the power of two 2^-ceil(k/2) (D = 2^k),
-// rounded to V's dtype, so that the statistics and the quantization see the bits of rotvid.rope.hadamard.rotate_v_online;
-// the V_HADAMARD = false instantiations are the kernels as they were.
+// rounded to V's dtype, so that the statistics and the quantization see the bits of
+// rotvid.rope.hadamard.rotate_v_online; the V_HADAMARD = false instantiations are the kernels as they were.
 // Every load is a 16-byte vector (8 channels); a tile's loads are all issued before its first use.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -383,10 +383,10 @@ def int8fp8_attention_cuda(
     """Pre-processing + int8-fp8 attention on an sm89 / sm90 GPU (``path`` and ``block_map`` as
     :func:`attention_int8fp8_quantized`, ``rope``: RoPE·R applied to q and k inside the pre-processing, as
     :func:`preprocess_int8fp8_cuda`); output has q's shape, layout and dtype. ``v_hadamard``: V rotated inside the
-    pre-processing (:func:`preprocess_int8fp8_cuda`): the output is then the attention of
-    ``rotate_v_online(v, D)``, O' -- still rotated (the LSE does not depend on V); the caller undoes it
-    (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`, once after a ring attention's merge). ``return_lse`` (the ``"wgmma"``
-    kernel): ``(out, lse)``, each row's log-sum-exp of the unsmoothed scores (the kernel's plus
+    pre-processing (:func:`preprocess_int8fp8_cuda`): the output is then the attention of ``rotate_v_online(v, D)``,
+    O' -- still rotated (the LSE does not depend on V); the caller undoes it
+    (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`, once after a ring attention's merge).
+    ``return_lse`` (the ``"wgmma"`` kernel): ``(out, lse)``, each row's log-sum-exp of the unsmoothed scores (the kernel's plus
     :func:`k_smoothing_shift`), [B, H, N_q] for ``"BHND"`` or [B, N_q, H] for ``"BNHD"``, fp32 -- the reference's
     convention (:mod:`rotvid.kernels.reference`). With ``rope`` the shift needs the rotated q and k: they are rotated
     first and the pre-processing runs without the table."""
