@@ -248,11 +248,12 @@ def runtime_on_cuda(vo):
 
 @pytest.mark.parametrize("key_chunks", [1, 2])
 def test_runtime_fused_path_equals_the_pytorch_path_under_ring_attention(key_chunks):
-    """The runtime's call (BNHD views, V rotated per key chunk in the pre-processing, the chunks merged by their LSE,
-    O' un-rotated once after the merge) against the same merge of the PyTorch-rotated V, un-rotated in PyTorch."""
+    """The runtime's call (BHND views of BNHD memory, run in the BNHD layout, V rotated per key chunk in the
+    pre-processing, the chunks merged by their LSE, O' un-rotated once after the merge) against the same merge of the PyTorch-rotated V, un-rotated in PyTorch."""
     needs_sm90()
     d, n = 128, 2 * 640
-    q, k, v, kv_lens = cuda_qkv(2, 3, n, n, d, torch.bfloat16, "BHND", seed=17, kv_lens=[n, 900])
+    q, k, v, kv_lens = cuda_qkv(2, 3, n, n, d, torch.bfloat16, "BNHD", seed=17, kv_lens=[n, 900])
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # BHND views of BNHD memory, as the processors give them
     mask = torch.arange(n, device="cuda")[None, None, None, :] < kv_lens[:, None, None, None]
     runtime, site = runtime_on_cuda("online")
     poison_allocator()
@@ -263,6 +264,8 @@ def test_runtime_fused_path_equals_the_pytorch_path_under_ring_attention(key_chu
     torch.cuda.synchronize()
     assert not torch.isnan(got).any()
     assert torch.equal(got, unrotate_o_online(plain, d))
+    if key_chunks == 1:  # (the processors' flatten of the output stays a view)
+        assert got.transpose(1, 2).is_contiguous()
     runtime.drain_counts()
     assert runtime.report.quantized_calls == 1 and runtime.report.fallback_calls == 0
     truth = attention_fp64(q.cpu(), k.cpu(), v.cpu(), kv_lens=kv_lens.cpu())
