@@ -270,3 +270,15 @@ def test_runtime_fused_path_equals_the_pytorch_path_under_ring_attention(key_chu
     assert runtime.report.quantized_calls == 1 and runtime.report.fallback_calls == 0
     truth = attention_fp64(q.cpu(), k.cpu(), v.cpu(), kv_lens=kv_lens.cpu())
     assert metrics.sqnr_db(truth, got.double().cpu()) >= 25.0
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_mma_sync_kernel_takes_the_same_rotated_operands(d):
+    """The sm89 kernel (run on sm90 with path="mma") reads the same pre-processing: the fused V rotation and the O
+    pass give the PyTorch path's bits there too."""
+    needs_sm90()
+    q, k, v, kv_lens = cuda_qkv(2, 2, 777, 777, d, torch.float16, "BNHD", seed=d + 1, kv_lens=[777, 400])
+    opts = dict(layout="BNHD", kv_lens=kv_lens, path="mma")
+    fused = hop().vo_hadamard_cuda(cb().int8fp8_attention_cuda(q, k, v, v_hadamard=True, **opts), d, side="o")
+    want = unrotate_o_online(cb().int8fp8_attention_cuda(q, k, rotate_v_online(v, d), **opts), d)
+    assert torch.equal(fused, want)
