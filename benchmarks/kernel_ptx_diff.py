@@ -4,6 +4,7 @@ shared memory and the PTX and SASS instructions of one kernel family.
     python benchmarks/kernel_ptx_diff.py --family hopper --old-rev aa5d692              # that commit vs this tree
     python benchmarks/kernel_ptx_diff.py --family hopper --old OLD_CSRC --new NEW_CSRC  # two csrc folders
     python benchmarks/kernel_ptx_diff.py --family mma --old-rev aa5d692 [--new ROOT] [--archs 80,86,89,90a] [--sass]
+    python benchmarks/kernel_ptx_diff.py --family pre --old-rev aa5d692 [--archs 90a] [--sass]   # the pre-processing
 
 ``--old`` is a csrc folder or a git revision of this repository (its ``rotvid/kernels/csrc``, exported with ``git
 archive``; ``--old-rev`` names a revision only); ``--new`` a csrc folder or a repository root (default: this tree).
@@ -36,6 +37,12 @@ the PTX and SASS opcode histograms and how many lines of their texts differ (reg
 renumbered, so 0 means the same code; "(order)" after the count: the same lines, some in another order). Exits 1 when
 any pair differs in resources or in an opcode histogram.
 
+``--family pre``: the pre-processing kernels (``--units``, default :data:`PRE_UNITS`), compared as ``mma`` (the same
+table and failures, default sm90a), paired by :func:`pre_key` (kernel, dtype and integer template arguments). A
+kernel's ``V_HADAMARD`` flag (``col_stats_kernel`` / ``quantize_kernel`` of the int8-fp8 pre-processing: the online
+V/O Hadamard's V side) keys its ``false`` instantiation as the kernel from before the flag and the ``true`` one with
+"v_hadamard" (listed with its resources, not failed).
+
 Compiling and reading the listings is :mod:`benchmarks.kernel_listing`; :data:`HOPPER_TEMPLATES` and :data:`MMA_KEYS`
 are the only parts that know the kernels' names.
 """
@@ -58,8 +65,8 @@ from benchmarks.kernel_listing import (  # noqa: E402
     nvcc_flags, opcode, opcode_histogram, run,
 )
 
-FAMILIES = ("hopper", "mma")
-DEFAULT_ARCHS = {"hopper": "90a", "mma": "80,86,89,90a"}
+FAMILIES = ("hopper", "mma", "pre")
+DEFAULT_ARCHS = {"hopper": "90a", "mma": "80,86,89,90a", "pre": "90a"}
 
 # ---- hopper: the wgmma + TMA kernels -----------------------------------------------------------------------------
 
@@ -326,13 +333,38 @@ def text_diff_lines(old: list[str], new: list[str]) -> str:
     return f"{n} (order)" if n and removed == added else str(n)
 
 
-def mma_unit(csrc: Path, unit: str, arch: str, work: Path, cuobjdump: str | None) -> dict[tuple, KernelListing]:
-    """The mma.sync kernels of one launcher source for ``arch``, by :func:`mma_key`; SASS with its guard predicates
-    taken off (as the PTX's)."""
+# ---- pre: the pre-processing kernels (compared as the mma family) ----------------------------------------------------
+
+PRE_UNITS = ("preprocess_int8fp8.cu", "preprocess_int4.cu", "rope_table.cu")
+# kernel -> the number of its integer template arguments before a flag added later (its false instantiation is the
+# kernel from before the flag), and the flag's name
+PRE_FLAGS = {"col_stats_kernel": (1, "v_hadamard"), "quantize_kernel": (1, "v_hadamard")}
+NEW_ONLY = ("sparse", "v_hadamard")  # key suffixes of instantiations only a new tree has (listed, not failed)
+
+
+def pre_key(mangled: str) -> tuple | None:
+    """The comparable key of a pre-processing kernel's mangled name: (kernel, dtype, integer template arguments),
+    with a :data:`PRE_FLAGS` flag dropped when false and named when true; None for a name that is not a kernel."""
+    m = re.match(r"_ZN6rotvid\d+\w+?\d+(\w+?_kernel)I", mangled)
+    if m is None:
+        return None
+    dtype = "bf16" if "__nv_bfloat16" in mangled else "fp16" if "__half" in mangled else ""
+    args = tuple(int(v) for v in re.findall(r"L[ib](\d+)E", mangled))
+    kernel = m.group(1)
+    n, flag = PRE_FLAGS.get(kernel, (len(args), ""))
+    if len(args) > n:
+        return (kernel, dtype, *args[:n], flag) if args[n] else (kernel, dtype, *args[:n])
+    return (kernel, dtype, *args)
+
+
+def mma_unit(csrc: Path, unit: str, arch: str, work: Path, cuobjdump: str | None, key_of=None
+             ) -> dict[tuple, KernelListing]:
+    """The mma.sync kernels of one launcher source for ``arch``, by :func:`mma_key` (``key_of``: another family's
+    key function); SASS with its guard predicates taken off (as the PTX's)."""
     work.mkdir(exist_ok=True)
     out = {}
     for name, lst in compile_listing(csrc / unit, arch, work, cuobjdump).items():
-        key = mma_key(name)
+        key = (key_of or mma_key)(name)
         if key is None:
             continue
         sass = None if lst.sass is None else [re.sub(r"^@!?U?P\w+\s+", "", i) for i in lst.sass]
@@ -361,8 +393,9 @@ def _fmt_res(r: dict) -> str:
 
 
 def mma_report(old_csrc: Path, new_csrc: Path, archs: list[str], units: list[str], cuobjdump: str | None,
-               tmp: Path) -> int:
-    """Compile every unit of both trees per arch and print one row per kernel; 1 when a pair differs, else 0."""
+               tmp: Path, key_of=None) -> int:
+    """Compile every unit of both trees per arch and print one row per kernel; 1 when a pair differs, else 0
+    (``key_of``: the pairing of another family, :func:`pre_key`)."""
     failed = False
     head = ["arch", "unit", "kernel", "regs/spill/stack old", "new"]
     for kind in ("PTX", "SASS") if cuobjdump else ("PTX",):
@@ -371,10 +404,10 @@ def mma_report(old_csrc: Path, new_csrc: Path, archs: list[str], units: list[str
     print("|" + "---|" * len(head))
     for arch in archs:
         for unit in units:
-            old = mma_unit(old_csrc, unit, arch, tmp / "build-old", cuobjdump)
-            new = mma_unit(new_csrc, unit, arch, tmp / "build-new", cuobjdump)
+            old = mma_unit(old_csrc, unit, arch, tmp / "build-old", cuobjdump, key_of)
+            new = mma_unit(new_csrc, unit, arch, tmp / "build-new", cuobjdump, key_of)
             for key in sorted(set(old) | set(new), key=str):
-                if key not in old and key[-1] == "sparse":  # a block-sparse kernel: nothing to compare
+                if key not in old and key[-1] in NEW_ONLY:  # a block-sparse or V-rotating kernel: nothing to compare
                     print(f"| sm_{arch} | {unit} | {key} | only in new | {_fmt_res(new[key].resources)} |")
                     continue
                 if key not in old or key not in new:
@@ -407,7 +440,8 @@ def new_csrc_of(path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", required=True, choices=FAMILIES,
-                    help="hopper: the wgmma + TMA kernels (sm90a); mma: the mma.sync kernels")
+                    help="hopper: the wgmma + TMA kernels (sm90a); mma: the mma.sync kernels; pre: the pre-processing "
+                         "kernels")
     ap.add_argument("--old", help="the old kernels: a csrc folder, or a git revision of this repository")
     ap.add_argument("--old-rev", help="the old kernels: a git revision of this repository (its csrc)")
     ap.add_argument("--new", type=Path, default=REPO,
@@ -417,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"mma {DEFAULT_ARCHS['mma']})")
     ap.add_argument("--units", default=None,
                     help="comma-separated launcher sources to compile (default: hopper, each tree's .cu files that "
-                         f"include tma_map.cuh or hopper_launch.cuh; mma, {','.join(MMA_UNITS)})")
+                         f"include tma_map.cuh or hopper_launch.cuh; mma, {','.join(MMA_UNITS)}; pre, "
+                         f"{','.join(PRE_UNITS)})")
     ap.add_argument("--sass", action="store_true",
                     help="compare SASS, and fail without cuobjdump (mma compares SASS only with it; hopper whenever "
                          "cuobjdump is found)")
@@ -427,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     archs = (args.archs or DEFAULT_ARCHS[args.family]).split(",")
     if args.family == "hopper" and archs != ["90a"]:
         ap.error(f"--archs: the hopper family builds for sm90a only, got {args.archs!r}")
-    units = args.units.split(",") if args.units else (None if args.family == "hopper" else list(MMA_UNITS))
+    default_units = {"hopper": None, "mma": list(MMA_UNITS), "pre": list(PRE_UNITS)}[args.family]
+    units = args.units.split(",") if args.units else default_units
     cuobjdump = find_cuobjdump() if args.sass or args.family == "hopper" else None
     if args.sass and cuobjdump is None:
         ap.error("--sass needs cuobjdump ($CUOBJDUMP, on PATH, or triton's)")
@@ -442,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         old_csrc = export_csrc(old_rev, tmp / "old-tree") if old_rev else Path(args.old).resolve()
         if args.family == "hopper":
             return hopper_report(old_csrc, new_csrc, units, cuobjdump, tmp)
-        return mma_report(old_csrc, new_csrc, archs, units, cuobjdump, tmp)
+        return mma_report(old_csrc, new_csrc, archs, units, cuobjdump, tmp,
+                          pre_key if args.family == "pre" else None)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,25 @@
 """What the online V/O Hadamard costs: one self-attention call as a pipeline makes it, with and without the rotation.
 
-The runtime hands the quantized call BHND views of BNHD memory; with ``vo_hadamard="online"`` it rotates V before
-the call (:func:`rotvid.rope.hadamard.rotate_v_online`) and the output after it
-(:func:`rotvid.rope.hadamard.unrotate_o_online`). This script times, per shape, in interleaved rounds on one GPU:
+The runtime hands the quantized call BHND views of BNHD memory; with ``vo_hadamard="online"`` the call is prepared
+with ``v_hadamard`` (:func:`rotvid.kernels.dispatch.prepare_attention`): on the int8-fp8 CUDA call the pre-processing
+rotates V as it reads it and one CUDA pass turns the output back (:func:`rotvid.kernels.dispatch.unrotate_output`,
+``csrc/hadamard_rows.cu``); elsewhere V and O are rotated by the PyTorch functions
+(:func:`rotvid.rope.hadamard.rotate_v_online`, :func:`~rotvid.rope.hadamard.unrotate_o_online`), with the same bits.
+This script times, per shape, in interleaved rounds on one GPU (same process, the order rotating per round):
 
 * ``off``: the int8-fp8 call alone (what ``vo_hadamard="off"`` and ``"fused"`` run);
-* ``online``: rotation, the same call, inverse rotation;
-* the same two compiled (``torch.compile(fullgraph=True)``), as a compiled pipeline runs them;
+* ``online``: the call as the runtime makes it with ``vo_hadamard="online"`` (the fused path);
+* ``online-pytorch``: the PyTorch path around the same call (what a call that cannot fuse runs: other recipes,
+  blocks smaller than the head_dim);
+* ``o-pass``: the CUDA pass over the output alone;
+* ``off`` and ``online`` compiled (``torch.compile(fullgraph=True)``), as a compiled pipeline runs them;
 * cuDNN bf16 SDPA, the baseline every kernel ratio in this project is against;
 
-and prints the rotation's share of the call, with the cosine of each output against float64 attention on sampled
-rows. Rows go to ``benchmarks/results/vo_online_bench.json`` (GPU, commit, command).
+and prints the rotation's share of the call (eager, compiled, and the PyTorch path's), with the cosine of each
+output against float64 attention on sampled rows, after checking that the fused and the PyTorch path give the same
+bits. Rows go to ``benchmarks/results/vo_online_bench.json`` (GPU, commit, command).
 
-    python benchmarks/vo_online_bench.py [--shapes wan1.3b-480p wan14b-720p cogvideox5b] [--rounds 3]
+    python benchmarks/vo_online_bench.py [--shapes wan1.3b-480p wan14b-720p cogvideox5b] [--rounds 3] [--no-write]
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_bench import SHAPES, cos_fp64_rows, time_interleaved  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
-from rotvid.pipelines.runtime import attention_into_bnhd  # noqa: E402
+from rotvid.kernels.dispatch import prepare_attention, unrotate_output  # noqa: E402
+from rotvid.kernels.hadamard_op import vo_hadamard_cuda  # noqa: E402
+from rotvid.pipelines.runtime import attention_into_bnhd, run_into_bnhd  # noqa: E402
 from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vo_online_bench.json"
@@ -50,20 +59,30 @@ def bench(name: str, rounds: int, seed: int = 0) -> list[dict]:
     def off(q, k, v):
         return attention_into_bnhd(q, k, v, **opts)
 
-    def online(q, k, v):
+    def online(q, k, v):  # the runtime's call: prepared once with the rotation, run, turned back
+        call = prepare_attention(q, k, v, v_hadamard=block, **opts)
+        return unrotate_output(call, run_into_bnhd(call, q, k, v))
+
+    def online_pytorch(q, k, v):
         return unrotate_o_online(attention_into_bnhd(q, k, rotate_v_online(v, block), **opts), block)
 
-    def rotation_only(q, k, v):
-        return unrotate_o_online(rotate_v_online(v, block), block)
+    if not prepare_attention(q, k, v, v_hadamard=block, **opts).v_hadamard_fused:
+        raise SystemExit(f"vo_online_bench.py: {name}: the int8-fp8 CUDA call does not fuse the rotation here")
+    o_rot = off(q, k, v)
+
+    def o_pass(q, k, v):
+        return vo_hadamard_cuda(o_rot, block, side="o")
 
     def sdpa(q, k, v):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
-    compiled_off = torch.compile(off, fullgraph=True)
-    compiled_online = torch.compile(online, fullgraph=True)
-    fns = {"cudnn": sdpa, "off": off, "online": online, "rotation-only": rotation_only,
-           "off-compiled": compiled_off, "online-compiled": compiled_online}
+    fns = {"cudnn": sdpa, "off": off, "online": online, "online-pytorch": online_pytorch, "o-pass": o_pass,
+           "off-compiled": torch.compile(off, fullgraph=True), "online-compiled": torch.compile(online, fullgraph=True)}
+    fused, unfused = online(q, k, v), online_pytorch(q, k, v)
+    if not torch.equal(fused, unfused):
+        raise SystemExit(f"vo_online_bench.py: {name}: the fused and the PyTorch path differ (they must give the "
+                         "same bits: run tests/kernels/test_cuda_int8fp8_vo_hadamard.py)")
     rows = torch.randperm(shape.n, generator=torch.Generator().manual_seed(seed))[:256].to("cuda")
     cos = {m: cos_fp64_rows(fns[m](q, k, v), q, k, v, rows, None) for m in ("off", "online")}
     times = time_interleaved({m: (lambda f=f: f(q, k, v)) for m, f in fns.items()}, rounds)
@@ -71,9 +90,13 @@ def bench(name: str, rounds: int, seed: int = 0) -> list[dict]:
     for method, ms in times.items():
         out.append(dict(shape=name, method=method, ms=round(ms, 4), ratio_to_cudnn=round(times["cudnn"] / ms, 4),
                         cos_fp64=round(cos[method], 6) if method in cos else None))
-    for mode in ("", "-compiled"):
-        share = times[f"online{mode}"] / times[f"off{mode}"] - 1
-        out.append(dict(shape=name, method=f"overhead{mode or '-eager'}", share=round(share, 5)))
+    shares = {
+        "overhead-eager": times["online"] / times["off"] - 1,
+        "overhead-compiled": times["online-compiled"] / times["off-compiled"] - 1,
+        "overhead-pytorch": times["online-pytorch"] / times["off"] - 1,
+        "o-pass-share": times["o-pass"] / times["off"],
+    }
+    out += [dict(shape=name, method=label, share=round(share, 5)) for label, share in shares.items()]
     return out
 
 
@@ -92,13 +115,15 @@ def main() -> None:
         for r in rows:
             if r["shape"] == name:
                 print(json.dumps(r), flush=True)
-    print("\n| shape | int8-fp8 call (ms) | + online V/O Hadamard (ms) | share, eager | share, compiled | cos fp64 off / online |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n| shape | int8-fp8 call (ms) | + online V/O Hadamard (ms) | share, eager | share, compiled "
+          "| O pass alone | PyTorch path's share | cos fp64 off / online |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.shapes:
         by = {r["method"]: r for r in rows if r["shape"] == name}
         print(f"| {name} | {by['off']['ms']:.3f} | {by['online']['ms']:.3f} | {100 * by['overhead-eager']['share']:+.2f}% "
-              f"| {100 * by['overhead-compiled']['share']:+.2f}% | {by['off']['cos_fp64']:.5f} / "
-              f"{by['online']['cos_fp64']:.5f} |")
+              f"| {100 * by['overhead-compiled']['share']:+.2f}% | {by['o-pass']['ms'] * 1e3:.1f} µs "
+              f"({100 * by['o-pass-share']['share']:.2f}%) | {100 * by['overhead-pytorch']['share']:+.2f}% "
+              f"| {by['off']['cos_fp64']:.5f} / {by['online']['cos_fp64']:.5f} |")
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         doc = dict(device=torch.cuda.get_device_name(), commit=git_commit(), command="python " + " ".join(sys.argv),

@@ -62,6 +62,7 @@ from rotvid.kernels.recipes.int8_fp8_ops import (  # noqa: F401 -- re-exports
     int8fp8_path_for,
     preprocess_int8fp8_cuda,
     rope_fusion_unsupported,
+    v_hadamard_fusion_unsupported,
 )
 from rotvid.kernels.recipes.registry import get_recipe
 from rotvid.kernels.rope_op import ROPE_HEAD_DIMS, generalized_rope_cuda, generalized_rope_unsupported  # noqa: F401
@@ -74,7 +75,8 @@ class CudaBackend:
     entry (the INT4 recipes, and int8-fp8 on sm89 / sm90, with the arch default kernel: wgmma on sm90, mma.sync on
     sm89). Every kernel takes a block map (the wgmma kernels on sm90, the mma.sync ones elsewhere). The int8-fp8 wgmma
     kernel (sm90) returns each row's log-sum-exp on request (``return_lse``: ring attention); the other kernels refuse
-    such calls (``KernelEntry.returns_lse``, the int8-fp8 entry's ``lse_on_wgmma`` check)."""
+    such calls (``KernelEntry.returns_lse``, the int8-fp8 entry's ``lse_on_wgmma`` check). The int8-fp8 pre-processing
+    rotates V itself for the online V/O Hadamard (``v_hadamard``, :meth:`fuses_v_hadamard`)."""
 
     name = NAME
 
@@ -113,8 +115,17 @@ class CudaBackend:
         entry = get_recipe(recipe).kernel(NAME)
         return entry is not None and entry.fuses_rope is not None and not entry.fuses_rope(q, k, rope, layout=layout)
 
+    def fuses_v_hadamard(self, q, k, v, block, *, recipe, layout="BHND") -> bool:
+        """True when :meth:`run` applies V's side of the online V/O Hadamard of ``block`` inside the recipe's
+        pre-processing (``v_hadamard=block``; the int8-fp8 recipe with the block = head_dim); the dispatcher rotates V
+        in PyTorch first otherwise."""
+        entry = get_recipe(recipe).kernel(NAME)
+        return (entry is not None and entry.fuses_v_hadamard is not None
+                and not entry.fuses_v_hadamard(q, k, v, block, layout=layout))
+
     def run(self, q, k, v, *, recipe, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_q=False,
-            smooth_v=False, block_m=None, block_n=None, q_block=None, rope=None, block_map=None, return_lse=False):
+            smooth_v=False, block_m=None, block_n=None, q_block=None, rope=None, block_map=None, return_lse=False,
+            v_hadamard=1):
         why = self.unsupported_reason(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, smooth_q=smooth_q,
                                       block_m=block_m, block_n=block_n, q_block=q_block, block_map=block_map,
                                       return_lse=return_lse)
@@ -123,10 +134,15 @@ class CudaBackend:
         if rope is not None and not self.fuses_rope(q, k, rope, recipe=recipe, layout=layout):
             raise ValueError(f"rope: the CUDA backend cannot apply it in the pre-processing of recipe {recipe!r} "
                              "(rotate q and k first: rotvid.kernels.rope_op.apply_generalized_rope)")
-        lse = {"return_lse": True} if return_lse else {}  # (only when asked: a kernel without an LSE never sees it)
+        if v_hadamard != 1 and not self.fuses_v_hadamard(q, k, v, v_hadamard, recipe=recipe, layout=layout):
+            raise ValueError(f"v_hadamard: the CUDA backend cannot rotate V in the pre-processing of recipe {recipe!r} "
+                             f"with block {v_hadamard} (rotate V first: rotvid.rope.hadamard.rotate_v_online)")
+        extra = {"return_lse": True} if return_lse else {}  # (only when asked: a kernel without an LSE never sees it)
+        if v_hadamard != 1:  # (likewise: a kernel that never rotates V never sees the option)
+            extra["v_hadamard"] = v_hadamard
         return get_recipe(recipe).kernel(NAME).run(
             q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k, smooth_q=smooth_q,
             smooth_v=smooth_v, block_m=block_m, block_n=block_n, q_block=q_block, rope=rope, block_map=block_map,
-            **lse,
+            **extra,
         )
 

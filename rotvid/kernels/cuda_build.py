@@ -56,6 +56,7 @@ SOURCES = (
     "attn_hopper_int8fp8.cu",
     "attn_int8fp8_mma.cu",
     "rope_table.cu",
+    "hadamard_rows.cu",
 )
 HEADERS = (
     "int4_common.cuh",

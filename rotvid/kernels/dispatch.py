@@ -14,6 +14,13 @@ A call is validated and its backend chosen once: :func:`prepare_attention` retur
 log-sum-exp as well (:mod:`rotvid.kernels.reference` defines it); the option reaches a backend only when asked, and
 a backend or kernel that cannot return it refuses the call (the reference backend returns it for every built-in
 recipe; the CUDA backend for the kernels whose entry says ``returns_lse``).
+
+The online V/O Hadamard (``v_hadamard=block`` of :func:`prepare_attention`; ``vo_hadamard`` of :func:`attention`):
+the call attends V' = :func:`rotvid.rope.hadamard.rotate_v_online` (v, block) and :func:`unrotate_output` turns its
+output back. Where it runs is decided once, with the backend: a backend whose kernel rotates V in its own
+pre-processing (``fuses_v_hadamard``: the int8-fp8 CUDA recipe, block = head_dim 64 or 128) gets the option and its
+output goes back through one CUDA pass (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`); any other call rotates
+V in PyTorch before the backend runs and un-rotates in PyTorch after it. Both ways give the same bits.
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ import torch
 
 from rotvid.kernels import reference
 from rotvid.kernels.cuda_backend import CudaBackend
+from rotvid.kernels.hadamard_op import vo_hadamard_cuda
 from rotvid.kernels.recipes import AUTO, get_recipe, int4
 from rotvid.kernels.recipes.auto import resolve_recipe
 from rotvid.kernels.rope_op import apply_generalized_rope
 from rotvid.kernels.sparsity import BlockMap
 from rotvid.rope.fused_table import GeneralizedRopeTable
+from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online
 
 logger = logging.getLogger(__name__)
 
@@ -177,11 +186,16 @@ class AttentionCall:
     Attributes:
         backend: the backend object; reason: why it was chosen (``"cuda (auto)"``, ``"reference (auto; cuda: ...)"``).
         opts: the call's options as the backend takes them (recipe, layout, kv_lens, sm_scale, smoothing, tiles).
+        v_hadamard: the block of the online V/O Hadamard the call attends V rotated by (1: none).
+        v_hadamard_fused: True when the backend rotates V itself (:func:`run_attention` then hands it
+            ``v_hadamard``) and :func:`unrotate_output` runs the CUDA pass; False: both sides in PyTorch.
     """
 
     backend: AttentionBackend
     reason: str
     opts: dict
+    v_hadamard: int = 1
+    v_hadamard_fused: bool = False
 
 
 def prepare_attention(
@@ -202,6 +216,7 @@ def prepare_attention(
     q_block: int | None = None,
     block_map: BlockMap | None = None,
     return_lse: bool = False,
+    v_hadamard: int = 1,
 ) -> AttentionCall:
     """Validate a call of :func:`attention` (ValueError naming the argument) and choose its backend, once.
 
@@ -209,6 +224,11 @@ def prepare_attention(
     :func:`attention`'s, but ``rope``, which :func:`run_attention` takes. ``block_map`` is part of the backend choice
     (a backend that cannot take a map refuses the call); a map built per call is given to :func:`run_attention`.
     ``return_lse`` likewise: a backend that returns no LSE refuses the call.
+
+    ``v_hadamard``: the block of the online V/O Hadamard (a power of two dividing head_dim; 1, the default: none).
+    The prepared call attends ``rotate_v_online(v, v_hadamard)`` -- its output is that attention, still rotated, which
+    :func:`unrotate_output` turns back -- and whether the backend rotates V itself (the module docstring) is decided
+    here, once: :attr:`AttentionCall.v_hadamard_fused`. It never refuses a call.
     """
     validate_attention_inputs(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
                               sm_scale=sm_scale, switches=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v,
@@ -228,8 +248,16 @@ def prepare_attention(
         opts["block_map"] = block_map
     if return_lse:  # (only when asked, as the map: a backend without an LSE never sees the option)
         opts["return_lse"] = True
+    if (isinstance(v_hadamard, bool) or not isinstance(v_hadamard, int) or v_hadamard < 1
+            or v_hadamard & (v_hadamard - 1) or q.shape[-1] % v_hadamard):
+        raise ValueError(f"v_hadamard: expected a power of two dividing head_dim {q.shape[-1]} (1: none), "
+                         f"got {v_hadamard!r}")
     chosen, reason = select_backend(q, k, v, backend=backend, **opts)
-    return AttentionCall(chosen, reason, opts)
+    fused = False
+    if v_hadamard > 1:
+        fuses = getattr(chosen, "fuses_v_hadamard", None)
+        fused = fuses is not None and fuses(q, k, v, v_hadamard, recipe=recipe, layout=layout)
+    return AttentionCall(chosen, reason, opts, v_hadamard, fused)
 
 
 def check_block_map(block_map, q: torch.Tensor, k: torch.Tensor, layout: str) -> None:
@@ -248,7 +276,9 @@ def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
     """Run a prepared call on ``q, k, v`` (the tensors it was prepared with, or the same tensors in ``layout``, or,
     inside a ``torch.cond`` branch, its operands; ``kv_lens`` likewise replaces the prepared one when given, and
     ``block_map`` the prepared map, e.g. one built per call: the backend refuses it if it takes no maps).
-    ``rope``: as :func:`attention`'s. Returns ``(out, lse)`` for a call prepared with ``return_lse=True``."""
+    ``rope``: as :func:`attention`'s. Returns ``(out, lse)`` for a call prepared with ``return_lse=True``. A call
+    prepared with ``v_hadamard`` attends the rotated V (inside the backend's pre-processing, or rotated here first)
+    and returns that attention, still rotated: :func:`unrotate_output` turns it back."""
     opts = dict(call.opts)
     if layout is not None:
         opts["layout"] = layout
@@ -259,6 +289,10 @@ def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
         opts["block_map"] = block_map
     if not torch.compiler.is_compiling():  # a logging call would break a compiled graph
         logger.debug("attention backend: %s", call.reason)
+    if call.v_hadamard_fused:
+        opts["v_hadamard"] = call.v_hadamard
+    elif call.v_hadamard > 1:
+        v = rotate_v_online(v, call.v_hadamard)  # (a view's layout kept: a BHND view of BNHD memory stays one)
     if rope is not None:
         _check_rope(rope, q, k, opts["layout"])
         fuses = getattr(call.backend, "fuses_rope", None)
@@ -266,6 +300,19 @@ def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
             return call.backend.run(q, k, v, rope=rope, **opts)
         q, k = _rotate(q, rope, opts["layout"]), _rotate(k, rope, opts["layout"])
     return call.backend.run(q, k, v, **opts)
+
+
+def unrotate_output(call: AttentionCall, out: torch.Tensor) -> torch.Tensor:
+    """The online V/O Hadamard's inverse on the output of a call prepared with ``v_hadamard`` (``out`` as
+    :func:`run_attention` returned it, or the LSE merge of several such outputs: attention is linear in V, so one
+    inverse after the merge does), :func:`rotvid.rope.hadamard.unrotate_o_online` -- in one CUDA pass where the
+    backend rotated V itself (:attr:`AttentionCall.v_hadamard_fused`), else in PyTorch; the same bits. ``out`` itself
+    for a call without it."""
+    if call.v_hadamard == 1:
+        return out
+    if call.v_hadamard_fused:
+        return vo_hadamard_cuda(out, call.v_hadamard, side="o")
+    return unrotate_o_online(out, call.v_hadamard)
 
 
 def attention(
@@ -287,6 +334,7 @@ def attention(
     rope=None,
     block_map: BlockMap | None = None,
     return_lse: bool = False,
+    vo_hadamard: int = 1,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantized attention ``softmax(q kᵀ · sm_scale) v`` under a recipe, on a chosen backend.
 
@@ -327,6 +375,12 @@ def attention(
             that attends none), what ring attention merges partial results by (:mod:`rotvid.kernels.reference`).
             The reference backend returns it for every built-in recipe; the CUDA backend refuses the call where
             its kernel returns none.
+        vo_hadamard: the block of the online V/O Hadamard (1, the default: none; a power of two dividing the
+            head_dim): the recipe attends ``rotate_v_online(v, vo_hadamard)`` and the output is turned back
+            (:func:`unrotate_output`), so the result is the attention of v up to the rounding of the two transforms
+            and the recipe's own (``RotvidConfig(vo_hadamard="online")``). The int8-fp8 CUDA pre-processing rotates V
+            itself where the block is the head_dim (64, 128), and the output goes back in one CUDA pass; elsewhere
+            both sides run in PyTorch, with the same bits.
 
     Returns:
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in
@@ -338,8 +392,12 @@ def attention(
         recipe, _ = resolve_recipe(AUTO, q.device if isinstance(q, torch.Tensor) else None)
     call = prepare_attention(q, k, v, recipe=recipe, layout=layout, backend=backend, kv_lens=kv_lens, sm_scale=sm_scale,
                              smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m,
-                             block_n=block_n, q_block=q_block, block_map=block_map, return_lse=return_lse)
-    return run_attention(call, q, k, v, rope=rope)
+                             block_n=block_n, q_block=q_block, block_map=block_map, return_lse=return_lse,
+                             v_hadamard=vo_hadamard)
+    res = run_attention(call, q, k, v, rope=rope)
+    if return_lse:
+        return unrotate_output(call, res[0]), res[1]
+    return unrotate_output(call, res)
 
 
 def _check_rope(rope, q: torch.Tensor, k: torch.Tensor, layout: str) -> None:

@@ -29,7 +29,7 @@ from rotvid.kernels.recipes import get_recipe, int4
 from rotvid.kernels.sparsity import SparsitySpec
 from rotvid.pipelines.runtime import AttentionSite
 from rotvid.pipelines.token_grid import patch_sizes
-from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block
+from rotvid.rope.hadamard import vo_hadamard_block
 
 logger = logging.getLogger(__name__)
 
@@ -185,13 +185,14 @@ class AccuracyProbe:
         return tuple(SparsitySpec(spec.kind, {**spec.options, "tau": tau}) for tau in self.taus)
 
     def _attend(self, q, k, v, kv_lens, block_map=None):
-        block = vo_hadamard_block(v.shape[-1]) if self.vo_online else 1
-        out = kernels.attention(
-            q, k, rotate_v_online(v, block), recipe=self.recipe, layout="BHND", backend=self.backend, kv_lens=kv_lens,
+        # the online V/O Hadamard as generation runs it (fused into the int8-fp8 CUDA call where it can be, the same
+        # bits as the PyTorch pair elsewhere)
+        return kernels.attention(
+            q, k, v, recipe=self.recipe, layout="BHND", backend=self.backend, kv_lens=kv_lens,
             smooth_k=self.smooth_k, smooth_q=self.smooth_q, smooth_v=self.smooth_v,
             block_n=self.block_n, block_map=block_map,
+            vo_hadamard=vo_hadamard_block(v.shape[-1]) if self.vo_online else 1,
         )
-        return unrotate_o_online(out, block)
 
     def __call__(self, site: AttentionSite, step, num_steps, q, k, v, kv_lens, fp16_attention) -> None:
         table = self.tables.setdefault(site.transformer, AccuracyTable(num_steps=num_steps, num_blocks=site.num_blocks))

@@ -117,7 +117,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from rotvid.kernels.dispatch import AttentionCall, prepare_attention, run_attention
+from rotvid.kernels.dispatch import AttentionCall, prepare_attention, run_attention, unrotate_output
 from rotvid.kernels.recipes import get_recipe
 from rotvid.kernels.rope_op import apply_generalized_rope
 from rotvid.kernels.sparsity import SparseMap, SparsitySpec, TokenGrid, build_block_map
@@ -127,7 +127,7 @@ from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.report import GPU_FALLBACK, UNTRACKED_RULE, RunReport
 from rotvid.pipelines.ring import attend_key_chunks, chunk_key_lengths
 from rotvid.pipelines.step_tracker import StepTracker, StepUnknownError
-from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block
+from rotvid.rope.hadamard import vo_hadamard_block
 
 __all__ = [
     "AttentionSite", "Runtime", "key_padding_lengths", "key_padding_lengths_on_device", "on_cuda_device", "REDO",
@@ -188,7 +188,8 @@ def run_into_bnhd(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
     The result is a BHND view of BNHD memory, so the processors' ``out.transpose(1, 2).flatten(2, 3)`` back to
     ``[B, N, H·D]`` is a view, not a copy of the whole attention output (one read and one write of it per call).
     Every backend takes both layouts (and accepts a transposed view as it accepts the tensor: the checks read the
-    same strides); the values are those of the BHND call.
+    same strides); the values are those of the BHND call. A call prepared with ``v_hadamard`` returns the attention of
+    the rotated V, which :func:`rotvid.kernels.dispatch.unrotate_output` turns back (keeping this layout).
     """
     out = run_attention(call, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="BNHD", rope=rope)
     return out.transpose(1, 2)
@@ -199,7 +200,9 @@ def run_key_chunks(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: tor
     """A call prepared with ``return_lse=True`` on the first of ``chunks`` equal key chunks of ``k``, ``v`` (BHND),
     run on each chunk in the BNHD layout (as :func:`run_into_bnhd`) with the chunk's key padding, and the partials
     merged by their LSE (:func:`rotvid.pipelines.ring.attend_key_chunks`); ``kv_lens`` over all the keys. Returns
-    [B, H, N_q, D] in q's dtype."""
+    [B, H, N_q, D] in q's dtype. With ``v_hadamard`` each chunk's V is rotated (in the kernel's pre-processing or in
+    PyTorch) and the merged output is still rotated: one :func:`rotvid.kernels.dispatch.unrotate_output` after the
+    merge undoes it (attention, and the merge, are linear in V)."""
 
     def run_chunk(k_c, v_c, lens):
         out, lse = run_attention(call, q.transpose(1, 2), k_c.transpose(1, 2), v_c.transpose(1, 2), layout="BNHD",
@@ -577,7 +580,9 @@ class Runtime:
 
     def _vo_block(self, v: torch.Tensor) -> int:
         """The block of the online V/O Hadamard of a quantized call on ``v`` (1: none; ``vo_hadamard`` not
-        ``online``, or an odd head_dim)."""
+        ``online``, or an odd head_dim): the call's ``v_hadamard`` (:func:`rotvid.kernels.dispatch.prepare_attention`,
+        which decides whether the kernel's pre-processing rotates V and one CUDA pass un-rotates the output, or both
+        run in PyTorch)."""
         return vo_hadamard_block(v.shape[-1]) if self.vo_online else 1
 
     def attend(
@@ -649,15 +654,17 @@ class Runtime:
                 kept, oracle_kept, q, k, rope = self.kept_masses(spec, sparse, q, k, rope, kv_lens)
         if problem is None:
             block_map = None if sparse is None else sparse.block_map
+            # the online V/O Hadamard's block (1: none), and where it runs, decided with the backend
+            vo = dict(v_hadamard=self._vo_block(v))
             try:  # validated and the backend chosen once, here
                 if key_chunks > 1:  # on the first key chunk, with its key padding and the LSE
                     n_c = k.shape[2] // key_chunks
                     lens0, _ = chunk_key_lengths(kv_lens, 0, n_c)
                     call = prepare_attention(q, k[:, :, :n_c], v[:, :, :n_c], backend=self.config.backend,
-                                             kv_lens=lens0, return_lse=True, **self.call_options)
+                                             kv_lens=lens0, return_lse=True, **vo, **self.call_options)
                 else:
                     call = prepare_attention(q, k, v, backend=self.config.backend, kv_lens=kv_lens,
-                                             block_map=block_map, **self.call_options)
+                                             block_map=block_map, **vo, **self.call_options)
             except ValueError as e:
                 problem = "kernel cannot take this call: " + e.args[0]
             else:
@@ -673,11 +680,9 @@ class Runtime:
             if sparse is not None:
                 counters.add_sparse(sparse.block_map.density(), _mean(sparse.dropped_mass), kept_mass=kept,
                                     oracle_kept_mass=oracle_kept)
-            block = self._vo_block(v)
-            if key_chunks > 1:
-                out = run_key_chunks(call, q, k, rotate_v_online(v, block), kv_lens, key_chunks)
-                return unrotate_o_online(out, block)
-            return unrotate_o_online(run_into_bnhd(call, q, k, rotate_v_online(v, block), rope=rope), block)
+            if key_chunks > 1:  # (V rotated per chunk, O' un-rotated once after the merge: attention is linear in V)
+                return unrotate_output(call, run_key_chunks(call, q, k, v, kv_lens, key_chunks))
+            return unrotate_output(call, run_into_bnhd(call, q, k, v, rope=rope))
         # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.
         take = run if ok is None else (ok if run is None else run & ok)
         counters.add("quantized", why, take)
@@ -689,13 +694,11 @@ class Runtime:
         operands = (q, k, v) if kv_lens is None else (q, k, v, kv_lens)
 
         def quantized(q, k, v, *lens):
-            block = self._vo_block(v)
             if key_chunks > 1:
-                out = run_key_chunks(call, q, k, rotate_v_online(v, block), lens[0] if lens else None, key_chunks)
+                out = run_key_chunks(call, q, k, v, lens[0] if lens else None, key_chunks)
             else:
-                out = run_attention(call, q, k, rotate_v_online(v, block), kv_lens=lens[0] if lens else None,
-                                    rope=rope)
-            return unrotate_o_online(out, block)
+                out = run_attention(call, q, k, v, kv_lens=lens[0] if lens else None, rope=rope)
+            return unrotate_output(call, out)
 
         def fp16(q, k, v, *lens):
             return fp16_attention()

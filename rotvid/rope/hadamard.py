@@ -49,6 +49,7 @@ __all__ = [
     "VO_HADAMARD_MODES",
     "rotate_v_online",
     "unrotate_o_online",
+    "vo_hadamard_exponent",
 ]
 
 # How the V/O Hadamard runs (``RotvidConfig.vo_hadamard``): ``online`` -- V·H before a quantized call and its
@@ -125,63 +126,65 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1]
     if d < 1 or d & (d - 1):
         raise ValueError(f"x: the last dim must be a power of two, got {tuple(x.shape)}")
-    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
-    lead = x.shape[:-1]
-    y = x.to(cd)
+    cd = _compute_dtype(x.dtype)
+    return (_butterflies(x.to(cd)) * _inv_sqrt(d, cd)).to(x.dtype)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64, else float32: what the transforms here compute in (the CUDA kernels' float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _butterflies(y: torch.Tensor) -> torch.Tensor:
+    """The unnormalized Walsh–Hadamard transform over the last dim of ``y`` (a power of two), in y's dtype: stage
+    s = 0, 1, ... maps channels i and i + 2^s (bit s of i clear) to (x_i + x_{i+2^s}, x_i - x_{i+2^s}). The order
+    of :func:`fwht` and of the CUDA kernels' ``roperows::wht8``; a new contiguous tensor (y itself for a last dim of
+    1)."""
+    d = y.shape[-1]
+    lead = y.shape[:-1]
     h = 1
     while h < d:
         y = y.reshape(*lead, d // (2 * h), 2, h)
         a, b = y[..., 0, :], y[..., 1, :]
         y = torch.stack((a + b, a - b), dim=-2)
         h *= 2
-    return (y.reshape(*lead, d) * _inv_sqrt(d, cd)).to(x.dtype)
+    return y.reshape(*lead, d)
 
 
 # ---- the online V/O Hadamard ------------------------------------------------------------------------------------
 # V·H before a quantized call and O·H after it (H symmetric and orthogonal: its own inverse), H = I ⊗ H_block. Both
-# products use the unnormalized ±1 Sylvester matrix times a power of two, so every matrix entry is exact in every
-# float dtype and the pair multiplies to exactly I: V gets 2^-ceil(k/2), O gets 2^-floor(k/2) with block = 2^k
-# (1/16 and 1/8 for 128). V's scale does not matter to any recipe (its quantization scales are per channel), and
-# V·H stays within 2^floor(k/2) times max|V| (8× for D=128), far from fp16's range at the magnitudes models give V.
-_SIGN_CACHE: dict[tuple, torch.Tensor] = {}
-
-
-def _signs(block: int, dtype: torch.dtype, device: torch.device, exponent: int) -> torch.Tensor:
-    """The ±1 Sylvester matrix of ``block`` (a power of two) times ``2 ** -exponent``, [block, block] in ``dtype`` on
-    ``device``: cached eagerly; built in the graph (a few integer ops on [block, block]) while compiling."""
-    key = (block, dtype, device, exponent)
-    if not torch.compiler.is_compiling():
-        cached = _SIGN_CACHE.get(key)
-        if cached is None:
-            cached = _SIGN_CACHE[key] = _sign_matrix(block, dtype, device, exponent)
-        return cached
-    return _sign_matrix(block, dtype, device, exponent)
-
-
-def _sign_matrix(block: int, dtype: torch.dtype, device, exponent: int) -> torch.Tensor:
-    # H[i, j] = (-1)^popcount(i & j): the Sylvester construction, entry by entry
-    i = torch.arange(block, device=device)
-    both = i[:, None] & i[None, :]
-    parity = torch.zeros_like(both)
-    bit = 1
-    while bit < block:
-        parity = parity ^ ((both & bit) != 0).to(both.dtype)
-        bit <<= 1
-    return ((1 - 2 * parity).to(torch.float32) * 2.0 ** -exponent).to(dtype)
+# sides run the unnormalized fast Walsh–Hadamard transform of each block (:func:`_butterflies`, :func:`fwht`'s order)
+# and then multiply by a power of two: V by 2^-ceil(k/2), O by 2^-floor(k/2) with block = 2^k (1/16 and 1/8 for 128,
+# 1/8 and 1/8 for 64), so that the pair is exactly the identity in exact arithmetic (H_±1 · H_±1 = block · I). The
+# additions run in float32 (float64 for float64 inputs) and the result is rounded once to the input's dtype: the
+# CUDA kernels that apply the rotation themselves (the int8-fp8 pre-processing for V, ``hadamard_rows.cu`` for O;
+# :mod:`rotvid.kernels.hadamard_op`) run the same additions in the same order, so a fused call and this path give
+# the same bits. V's scale does not matter to any recipe (its quantization scales are per channel), and V·H stays
+# within 2^floor(k/2) times max|V| (8× for D=128), far from fp16's range at the magnitudes models give V.
+def vo_hadamard_exponent(block: int, side: str) -> int:
+    """The power of two of one side of the online V/O Hadamard: ``2^-e`` with e = ceil(k/2) for ``side="v"`` and
+    floor(k/2) for ``"o"`` (block = 2^k), so that ``e_v + e_o = k`` and the pair multiplies to exactly I."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or block & (block - 1):
+        raise ValueError(f"block: expected a power of two >= 1, got {block!r}")
+    if side not in ("v", "o"):
+        raise ValueError(f"side: expected 'v' or 'o', got {side!r}")
+    k = block.bit_length() - 1
+    return (k + 1) // 2 if side == "v" else k // 2
 
 
 def _online(x: torch.Tensor, block: int, exponent: int) -> torch.Tensor:
-    """``x`` times ``I ⊗ (±1 Sylvester matrix of block) · 2^-exponent`` over its last dim, in x's dtype and with x's
-    layout kept: a BHND view of BNHD memory (what the processors hand the runtime) comes back as one."""
+    """``x`` times ``I ⊗ (±1 Sylvester matrix of block) · 2^-exponent`` over its last dim by the butterflies of each
+    block, in float32 (float64 for float64 x), rounded once to x's dtype; x's layout kept: a BHND view of BNHD memory
+    (what the processors hand the runtime) comes back as one."""
     d = x.shape[-1]
-    signs = _signs(block, x.dtype, x.device, exponent)
+    if d % block:
+        raise ValueError(f"x: head_dim {d} is not a multiple of the V/O Hadamard block {block}")
     bnhd = x.dim() == 4 and x.transpose(1, 2).is_contiguous() and not x.is_contiguous()
     y = x.transpose(1, 2) if bnhd else x
-    if block == d:
-        y = torch.matmul(y, signs)
-    else:
-        y = torch.matmul(y.unflatten(-1, (d // block, block)), signs).flatten(-2)
-    return y.transpose(1, 2) if bnhd else y
+    lead = y.shape[:-1]
+    z = _butterflies(y.to(_compute_dtype(x.dtype)).reshape(*lead, d // block, block)).reshape(*lead, d)
+    z = (z * 2.0**-exponent).to(x.dtype)  # (an exact power of two: one rounding, in the cast)
+    return z.transpose(1, 2) if bnhd else z
 
 
 def rotate_v_online(v: torch.Tensor, block: int) -> torch.Tensor:
@@ -189,21 +192,23 @@ def rotate_v_online(v: torch.Tensor, block: int) -> torch.Tensor:
     ``2^-ceil(k/2) · sqrt(block)`` (block = 2^k) that :func:`unrotate_o_online` undoes exactly.
 
     ``v`` [..., D] (BHND, any layout), ``block`` a power of two dividing D (:func:`vo_hadamard_block`; 1 returns
-    ``v``). Attention is linear in V, so ``unrotate_o_online(attention(q, k, rotate_v_online(v, b)), b)`` is
-    ``attention(q, k, v)`` up to the rounding of the two products in v's dtype."""
+    ``v``). Computed as the butterflies of :func:`fwht` on each block of D in float32 (float64 for float64 v), then
+    the power of two, rounded once to v's dtype: the bits of the int8-fp8 CUDA pre-processing's fused rotation
+    (``v_hadamard`` of :func:`rotvid.kernels.dispatch.prepare_attention`). Attention is linear in V, so
+    ``unrotate_o_online(attention(q, k, rotate_v_online(v, b)), b)`` is ``attention(q, k, v)`` up to the rounding of
+    the two transforms to v's dtype."""
     if block == 1:
         return v
-    k = block.bit_length() - 1
-    return _online(v, block, (k + 1) // 2)
+    return _online(v, block, vo_hadamard_exponent(block, "v"))
 
 
 def unrotate_o_online(o: torch.Tensor, block: int) -> torch.Tensor:
     """The output's side of the online V/O Hadamard (:func:`rotate_v_online`): ``o @ (I ⊗ H_block)`` times the
-    power of two that makes the pair the identity."""
+    power of two that makes the pair the identity, 2^-floor(k/2) times the ±1 matrix (the butterflies, as
+    :func:`rotate_v_online`; the bits of :func:`rotvid.kernels.hadamard_op.unrotate_o_cuda`)."""
     if block == 1:
         return o
-    k = block.bit_length() - 1
-    return _online(o, block, k // 2)
+    return _online(o, block, vo_hadamard_exponent(block, "o"))
 
 
 def is_v_hadamard_fused(attn: nn.Module) -> bool:

@@ -25,6 +25,23 @@ def test_mma_keys_pair_the_old_and_the_new_kernels():
     assert pd.mma_key("_ZN6rotvid2wg5otherILi64EEEvv") is None
 
 
+def test_pre_keys_pair_the_old_and_the_new_kernels():
+    # col_stats_kernel<__half, 128> before the V_HADAMARD flag, and its false / true instantiations after it
+    old = "_ZN6rotvid4pre816col_stats_kernelI6__halfLi128EEEvNS0_14ColStatsParamsE"
+    off = "_ZN6rotvid4pre816col_stats_kernelI6__halfLi128ELb0EEEvNS0_14ColStatsParamsE"
+    on = "_ZN6rotvid4pre816col_stats_kernelI6__halfLi128ELb1EEEvNS0_14ColStatsParamsE"
+    assert pd.pre_key(old) == pd.pre_key(off) == ("col_stats_kernel", "fp16", 128)
+    assert pd.pre_key(on) == ("col_stats_kernel", "fp16", 128, "v_hadamard")
+    q8 = "_ZN6rotvid4pre815quantize_kernelI13__nv_bfloat16Li64ELb1EEEvNS_16Int8Fp8PreParamsE"
+    assert pd.pre_key(q8) == ("quantize_kernel", "bf16", 64, "v_hadamard")
+    # a kernel whose flag is as old as the kernel keeps every argument
+    rope = "_ZN6rotvid4pre813rope_q_kernelI13__nv_bfloat16Li128ELb1EEEvNS_13RopePreParamsE"
+    assert pd.pre_key(rope) == ("rope_q_kernel", "bf16", 128, 1)
+    assert pd.pre_key("_ZN6rotvid4rope23generalized_rope_kernelI6__halfLi64ELb0EEEvNS_15RopeTableParamsE") == (
+        "generalized_rope_kernel", "fp16", 64, 0)
+    assert pd.pre_key("_Z1av") is None
+
+
 def test_hopper_keys_pair_the_old_and_the_new_kernels():
     old = "void rotvid::wg8::int8fp8_attention_wgmma_kernel<128, 128, 3, 2, 1, 2, 0>(rotvid::AttnParams)"
     dense = ("void rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int8Fp8Numerics<128, false>, 3, 2, 1, "

@@ -297,6 +297,85 @@ def test_online_vo_pair_is_the_identity_and_is_the_block_hadamard(head_dim, dtyp
         torch.testing.assert_close(back.double(), v.double(), rtol=0, atol=4 * tol * v.abs().max().item())
 
 
+def documented_butterflies(x: torch.Tensor, block: int) -> torch.Tensor:
+    """The unnormalized transform of each block of ``block`` channels, one element at a time in float32, written from
+    the sentence of :func:`rotvid.rope.hadamard._butterflies` (stage s maps (x_i, x_{i + 2^s}) to their sum and
+    difference): the order the CUDA kernels' ``roperows::wht8`` runs."""
+    d = x.shape[-1]
+    want = x.float().clone()
+    h = 1
+    while h < block:
+        nxt = want.clone()
+        for i in range(d):
+            if i & h == 0:
+                nxt[..., i] = want[..., i] + want[..., i + h]
+                nxt[..., i + h] = want[..., i] - want[..., i + h]
+        want = nxt
+        h *= 2
+    return want
+
+
+@pytest.mark.parametrize("block", [1, 2, 4, 8, 16, 32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_online_vo_is_the_butterfly_order_then_one_rounding(block, dtype):
+    """Both sides are the float32 butterflies of each block in fwht's order, an exact power of two (2^-ceil(k/2) for
+    V, 2^-floor(k/2) for O), and one rounding to the input's dtype: bit for bit, at magnitudes where the order of
+    the float32 sums shows (the fused CUDA kernels reproduce exactly these bits)."""
+    from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_exponent
+
+    d = 128
+    g = torch.Generator().manual_seed(block)
+    x = (torch.randn(2, 3, 5, d, generator=g) * torch.logspace(-2, 2, d)).to(dtype)
+    butterflies = documented_butterflies(x, block)
+    for fn, side in ((rotate_v_online, "v"), (unrotate_o_online, "o")):
+        want = (butterflies * 2.0 ** -vo_hadamard_exponent(block, side)).to(dtype)
+        assert torch.equal(fn(x, block), want), (fn.__name__, block, dtype)
+    k = block.bit_length() - 1
+    assert vo_hadamard_exponent(block, "v") + vo_hadamard_exponent(block, "o") == k
+    assert (vo_hadamard_exponent(block, "v"), vo_hadamard_exponent(block, "o")) == ((k + 1) // 2, k // 2)
+
+
+@pytest.mark.parametrize("block", [1, 2, 4, 8, 16, 32, 64, 128])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_online_vo_matches_the_sylvester_matrix_and_the_pair_is_the_identity(block, head_dim):
+    """Against the explicit ±1 Sylvester matrix (float64): float64 inputs give it up to float64 rounding and the pair
+    returns v (the scales are powers of two: exactly I in exact arithmetic); float32 within its rounding."""
+    from rotvid.rope.hadamard import block_hadamard_matrix, rotate_v_online, unrotate_o_online, vo_hadamard_exponent
+
+    g = torch.Generator().manual_seed(head_dim + block)
+    v = torch.randn(2, 4, 9, head_dim, generator=g, dtype=torch.float64)
+    signs = block_hadamard_matrix(head_dim, block) * block**0.5  # I ⊗ (±1 matrix)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6)):
+        x = v.to(dtype)
+        r = rotate_v_online(x, block)
+        want = x.double() @ signs * 2.0 ** -vo_hadamard_exponent(block, "v")
+        torch.testing.assert_close(r.double(), want, rtol=0, atol=tol * want.abs().max().item())
+        o = unrotate_o_online(r, block)
+        want_o = r.double() @ signs * 2.0 ** -vo_hadamard_exponent(block, "o")
+        torch.testing.assert_close(o.double(), want_o, rtol=0, atol=tol * want_o.abs().max().item())
+        torch.testing.assert_close(o.double(), x.double(), rtol=0, atol=2 * tol * x.abs().max().item())
+    # the ±1 entries and the powers of two are exact: integer inputs stay integers through the pair in float64
+    ints = torch.randint(-50, 50, (3, head_dim), generator=g).double()
+    assert torch.equal(unrotate_o_online(rotate_v_online(ints, block), block), ints)
+
+
+def test_online_vo_keeps_the_bnhd_layout_and_rejects_a_bad_block():
+    from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_exponent
+
+    v = torch.randn(2, 7, 3, 64).transpose(1, 2)  # a BHND view of BNHD memory
+    for fn in (rotate_v_online, unrotate_o_online):
+        out = fn(v, 64)
+        assert out.shape == v.shape and out.stride() == v.stride()
+        assert torch.equal(out, fn(v.contiguous(), 64))
+    with pytest.raises(ValueError, match="not a multiple"):
+        rotate_v_online(torch.zeros(2, 12), 8)
+    for bad in (0, 3, 12, True):
+        with pytest.raises(ValueError, match="power of two"):
+            vo_hadamard_exponent(bad, "v")
+    with pytest.raises(ValueError, match="side"):
+        vo_hadamard_exponent(8, "q")
+
+
 def test_online_vo_compiled_equals_eager():
     from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online
 

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <cmath>
 #include <vector>
 
 #include "int4_common.cuh"
@@ -315,10 +316,14 @@ at::Tensor attention_int4(const at::Tensor& q_hat, const at::Tensor& q_scale, co
 // Nkv == N): Q and K are RoPE·R-rotated here, with the bits of generalized_rope followed by this function -- Q
 // rotated and quantized in one pass, K by generalized_rope into a scratch tensor the statistics and quantize read.
 // rope_hadamard: the table is the full rotation's (then the Walsh-Hadamard transform, as generalized_rope's).
+// v_hadamard: V's side of the online V/O Hadamard applied to V's rows as they are read (the operands of
+// rotvid.rope.hadamard.rotate_v_online(v, D), bit for bit; the attention output is then O', which hadamard_rows with
+// exponent floor(log2(D) / 2) turns back).
 std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const c10::optional<at::Tensor>& kv_lens, bool bnhd, bool smooth_k,
                                            bool smooth_v, const c10::optional<at::Tensor>& rope_coef,
-                                           const c10::optional<at::Tensor>& rope_index, bool rope_hadamard) {
+                                           const c10::optional<at::Tensor>& rope_index, bool rope_hadamard,
+                                           bool v_hadamard) {
   const QKVDims d = checked_qkv_dims(q, k, v, kv_lens, bnhd);  // (before the guard: CUDA inputs checked first)
   const Dims &dq = d.q, &dk = d.k, &dv = d.v;
   const c10::cuda::CUDAGuard guard(q.device());
@@ -389,8 +394,8 @@ std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor
     p.k.scale = k_scale.data_ptr<float>();
     p.q_done = 1;
   }
-  check_cuda(rotvid::launch_int8fp8_stats(p, stream), "int8fp8_stats");
-  check_cuda(rotvid::launch_int8fp8_quantize(p, stream), "int8fp8_quantize");
+  check_cuda(rotvid::launch_int8fp8_stats(p, v_hadamard, stream), "int8fp8_stats");
+  check_cuda(rotvid::launch_int8fp8_quantize(p, v_hadamard, stream), "int8fp8_quantize");
   return {q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean};
 }
 
@@ -480,6 +485,32 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   return out;
 }
 
+// One side of the online V/O Hadamard over the last dim of x (rotvid.rope.hadamard's rotate_v_online /
+// unrotate_o_online with block = D): a new tensor of x's shape and strides whose every row is T(wht(row) 2^-exponent), one pass
+// (hadamard_rows.cu). x: fp16 / bf16 CUDA, D 64 or 128, dense with unit stride on D (any order of the other dims:
+// its rows lie back to back, and empty_like keeps that order), 16-byte aligned.
+at::Tensor hadamard_rows(const at::Tensor& x, int64_t exponent) {
+  TORCH_CHECK(x.is_cuda() && x.dim() >= 1 && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf),
+              "x: fp16 / bf16 CUDA tensor");
+  const int64_t D = x.size(-1);
+  TORCH_CHECK(D == 64 || D == 128, "x: last dim 64 or 128");
+  TORCH_CHECK(x.stride(-1) == 1 && x.is_non_overlapping_and_dense(),
+              "x: dense with unit stride on the last dim (rows back to back)");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0, "x: 16-byte aligned data pointer");
+  TORCH_CHECK(exponent >= 0 && exponent <= 64, "exponent: 0 .. 64 (a power of two 2^-exponent)");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty_like(x);  // (x's strides: the same order of rows)
+  rotvid::HadamardRowsParams p{};
+  p.x = x.data_ptr();
+  p.out = out.data_ptr();
+  p.rows = x.numel() / D;
+  p.scale = std::ldexp(1.0f, -(int)exponent);  // exact
+  p.D = (int)D;
+  p.is_bf16 = x.scalar_type() == at::kBFloat16 ? 1 : 0;
+  check_cuda(rotvid::launch_hadamard_rows(p, c10::cuda::getCurrentCUDAStream()), "hadamard_rows");
+  return out;
+}
+
 at::Tensor generalized_rope(const at::Tensor& x, const at::Tensor& coef, const at::Tensor& index,
                             const c10::optional<at::Tensor>& out_opt, bool hadamard) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 4 && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf),
@@ -520,6 +551,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "int8-fp8 attention on quantized inputs (mma=false: the sm90 wgmma kernel; true: the sm89+ mma.sync kernel; "
         "map_index / map_count: a block map, both kernels; lse: fp32 [B, H, n_q] written with each row's "
         "log-sum-exp, the wgmma kernel only)");
+  m.def("hadamard_rows", &hadamard_rows,
+        "one side of the online V/O Hadamard over the last dim (64 or 128): every row T(wht(row) 2^-exponent), "
+        "one pass",
+        py::arg("x"), py::arg("exponent"));
   m.def("generalized_rope", &generalized_rope,
         "RoPE·R by the generalized table shared by the heads (one pass; hadamard: then the Walsh-Hadamard transform)",
         py::arg("x"), py::arg("coef"), py::arg("index"), py::arg("out") = py::none(), py::arg("hadamard") = false);

@@ -141,8 +141,11 @@ struct Int8Fp8PreParams {
   float* v_scale;              // [BH, D] = amax / 448, 1 where amax is 0
   int q_done;                  // Q^ and its scales already written (launch_int8fp8_rope): no Q tiles
 };
-cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, cudaStream_t stream);
-cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stream);
+// v_hadamard (both launches alike, head_dim 64 or 128): V's rows rotated after their load by the online V/O
+// Hadamard's V side (roperows::vo_hadamard8 with kVoScaleV: rotvid.rope.hadamard.rotate_v_online's bits), so that the
+// operands are those of V' = rotate_v_online(v, D) and the attention output is O' (hadamard_rows undoes it).
+cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream);
+cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream);
 // Attention on those operands: AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
 // bytes, vparams = v_scale [BH, D], block_n 128. Every launcher (wgmma and mma.sync, INT4 ones too) runs the
 // block-sparse kernel when p.map_count is set (AttnParams.map_*).
@@ -177,5 +180,20 @@ struct RopePreParams {
   int nq_pad;
 };
 cudaError_t launch_int8fp8_rope(const RopePreParams& p, cudaStream_t stream);
+
+// One side of the online V/O Hadamard over the rows of a tensor (hadamard_rows.cu): out row r = T(wht(x row r) *
+// scale) for the `rows` rows of D contiguous fp16 / bf16 values (roperows::wht8's butterflies, one rounding; scale an
+// exact power of two: kVoScaleO undoes the int8-fp8 pre-processing's V rotation), one read and one write of each row.
+// x and out 16-byte aligned, rows back to back (a dense tensor with unit stride on D, any order of its other dims);
+// out == x allowed (each row is read before it is written, by the same threads). D 64 or 128.
+struct HadamardRowsParams {
+  const void* x;
+  void* out;
+  long long rows;
+  float scale;
+  int D;
+  int is_bf16;
+};
+cudaError_t launch_hadamard_rows(const HadamardRowsParams& p, cudaStream_t stream);
 
 }  // namespace rotvid

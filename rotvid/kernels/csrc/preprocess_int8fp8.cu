@@ -11,6 +11,10 @@
 //                      K keeps the RoPE·R pass (rope_table.cu) into a scratch tensor that the two launches read --
 //                      its smoothing sums need every token first (K's own sums in a fused K pass cost more than
 //                      the statistics launch's read of K: RESULTS.md, session 11)
+// With the online V/O Hadamard (V_HADAMARD, launch_int8fp8_stats / _quantize with v_hadamard): every V row is
+// transformed right after its load by the butterflies of roperows::wht8 and the power of two 2^-ceil(k/2) (D = 2^k),
+// rounded to V's dtype, so that the statistics and the quantization see the bits of
+// rotvid.rope.hadamard.rotate_v_online; the V_HADAMARD = false instantiations are the kernels as they were.
 // Every load is a 16-byte vector (8 channels); a tile's loads are all issued before its first use.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -84,11 +88,13 @@ struct ColStatsTask {
 };
 
 struct ColStatsParams {
-  ColStatsTask task[2];
+  ColStatsTask task[2];  // V, when there is V, is task[1] (stats_typed): the one V_HADAMARD rotates
 };
 
 // grid (sum over tasks of ctas_per_bh * B * H), 256 threads; consecutive CTAs walk one (b, h) token range.
-template <typename T, int D>
+// V_HADAMARD: the rows of task[1] are rotated after their load (the online V/O Hadamard); every lane of a CTA then
+// runs the same number of row steps (rows past `end` load as zeros), as the shuffles of the transform need.
+template <typename T, int D, bool V_HADAMARD>
 __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_constant__ ColStatsParams p) {
   constexpr int TPR = D / 8;               // threads per row (16 bytes each)
   constexpr int RSTEP = kThreads / TPR;    // rows per step
@@ -97,6 +103,7 @@ __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_consta
   int idx = blockIdx.x;
   const int t0_ctas = p.task[0].ctas_per_bh * p.task[0].x.B * p.task[0].x.H;
   const ColStatsTask& task = idx < t0_ctas ? p.task[0] : p.task[1];
+  const bool rotate = V_HADAMARD && idx >= t0_ctas;  // (the same for the whole CTA)
   if (idx >= t0_ctas) idx -= t0_ctas;
   const PreprocessParams& x = task.x;
   const int bh = idx / task.ctas_per_bh, split = idx % task.ctas_per_bh;
@@ -105,9 +112,12 @@ __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_consta
   const int start = split * kStatsTokens, end = min(start + kStatsTokens, len);
   const int c8 = threadIdx.x % TPR, r0 = threadIdx.x / TPR;
   const bool sum_mode = task.sum != nullptr;
+  // the loops' bound on n = start + r0 + step: `end` for the rows a lane owns; with V_HADAMARD `end + r0`, i.e.
+  // start + step < end, the same trip count for every lane (its rows past `end` are zeros)
+  const int n_end = end + (V_HADAMARD ? r0 : 0);
   if (sum_mode) {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int n = start + r0; n < end; n += U * RSTEP) {
+    for (int n = start + r0; n < n_end; n += U * RSTEP) {
       uint4 raw[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -118,6 +128,9 @@ __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_consta
       for (int u = 0; u < U; ++u) {
         float f[8];
         unpack8<T>(raw[u], f);
+        if constexpr (V_HADAMARD) {
+          if (rotate) roperows::vo_hadamard8<T, D>(f, roperows::kVoScaleV<D>);  // (a zero row stays zero)
+        }
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[i] += (double)f[i];  // exact in float64: the order does not matter
       }
@@ -133,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_consta
                   : 0.f;
       acc[i] = 0.f;
     }
-    for (int n = start + r0; n < end; n += U * RSTEP) {
+    for (int n = start + r0; n < n_end; n += U * RSTEP) {
       uint4 raw[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -142,9 +155,13 @@ __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_consta
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (n + u * RSTEP < end) {
-          float f[8];
+        float f[8];
+        if constexpr (V_HADAMARD) {  // every lane transforms (the shuffles), only the valid rows count
           unpack8<T>(raw[u], f);
+          if (rotate) roperows::vo_hadamard8<T, D>(f, roperows::kVoScaleV<D>);
+        }
+        if (n + u * RSTEP < end) {
+          if constexpr (!V_HADAMARD) unpack8<T>(raw[u], f);
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[i] = fmaxf(acc[i], fabsf(f[i] - mu[i]));
         }
@@ -292,8 +309,11 @@ __device__ __forceinline__ void quantize_k_tile(const PreprocessParams& x, const
 // amax is 0), masked and padded keys 0; written to V^T [BH, D, N_pad] with keys permuted per 32. The 128 x D input
 // tile is staged in shared memory (coalesced 16-byte loads); thread t builds channel d = t % D at the positions
 // (t / D) * D / 2 .. + D / 2 - 1 of the block; the V^T tile (16-byte chunk c of row d at c ^ (d % 8)) goes back
-// through the same shared memory and leaves as 128-byte rows.
-template <typename T, int D>
+// through the same shared memory and leaves as 128-byte rows. V_HADAMARD: each staged chunk is rotated in its own
+// slot (the online V/O Hadamard; re-read from shared memory, so the transform does not keep the tile's loads in
+// registers); thread t holds chunk t % (D / 8) of its rows, the layout of roperows::wht8, and every thread reaches the
+// transform (masked keys load as zeros and stay zeros).
+template <typename T, int D, bool V_HADAMARD>
 __device__ __forceinline__ void quantize_v_tile(const PreprocessParams& x, const float* v_mean,
                                                 const unsigned int* amax_bits, float* v_scale, int tile,
                                                 unsigned char* smem) {
@@ -316,6 +336,13 @@ __device__ __forceinline__ void quantize_v_tile(const PreprocessParams& x, const
   }
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) reinterpret_cast<uint4*>(in)[threadIdx.x + i * kThreads] = raw[i];
+  if constexpr (V_HADAMARD) {  // each staged chunk rotated in its own slot (no barrier), the loads' registers free
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+      uint4* slot = reinterpret_cast<uint4*>(in) + threadIdx.x + i * kThreads;
+      *slot = roperows::vo_hadamard_chunk<T, D>(*slot, roperows::kVoScaleV<D>);
+    }
+  }
   const int d = threadIdx.x % D, part = threadIdx.x / D;
   const float mu = v_mean != nullptr ? v_mean[(size_t)bh * D + d] : 0.f;
   const float amax = __uint_as_float(amax_bits[(size_t)bh * D + d]);
@@ -356,7 +383,8 @@ __device__ __forceinline__ void quantize_v_tile(const PreprocessParams& x, const
 }
 
 // grid (2 * kv_tiles + q_tiles): K and V tiles alternate (V's divisions overlap K's memory traffic), then Q.
-template <typename T, int D>
+// V_HADAMARD: V rotated (quantize_v_tile).
+template <typename T, int D, bool V_HADAMARD>
 __global__ void __launch_bounds__(kThreads, 4) quantize_kernel(const __grid_constant__ Int8Fp8PreParams p) {
   __shared__ __align__(16) unsigned char smem[kTileRows * D * sizeof(T)];
   __shared__ float s_mean[D];
@@ -365,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, 4) quantize_kernel(const __grid_cons
   const int idx = blockIdx.x;
   if (idx < 2 * kv_tiles) {
     if (idx & 1)
-      quantize_v_tile<T, D>(p.v, p.v_mean, p.v_amax_bits, p.v_scale, idx >> 1, smem);
+      quantize_v_tile<T, D, V_HADAMARD>(p.v, p.v_mean, p.v_amax_bits, p.v_scale, idx >> 1, smem);
     else
       quantize_k_tile<T, D>(p.k, p.k_sum, idx >> 1, smem, s_mean, s_slot);
   } else {
@@ -461,11 +489,16 @@ cudaError_t rope_type(const RopePreParams& p, cudaStream_t stream) {
 int stats_ctas_per_bh(int n) { return n > 0 ? (n + kStatsTokens - 1) / kStatsTokens : 1; }
 
 template <typename T, int D>
-cudaError_t stats_typed(const Int8Fp8PreParams& p, cudaStream_t stream) {
+cudaError_t stats_typed(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream) {
   auto launch = [&](const ColStatsParams& sp) {
     long long ctas = 0;
     for (const ColStatsTask& t : sp.task) ctas += (long long)t.ctas_per_bh * t.x.B * t.x.H;
-    if (ctas > 0) col_stats_kernel<T, D><<<(unsigned)ctas, kThreads, 0, stream>>>(sp);
+    if (ctas > 0) {
+      if (v_hadamard)
+        col_stats_kernel<T, D, true><<<(unsigned)ctas, kThreads, 0, stream>>>(sp);
+      else
+        col_stats_kernel<T, D, false><<<(unsigned)ctas, kThreads, 0, stream>>>(sp);
+    }
     return cudaGetLastError();
   };
   ColStatsParams sp{};
@@ -481,53 +514,61 @@ cudaError_t stats_typed(const Int8Fp8PreParams& p, cudaStream_t stream) {
     sp.task[1].amax_bits = p.v_amax_bits;
   cudaError_t err = launch(sp);
   if (err != cudaSuccess || p.v_sum == nullptr) return err;
-  // launch 2 (V smoothed): max |v - mean| with mean = float32(v_sum / len), and v_mean written out
+  // launch 2 (V smoothed): max |v - mean| with mean = float32(v_sum / len), and v_mean written out (V as task[1],
+  // task[0] empty: the task V_HADAMARD rotates)
   ColStatsParams sv{};
-  sv.task[0].x = p.v;
-  sv.task[0].amax_bits = p.v_amax_bits;
-  sv.task[0].mean_sum = p.v_sum;
-  sv.task[0].mean_out = p.v_mean;
-  sv.task[0].ctas_per_bh = stats_ctas_per_bh(p.v.N);
+  sv.task[1].x = p.v;
+  sv.task[1].amax_bits = p.v_amax_bits;
+  sv.task[1].mean_sum = p.v_sum;
+  sv.task[1].mean_out = p.v_mean;
+  sv.task[1].ctas_per_bh = stats_ctas_per_bh(p.v.N);
   return launch(sv);
 }
 
 template <typename T, int D>
-cudaError_t quantize_typed(const Int8Fp8PreParams& p, cudaStream_t stream) {
+cudaError_t quantize_typed(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream) {
   if (p.q.N_pad % kTileRows != 0 || p.k.N_pad % kTileRows != 0 || p.v.N_pad != p.k.N_pad)
     return cudaErrorInvalidValue;
   const long long kv_tiles = (long long)p.k.B * p.k.H * (p.k.N_pad / kTileRows);
   const long long q_tiles = (long long)p.q.B * p.q.H * (p.q.N_pad / kTileRows);
   const long long ctas = 2 * kv_tiles + (p.q_done ? 0 : q_tiles);
-  if (ctas > 0) quantize_kernel<T, D><<<(unsigned)ctas, kThreads, 0, stream>>>(p);
+  if (ctas > 0) {
+    if (v_hadamard)
+      quantize_kernel<T, D, true><<<(unsigned)ctas, kThreads, 0, stream>>>(p);
+    else
+      quantize_kernel<T, D, false><<<(unsigned)ctas, kThreads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t stats_type(const Int8Fp8PreParams& p, cudaStream_t stream) {
-  if (p.k.D == 64) return stats_typed<T, 64>(p, stream);
-  if (p.k.D == 128) return stats_typed<T, 128>(p, stream);
+cudaError_t stats_type(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream) {
+  if (p.k.D == 64) return stats_typed<T, 64>(p, v_hadamard, stream);
+  if (p.k.D == 128) return stats_typed<T, 128>(p, v_hadamard, stream);
   return cudaErrorInvalidValue;
 }
 
 template <typename T>
-cudaError_t quantize_type(const Int8Fp8PreParams& p, cudaStream_t stream) {
-  if (p.k.D == 64) return quantize_typed<T, 64>(p, stream);
-  if (p.k.D == 128) return quantize_typed<T, 128>(p, stream);
+cudaError_t quantize_type(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream) {
+  if (p.k.D == 64) return quantize_typed<T, 64>(p, v_hadamard, stream);
+  if (p.k.D == 128) return quantize_typed<T, 128>(p, v_hadamard, stream);
   return cudaErrorInvalidValue;
 }
 
 }  // namespace pre8
 
-cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, cudaStream_t stream) {
-  return p.k.is_bf16 ? pre8::stats_type<__nv_bfloat16>(p, stream) : pre8::stats_type<__half>(p, stream);
+cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream) {
+  return p.k.is_bf16 ? pre8::stats_type<__nv_bfloat16>(p, v_hadamard, stream)
+                     : pre8::stats_type<__half>(p, v_hadamard, stream);
 }
 
 cudaError_t launch_int8fp8_rope(const RopePreParams& p, cudaStream_t stream) {
   return p.q.is_bf16 ? pre8::rope_type<__nv_bfloat16>(p, stream) : pre8::rope_type<__half>(p, stream);
 }
 
-cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, cudaStream_t stream) {
-  return p.k.is_bf16 ? pre8::quantize_type<__nv_bfloat16>(p, stream) : pre8::quantize_type<__half>(p, stream);
+cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream) {
+  return p.k.is_bf16 ? pre8::quantize_type<__nv_bfloat16>(p, v_hadamard, stream)
+                     : pre8::quantize_type<__half>(p, v_hadamard, stream);
 }
 
 }  // namespace rotvid

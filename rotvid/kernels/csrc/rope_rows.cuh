@@ -3,7 +3,9 @@
 //   y[c] = fma(c3, x[p + 1], fma(c2, x[p], fma(c0, x[e], c1 x[e + 1]))),   (c0..c3) = coef[n, c, 0..3],
 // e the even channel of c's RoPE pair, p that of its partner pair (index[c] = (e, e + 1, p, p + 1)); float32, rounded
 // once to the input's dtype by the caller. A thread owns 8 consecutive output channels (one 16-byte chunk) of a row.
-// The full rotation adds fwht8 on the row rounded to that dtype (rotvid.rope.hadamard.fwht's bits).
+// The full rotation adds fwht8 on the row rounded to that dtype (rotvid.rope.hadamard.fwht's bits). The online V/O
+// Hadamard (the int8-fp8 pre-processing's V, hadamard_rows.cu's O) runs the same butterflies (wht8) with a power of
+// two.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -103,14 +105,14 @@ __device__ __forceinline__ void rotate8(const uint4& own, const uint32_t* staged
   }
 }
 
-// The normalized Walsh-Hadamard transform of a row of D channels, held 8 per thread (channels 8 c8 + j) by the
-// TPR = D / 8 consecutive lanes c8 = lane % TPR, in rotvid.rope.hadamard.fwht's order: stage s = 0, 1, ... maps channels
-// i and i + 2^s (bit s of i clear) to (a + b, a - b) -- stages 0-2 inside the thread, the others (channel bit 3 + t =
-// lane bit t) across lanes by shuffles -- then one multiply by D^-1/2 rounded to float32. Every lane of the warp calls
-// it (full-mask shuffles).
+// The unnormalized Walsh-Hadamard transform of a row of D channels, held 8 per thread (channels 8 c8 + j) by the
+// TPR = D / 8 consecutive lanes c8 = lane % TPR, in rotvid.rope.hadamard.fwht's order: stage s = 0, 1, ... maps
+// channels i and i + 2^s (bit s of i clear) to (a + b, a - b) -- stages 0-2 inside the thread, the others (channel bit
+// 3 + t = lane bit t) across lanes by shuffles. Every lane of the warp calls it (full-mask shuffles): a caller masks
+// the loads of rows it does not own instead of skipping the call.
 template <int D>
-__device__ __forceinline__ void fwht8(float (&y)[8]) {
-  static_assert(D == 64 || D == 128, "fwht8: head_dim 64 or 128");
+__device__ __forceinline__ void wht8(float (&y)[8]) {
+  static_assert(D == 64 || D == 128, "wht8: head_dim 64 or 128");
   constexpr int TPR = D / 8;
 #pragma unroll
   for (int h = 1; h < 8; h *= 2) {
@@ -132,9 +134,49 @@ __device__ __forceinline__ void fwht8(float (&y)[8]) {
       y[j] = upper ? __fsub_rn(other, y[j]) : __fadd_rn(y[j], other);
     }
   }
+}
+
+// The normalized transform (the full rotation's; rotvid.rope.hadamard.fwht): wht8, then one multiply by D^-1/2
+// rounded to float32.
+template <int D>
+__device__ __forceinline__ void fwht8(float (&y)[8]) {
+  wht8<D>(y);
   constexpr float kScale = D == 64 ? 0.125f : 0.08838834764831845f;  // D^-1/2 rounded to float32
 #pragma unroll
   for (int j = 0; j < 8; ++j) y[j] = __fmul_rn(y[j], kScale);
+}
+
+// The online V/O Hadamard with block = D (rotvid.rope.hadamard.rotate_v_online / unrotate_o_online): wht8, then the
+// exact power of two 2^-ceil(k/2) for V (kVoScaleV) or 2^-floor(k/2) for O (kVoScaleO), D = 2^k, so that the pair is
+// the identity; the caller rounds once to the tensor's dtype (vo_hadamard8, vo_hadamard_chunk).
+template <int D>
+constexpr float kVoScaleV = D == 64 ? 0.125f : 0.0625f;
+template <int D>
+constexpr float kVoScaleO = 0.125f;
+
+// y = T(wht(y) * scale) read back as float (what the torch path rounds to and a later pass would load)
+template <typename T, int D>
+__device__ __forceinline__ void vo_hadamard8(float (&y)[8], float scale) {
+  wht8<D>(y);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) y[j] = round_to<T>(__fmul_rn(y[j], scale));
+}
+
+// The same on the thread's 16-byte chunk of 8 T values: T(wht(x) * scale), packed back (one rounding, in the pack)
+template <typename T, int D>
+__device__ __forceinline__ uint4 vo_hadamard_chunk(const uint4& raw, float scale) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  float y[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    y[2 * i] = half_of<T>(w[i], 0);
+    y[2 * i + 1] = half_of<T>(w[i], 1);
+  }
+  wht8<D>(y);
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] = pack2<T>(__fmul_rn(y[2 * i], scale), __fmul_rn(y[2 * i + 1], scale));
+  return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 }  // namespace roperows

@@ -51,6 +51,11 @@ class KernelEntry:
             LSE convention, :mod:`rotvid.kernels.reference`); False: the CUDA backend refuses such calls (check name
             ``"return_lse"``) before any work. A kernel that returns it on some GPUs only refuses the others in its
             ``checks``.
+        fuses_v_hadamard: ``fuses_v_hadamard(q, k, v, block, layout=...)`` -> "" when ``run`` applies V's side of the
+            online V/O Hadamard of ``block`` itself (``run(..., v_hadamard=block)`` then attends the bits of
+            :func:`rotvid.rope.hadamard.rotate_v_online` and returns that attention, still rotated), else why not;
+            None: it never does (the dispatcher rotates V in PyTorch first). Either way
+            :func:`rotvid.kernels.dispatch.unrotate_output` undoes the rotation on the output.
     """
 
     run: Callable[..., torch.Tensor]
@@ -59,6 +64,7 @@ class KernelEntry:
     fuses_rope: Callable[..., str] | None = None
     describe: Callable[[], str] | None = None
     returns_lse: bool = False
+    fuses_v_hadamard: Callable[..., str] | None = None
 
     def refusal(self, q, k, v, **opts) -> tuple[str, str] | None:
         """``(check name, reason)`` when this kernel cannot take the call, else None."""

@@ -3,7 +3,9 @@ kernel thread holds), P and V in FP8 e4m3 with V per channel and P scaled by 448
 
 CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma, the default there): :mod:`rotvid.kernels.recipes.int8_fp8_ops`;
 they do not smooth Q and use key blocks of 128 on every backend (the reference's default for this recipe too, so a
-fallback keeps their numerics). Their pre-processing can apply a RoPE·R table itself; the sm90 kernel takes a block
+fallback keeps their numerics). Their pre-processing can apply a RoPE·R table itself, and V's side of the online V/O
+Hadamard (``v_hadamard``, the block = head_dim; the dispatcher then undoes it on the output in one CUDA pass, as the
+PyTorch functions would, bit for bit); the sm90 kernel takes a block
 map (block-sparse attention) and returns each row's log-sum-exp on request (``return_lse``: ring attention); the
 sm89 one refuses that.
 """
@@ -28,6 +30,7 @@ from rotvid.kernels.recipes.int8_fp8_ops import (
     int8fp8_device_problem,
     int8fp8_returns_lse,
     rope_fusion_unsupported,
+    v_hadamard_fusion_unsupported,
 )
 from rotvid.kernels.reference import INT8FP8_BLOCK_N, attention_blockwise
 
@@ -90,9 +93,10 @@ def key_block_128(q, k, v, **opts) -> str | None:
 
 
 def _run_cuda(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_v=False, rope=None,
-              block_map=None, return_lse=False, **_):
+              block_map=None, return_lse=False, v_hadamard=1, **_):
     return int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
-                                  smooth_v=smooth_v, rope=rope, block_map=block_map, return_lse=return_lse)
+                                  smooth_v=smooth_v, rope=rope, block_map=block_map, return_lse=return_lse,
+                                  v_hadamard=v_hadamard > 1)
 
 
 def _describe_cuda() -> str:
@@ -112,6 +116,7 @@ CUDA_KERNEL = KernelEntry(
     ),
     block_n=lambda device=None: INT8FP8_BLOCK_N,
     fuses_rope=rope_fusion_unsupported,
+    fuses_v_hadamard=v_hadamard_fusion_unsupported,
     describe=_describe_cuda,
     returns_lse=True,
 )

@@ -23,6 +23,14 @@ asked (the default call passes none and its kernel path is unchanged). That is t
 :func:`int8fp8_attention_cuda` adds K smoothing's shift ``sm_scale · q·mean(k)`` (:func:`k_smoothing_shift`: one
 fp32 pass over q and k in torch), giving the LSE of the unsmoothed scores that ring attention merges
 (:mod:`rotvid.kernels.reference`).
+
+V's side of the online V/O Hadamard (``v_hadamard=True``; :func:`v_hadamard_fusion_unsupported` says when it
+applies: the block is the head_dim): the pre-processing transforms every V row right after loading it, in both the
+statistics and the quantize launch, with the bits of :func:`rotvid.rope.hadamard.rotate_v_online` (so its operands
+are those of ``preprocess_int8fp8_cuda(q, k, rotate_v_online(v, D))``), and the attention output is O', that of the
+rotated V, which :func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda` (``side="o"``) turns back in one pass. Off
+(the default) the kernels are those of before, instruction for instruction (their ``V_HADAMARD = false``
+instantiations).
 """
 
 from __future__ import annotations
@@ -62,15 +70,18 @@ def _int8fp8_preprocess_op(
     rope_coef: torch.Tensor | None = None,
     rope_index: torch.Tensor | None = None,
     rope_hadamard: bool = False,
+    v_hadamard: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     ext = cuda_build.load_extension(q.device)
     return tuple(
-        ext.preprocess_int8fp8(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef, rope_index, rope_hadamard)
+        ext.preprocess_int8fp8(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef, rope_index, rope_hadamard,
+                               v_hadamard)
     )
 
 
 @_int8fp8_preprocess_op.register_fake
-def _(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef=None, rope_index=None, rope_hadamard=False):
+def _(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef=None, rope_index=None, rope_hadamard=False,
+      v_hadamard=False):
     if bnhd:
         b, n_q, h, d = q.shape
         n_kv = k.shape[1]
@@ -219,6 +230,7 @@ def preprocess_int8fp8_cuda(
     smooth_k: bool = True,
     smooth_v: bool = False,
     rope: GeneralizedRopeTable | None = None,
+    v_hadamard: bool = False,
 ) -> KernelQKV:
     """Pre-processing of the int8-fp8 recipe on an sm89 / sm90 GPU (the same operands for both kernels): K/V
     smoothing, INT8 Q per token and K per group of 32 keys per 128-key block, per-channel FP8 V.
@@ -229,6 +241,10 @@ def preprocess_int8fp8_cuda(
     ``preprocess_int8fp8_cuda(apply_generalized_rope(q, rope), apply_generalized_rope(k, rope), v)`` and without
     Q's separate RoPE·R pass and its re-read (:func:`rope_fusion_unsupported` says when it applies). A ``hadamard``
     table (the ``full`` rotation) is applied with its Walsh–Hadamard transform, in registers after the table.
+
+    ``v_hadamard``: V's side of the online V/O Hadamard with the block = head_dim, applied to each V row as it is
+    read: the operands of ``preprocess_int8fp8_cuda(q, k, rotate_v_online(v, D))`` bit for bit
+    (:func:`rotvid.rope.hadamard.rotate_v_online`; the module docstring).
 
     Inputs as :func:`preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose ``k_scale`` holds the K group
     scales fp32 [B, H, Nkv_pad / 128, 4] (:func:`rotvid.kernels.quantize.quantize_k_groups_int8`), ``vt`` the e4m3 bytes of V̂
@@ -251,7 +267,7 @@ def preprocess_int8fp8_cuda(
         index = rope.index.to(device=q.device, dtype=torch.int32).contiguous()
     out = _int8fp8_preprocess_op(
         q, k, v, kv_lens_int32(kv_lens, q.device), layout == "BNHD", smooth_k, smooth_v, coef, index,
-        rope is not None and bool(rope.hadamard),
+        rope is not None and bool(rope.hadamard), bool(v_hadamard),
     )
     return KernelQKV(*out)
 
@@ -273,6 +289,20 @@ def rope_fusion_unsupported(q: torch.Tensor, k: torch.Tensor, rope, *, layout: s
         return f"head_dim {d} (RoPE·R in the pre-processing takes {ROPE_HEAD_DIMS})"
     if any(st % 8 for t in (q, k) for st in t.stride()[:3]):
         return "strides that are not multiples of 8 elements (rows not 16-byte aligned)"
+    return ""
+
+
+def v_hadamard_fusion_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int, *,
+                                  layout: str = "BHND") -> str:
+    """Why the int8-fp8 pre-processing cannot apply V's side of the online V/O Hadamard of ``block`` itself ("" when
+    it can): it transforms whole rows, so the block must be the head_dim (64 or 128; a smaller block, e.g. of a head
+    dim that is not a power of two, runs in PyTorch). Shapes only (a constant of a compiled graph); the call's other
+    conditions are the kernel's own checks."""
+    d = v.shape[-1]
+    if d not in ROPE_HEAD_DIMS:
+        return f"head_dim {d} (the pre-processing's V rotation takes {ROPE_HEAD_DIMS})"
+    if block != d:
+        return f"block {block} (the pre-processing rotates whole rows: block = head_dim {d})"
     return ""
 
 
@@ -348,11 +378,15 @@ def int8fp8_attention_cuda(
     rope: GeneralizedRopeTable | None = None,
     block_map: BlockMap | None = None,
     return_lse: bool = False,
+    v_hadamard: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Pre-processing + int8-fp8 attention on an sm89 / sm90 GPU (``path`` and ``block_map`` as
     :func:`attention_int8fp8_quantized`, ``rope``: RoPE·R applied to q and k inside the pre-processing, as
-    :func:`preprocess_int8fp8_cuda`); output has q's shape, layout and dtype. ``return_lse`` (the ``"wgmma"``
-    kernel): ``(out, lse)``, each row's log-sum-exp of the unsmoothed scores (the kernel's plus
+    :func:`preprocess_int8fp8_cuda`); output has q's shape, layout and dtype. ``v_hadamard``: V rotated inside the
+    pre-processing (:func:`preprocess_int8fp8_cuda`): the output is then the attention of ``rotate_v_online(v, D)``,
+    O' -- still rotated (the LSE does not depend on V); the caller undoes it
+    (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`, once after a ring attention's merge).
+    ``return_lse`` (the ``"wgmma"`` kernel): ``(out, lse)``, each row's log-sum-exp of the unsmoothed scores (the kernel's plus
     :func:`k_smoothing_shift`), [B, H, N_q] for ``"BHND"`` or [B, N_q, H] for ``"BNHD"``, fp32 -- the reference's
     convention (:mod:`rotvid.kernels.reference`). With ``rope`` the shift needs the rotated q and k: they are rotated
     first and the pre-processing runs without the table."""
@@ -370,7 +404,8 @@ def int8fp8_attention_cuda(
             q, k = q.transpose(1, 2), k.transpose(1, 2)
         rope = None
     qkv = preprocess_int8fp8_cuda(
-        q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v, rope=rope
+        q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v, rope=rope,
+        v_hadamard=v_hadamard,
     )
     res = attention_int8fp8_quantized(
         qkv, n_q=qn, n_kv=kn, head_dim=qd, kv_lens=kv_lens, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout,

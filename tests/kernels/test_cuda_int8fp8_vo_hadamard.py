@@ -1,0 +1,284 @@
+"""The online V/O Hadamard fused into the int8-fp8 CUDA call (sm90): V rotated inside the pre-processing
+(preprocess_int8fp8.cu, ``V_HADAMARD``) and O un-rotated in one pass (hadamard_rows.cu, ``rotvid::hadamard_rows``).
+
+Bounds: the fused pre-processing writes byte for byte the operands of the pre-processing of
+``rotate_v_online(v, D)`` (the PyTorch rotation: same butterflies, same rounding), for both head dims, both layouts,
+odd lengths, kv_lens and every smoothing choice, with RoPE·R fused as well; the O pass gives
+``unrotate_o_online``'s (and ``rotate_v_online``'s) bits; so a fused call's output equals the unfused path's
+(PyTorch rotation, the same kernel, PyTorch inverse) exactly, eager, compiled and under ring attention's merge; and
+against float64 attention it keeps the recipe's SQNR floor. Outputs are poisoned (NaN) before each run: a NaN left
+fails. A NaN in V gives NaN in the same outputs on both paths."""
+
+import pytest
+import torch
+
+from rotvid.kernels import attention, metrics
+from rotvid.kernels.dispatch import prepare_attention
+from rotvid.kernels.recipes import attention_reference
+from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online
+from tests.kernels.helpers import attention_fp64, cuda_qkv
+from tests.kernels.test_cuda_int8fp8 import needs_sm90
+from tests.kernels.test_cuda_int8fp8_rope import FIELDS, poison_allocator, rotated
+from tests.kernels.test_rope_table_cuda import make_table
+
+pytestmark = pytest.mark.gpu
+
+
+def cb():
+    from rotvid.kernels import cuda_backend
+
+    return cuda_backend
+
+
+def hop():
+    from rotvid.kernels import hadamard_op
+
+    return hadamard_op
+
+
+def bits(t):
+    return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def assert_same_operands(got, want, what):
+    for name in FIELDS:
+        assert torch.equal(bits(getattr(got, name)), bits(getattr(want, name))), f"{what}: {name} differs"
+
+
+# (b, h, n, d, kv_lens, dtype, layout): odd lengths (CTA and 128-row tile tails), one key, masked keys
+CASES = [
+    (1, 2, 1, 64, None, torch.float16, "BHND"),
+    (1, 3, 97, 128, None, torch.bfloat16, "BNHD"),
+    (2, 2, 1025, 128, [1025, 333], torch.float16, "BHND"),
+    (2, 3, 300, 64, [1, 257], torch.bfloat16, "BNHD"),
+    (1, 2, 4099, 128, None, torch.bfloat16, "BHND"),
+    (1, 1, 2500, 64, [2100], torch.float16, "BNHD"),
+]
+CASE_IDS = [f"b{c[0]}h{c[1]}n{c[2]}d{c[3]}{'lens' if c[4] else ''}{c[6]}" for c in CASES]
+
+
+@pytest.mark.parametrize("smooth", [(True, False), (False, True), (True, True), (False, False)], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_fused_preprocess_equals_preprocess_of_the_rotated_v(case, smooth):
+    needs_sm90()
+    b, h, n, d, lens, dtype, layout = case
+    smooth_k, smooth_v = smooth
+    q, k, v, kv_lens = cuda_qkv(b, h, n, n, d, dtype, layout, seed=n + d, kv_lens=lens)
+    opts = dict(layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
+    want = cb().preprocess_int8fp8_cuda(q, k, rotate_v_online(v, d), **opts)
+    poison_allocator()
+    got = cb().preprocess_int8fp8_cuda(q, k, v, v_hadamard=True, **opts)
+    torch.cuda.synchronize()
+    assert_same_operands(got, want, f"{case} smooth_k={smooth_k} smooth_v={smooth_v}")
+    # the rotation changes V's operands (and only V's)
+    plain = cb().preprocess_int8fp8_cuda(q, k, v, **opts)
+    assert not torch.equal(plain.vt, got.vt)
+    for name in ("q_hat", "q_scale", "k_hat", "k_scale"):
+        assert torch.equal(bits(getattr(plain, name)), bits(getattr(got, name))), name
+
+
+@pytest.mark.parametrize("spec", ["half", "full"])
+@pytest.mark.parametrize("layout", ["BHND", "BNHD"])
+def test_fused_v_rotation_with_fused_rope(spec, layout):
+    """RoPE·R of Q and K and the rotation of V in the same pre-processing: the operands of the two PyTorch
+    rotations followed by the plain pre-processing."""
+    needs_sm90()
+    table, n = make_table(128, spec, (3, 7, 49), "cuda", seed=5)
+    q, k, v, kv_lens = cuda_qkv(2, 5, n, n, 128, torch.bfloat16, layout, seed=9, kv_lens=[n, n // 3])
+    opts = dict(layout=layout, kv_lens=kv_lens, smooth_k=True, smooth_v=True)
+    want = cb().preprocess_int8fp8_cuda(rotated(q, table, layout), rotated(k, table, layout), rotate_v_online(v, 128),
+                                        **opts)
+    poison_allocator()
+    got = cb().preprocess_int8fp8_cuda(q, k, v, rope=table, v_hadamard=True, **opts)
+    torch.cuda.synchronize()
+    assert_same_operands(got, want, f"{spec} {layout}")
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("side", ["v", "o"])
+def test_the_o_pass_gives_the_pytorch_bits(d, dtype, side):
+    """One pass over rows (contiguous; a BHND view of BNHD memory, kept as one; a non-dense slice, copied first), the
+    row count not a multiple of a CTA's, magnitudes where the order of the float32 sums shows."""
+    needs_sm90()
+    torch_side = rotate_v_online if side == "v" else unrotate_o_online
+    g = torch.Generator(device="cuda").manual_seed(d)
+    scale = torch.logspace(-2, 2, d, device="cuda")
+    base = (torch.randn(2, 97, 3, d, device="cuda", generator=g) * scale).to(dtype)  # BNHD memory
+    for x in (base, base.transpose(1, 2), base.transpose(1, 2).contiguous(), base[:, 5:60]):
+        poison_allocator()
+        got = hop().vo_hadamard_cuda(x, d, side=side)
+        torch.cuda.synchronize()
+        want = torch_side(x, d)
+        assert got.shape == x.shape and got.dtype == x.dtype
+        assert torch.equal(got, want), f"{tuple(x.shape)} {x.stride()}"
+        if x.is_contiguous() or x.transpose(1, 2).is_contiguous():
+            assert got.stride() == x.stride()  # (a BHND view of BNHD memory stays one: the processors' view)
+    # the pair is exactly the identity where no rounding happens: scaled one-hot rows (the ±1 entries and the
+    # powers of two are exact)
+    hot = torch.eye(d, device="cuda") * torch.randint(-20, 20, (d, 1), device="cuda", generator=g)
+    hot = hot.to(dtype).expand(3, d, d).contiguous()
+    pair = hop().vo_hadamard_cuda(hop().vo_hadamard_cuda(hot, d, side="v"), d, side="o")
+    assert torch.equal(pair, hot)
+    assert "block 32" in hop().vo_hadamard_cuda_unsupported(base, 32)
+    with pytest.raises(ValueError, match="CUDA float16 / bfloat16"):
+        hop().vo_hadamard_cuda(base.float(), d, side=side)
+
+
+def unfused(q, k, v, d, **opts):
+    """The PyTorch path: V rotated, the same CUDA call, the inverse in PyTorch."""
+    return unrotate_o_online(attention(q, k, rotate_v_online(v, d), recipe="int8-fp8", backend="cuda", **opts), d)
+
+
+@pytest.mark.parametrize("smooth_v", [False, True])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_fused_call_equals_the_pytorch_path_bit_for_bit(case, smooth_v):
+    needs_sm90()
+    b, h, n, d, lens, dtype, layout = case
+    q, k, v, kv_lens = cuda_qkv(b, h, n, n, d, dtype, layout, seed=3 * n + d, kv_lens=lens)
+    opts = dict(layout=layout, kv_lens=kv_lens, smooth_v=smooth_v)
+    call = prepare_attention(q, k, v, recipe="int8-fp8", backend="cuda", v_hadamard=d, **opts)
+    assert call.v_hadamard_fused
+    want = unfused(q, k, v, d, **opts)
+    poison_allocator()
+    got = attention(q, k, v, recipe="int8-fp8", backend="cuda", vo_hadamard=d, **opts)
+    torch.cuda.synchronize()
+    assert not torch.isnan(got).any(), "an output element was left unwritten (NaN poison survived)"
+    assert got.shape == q.shape
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_fused_call_vs_float64_and_the_reference_recipe(d):
+    needs_sm90()
+    q, k, v, _ = cuda_qkv(1, 2, 2049, 2049, d, torch.bfloat16, "BHND", seed=7 * d)
+    got = attention(q, k, v, recipe="int8-fp8", backend="cuda", vo_hadamard=d)
+    truth = attention_fp64(q, k, v)
+    assert metrics.sqnr_db(truth, got.double()) >= 25.0  # the plain call's floor (test_cuda_int8fp8)
+    plain = attention(q, k, v, recipe="int8-fp8", backend="cuda")
+    assert abs(metrics.sqnr_db(truth, got.double()) - metrics.sqnr_db(truth, plain.double())) < 1.5
+    rec = unrotate_o_online(attention_reference(q.float(), k.float(), rotate_v_online(v, d).float(),
+                                                recipe="int8-fp8", block_n=128), d)
+    assert metrics.cosine_similarity(rec.float(), got.float()) >= 0.9999
+
+
+def test_fused_call_with_poisoned_outputs_at_each_stage():
+    """The kernel's output (O') and the O pass's, each into memory poisoned with NaN first."""
+    needs_sm90()
+    d, n = 128, 1029
+    q, k, v, kv_lens = cuda_qkv(2, 3, n, n, d, torch.bfloat16, "BNHD", seed=31, kv_lens=[n, 500])
+    kq = cb().preprocess_int8fp8_cuda(q, k, v, layout="BNHD", kv_lens=kv_lens, v_hadamard=True)
+    o_rot = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
+    cb().attention_int8fp8_quantized(kq, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype,
+                                     layout="BNHD", out=o_rot)
+    torch.cuda.synchronize()
+    assert not torch.isnan(o_rot).any()
+    poison_allocator()
+    out = hop().vo_hadamard_cuda(o_rot, d, side="o")
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    assert torch.equal(out, unfused(q, k, v, d, layout="BNHD", kv_lens=kv_lens))
+
+
+def test_a_nan_in_v_gives_nan_in_the_same_outputs_on_both_paths():
+    needs_sm90()
+    d, n = 64, 300
+    q, k, v, _ = cuda_qkv(1, 2, n, n, d, torch.bfloat16, "BHND", seed=2)
+    v[0, 1, 17, 5] = float("nan")
+    got = attention(q, k, v, recipe="int8-fp8", backend="cuda", vo_hadamard=d)
+    want = unfused(q, k, v, d)
+    assert torch.isnan(got).any()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+    assert not torch.isnan(got[0, 0]).any()  # (the other head is untouched)
+
+
+def test_off_is_the_plain_call_and_other_recipes_run_in_pytorch():
+    needs_sm90()
+    q, k, v, _ = cuda_qkv(1, 2, 300, 300, 128, torch.float16, "BNHD", seed=4)
+    plain = attention(q, k, v, recipe="int8-fp8", backend="cuda", layout="BNHD")
+    assert torch.equal(attention(q, k, v, recipe="int8-fp8", backend="cuda", layout="BNHD", vo_hadamard=1), plain)
+    assert torch.equal(cb().int8fp8_attention_cuda(q, k, v, layout="BNHD", v_hadamard=False), plain)
+    # an INT4 recipe: V and O rotated in PyTorch around its CUDA kernel
+    call = prepare_attention(q, k, v, recipe="int4", backend="cuda", layout="BNHD", v_hadamard=128)
+    assert not call.v_hadamard_fused
+    got = attention(q, k, v, recipe="int4", backend="cuda", layout="BNHD", vo_hadamard=128)
+    want = unrotate_o_online(attention(q, k, rotate_v_online(v, 128), recipe="int4", backend="cuda", layout="BNHD"),
+                             128)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="v_hadamard"):
+        cb().CudaBackend().run(q, k, v, recipe="int4", layout="BNHD", v_hadamard=128)
+    # a block smaller than the head_dim: the int8-fp8 call in PyTorch's rotation
+    call = prepare_attention(q, k, v, recipe="int8-fp8", backend="cuda", layout="BNHD", v_hadamard=32)
+    assert not call.v_hadamard_fused
+    want = unrotate_o_online(attention(q, k, rotate_v_online(v, 32), recipe="int8-fp8", backend="cuda",
+                                       layout="BNHD"), 32)
+    assert torch.equal(attention(q, k, v, recipe="int8-fp8", backend="cuda", layout="BNHD", vo_hadamard=32), want)
+
+
+def test_fused_call_compiles_fullgraph():
+    needs_sm90()
+    q, k, v, _ = cuda_qkv(1, 2, 300, 300, 128, torch.bfloat16, "BNHD", seed=23)
+
+    def f(q, k, v):
+        return attention(q, k, v, recipe="int8-fp8", backend="auto", layout="BNHD", vo_hadamard=128)
+
+    explain = torch._dynamo.explain(f)(q, k, v)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    eager = f(q, k, v)
+    assert torch.equal(torch.compile(f, fullgraph=True)(q, k, v), eager)
+    assert torch.equal(eager, unfused(q, k, v, 128, layout="BNHD"))
+
+
+def runtime_on_cuda(vo):
+    from rotvid.pipelines.config import RotvidConfig
+    from rotvid.pipelines.report import RunReport
+    from rotvid.pipelines.runtime import AttentionSite, Runtime
+    from rotvid.pipelines.step_tracker import StepTracker
+
+    tracker = StepTracker()
+    tracker.begin(4)
+    tracker.set_step(1)
+    config = RotvidConfig(recipe="int8-fp8", backend="cuda", vo_hadamard=vo)
+    runtime = Runtime(config, tracker, RunReport(recipe="int8-fp8", backend_requested="cuda"))
+    site = AttentionSite("transformer", 0, 1, 0, 0, 1)
+    runtime.add_site(site, torch.nn.Linear(1, 1))
+    return runtime, site
+
+
+@pytest.mark.parametrize("key_chunks", [1, 2])
+def test_runtime_fused_path_equals_the_pytorch_path_under_ring_attention(key_chunks):
+    """The runtime's call (BHND views of BNHD memory, run in the BNHD layout, V rotated per key chunk in the
+    pre-processing, the chunks merged by their LSE, O' un-rotated once after the merge) against the same merge of the PyTorch-rotated V, un-rotated in PyTorch."""
+    needs_sm90()
+    d, n = 128, 2 * 640
+    q, k, v, kv_lens = cuda_qkv(2, 3, n, n, d, torch.bfloat16, "BNHD", seed=17, kv_lens=[n, 900])
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # BHND views of BNHD memory, as the processors give them
+    mask = torch.arange(n, device="cuda")[None, None, None, :] < kv_lens[:, None, None, None]
+    runtime, site = runtime_on_cuda("online")
+    poison_allocator()
+    got = runtime.attend(site, q, k, v, mask=mask, fp16_attention=lambda: None, key_chunks=key_chunks)
+    off, site_off = runtime_on_cuda("off")
+    plain = off.attend(site_off, q, k, rotate_v_online(v, d), mask=mask, fp16_attention=lambda: None,
+                       key_chunks=key_chunks)
+    torch.cuda.synchronize()
+    assert not torch.isnan(got).any()
+    assert torch.equal(got, unrotate_o_online(plain, d))
+    if key_chunks == 1:  # (the processors' flatten of the output stays a view)
+        assert got.transpose(1, 2).is_contiguous()
+    runtime.drain_counts()
+    assert runtime.report.quantized_calls == 1 and runtime.report.fallback_calls == 0
+    truth = attention_fp64(q.cpu(), k.cpu(), v.cpu(), kv_lens=kv_lens.cpu())
+    assert metrics.sqnr_db(truth, got.double().cpu()) >= 25.0
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_mma_sync_kernel_takes_the_same_rotated_operands(d):
+    """The sm89 kernel (run on sm90 with path="mma") reads the same pre-processing: the fused V rotation and the O
+    pass give the PyTorch path's bits there too."""
+    needs_sm90()
+    q, k, v, kv_lens = cuda_qkv(2, 2, 777, 777, d, torch.float16, "BNHD", seed=d + 1, kv_lens=[777, 400])
+    opts = dict(layout="BNHD", kv_lens=kv_lens, path="mma")
+    fused = hop().vo_hadamard_cuda(cb().int8fp8_attention_cuda(q, k, v, v_hadamard=True, **opts), d, side="o")
+    want = unrotate_o_online(cb().int8fp8_attention_cuda(q, k, rotate_v_online(v, d), **opts), d)
+    assert torch.equal(fused, want)
