@@ -33,7 +33,7 @@ import torch
 
 from rotvid.kernels import reference
 from rotvid.kernels.cuda_backend import CudaBackend
-from rotvid.kernels.hadamard_op import vo_hadamard_cuda
+from rotvid.kernels.hadamard_op import vo_hadamard_cuda, vo_hadamard_cuda_unsupported
 from rotvid.kernels.recipes import AUTO, get_recipe, int4
 from rotvid.kernels.recipes.auto import resolve_recipe
 from rotvid.kernels.rope_op import apply_generalized_rope
@@ -292,7 +292,7 @@ def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
     if call.v_hadamard_fused:
         opts["v_hadamard"] = call.v_hadamard
     elif call.v_hadamard > 1:
-        v = rotate_v_online(v, call.v_hadamard)  # (a view's layout kept: a BHND view of BNHD memory stays one)
+        v = _vo_side(call, v, "v")  # (a view's layout kept: a BHND view of BNHD memory stays one)
     if rope is not None:
         _check_rope(rope, q, k, opts["layout"])
         fuses = getattr(call.backend, "fuses_rope", None)
@@ -312,7 +312,17 @@ def unrotate_output(call: AttentionCall, out: torch.Tensor) -> torch.Tensor:
         return out
     if call.v_hadamard_fused:
         return vo_hadamard_cuda(out, call.v_hadamard, side="o")
-    return unrotate_o_online(out, call.v_hadamard)
+    return _vo_side(call, out, "o")
+
+
+def _vo_side(call: AttentionCall, x: torch.Tensor, side: str) -> torch.Tensor:
+    """One side of the online V/O Hadamard for a call whose backend does not rotate V itself: the CUDA pass where the
+    call runs on the CUDA backend and the pass takes ``x`` (block = head_dim 64 / 128, fp16 / bf16: one read and one
+    write, e.g. the INT4 kernels), else PyTorch (float32 butterflies: 7 passes eagerly, one fused kernel compiled).
+    The same bits either way."""
+    if call.backend.name == "cuda" and not vo_hadamard_cuda_unsupported(x, call.v_hadamard):
+        return vo_hadamard_cuda(x, call.v_hadamard, side=side)
+    return rotate_v_online(x, call.v_hadamard) if side == "v" else unrotate_o_online(x, call.v_hadamard)
 
 
 def attention(

@@ -72,7 +72,10 @@ def test_fused_preprocess_equals_preprocess_of_the_rotated_v(case, smooth):
     assert_same_operands(got, want, f"{case} smooth_k={smooth_k} smooth_v={smooth_v}")
     # the rotation changes V's operands (and only V's)
     plain = cb().preprocess_int8fp8_cuda(q, k, v, **opts)
-    assert not torch.equal(plain.vt, got.vt)
+    if smooth_v and n == 1:  # one token less its own mean is 0 before and after the rotation: the mean carries it
+        assert not torch.equal(plain.v_mean, got.v_mean)
+    else:
+        assert not torch.equal(plain.vt, got.vt)
     for name in ("q_hat", "q_scale", "k_hat", "k_scale"):
         assert torch.equal(bits(getattr(plain, name)), bits(getattr(got, name))), name
 
@@ -193,13 +196,13 @@ def test_a_nan_in_v_gives_nan_in_the_same_outputs_on_both_paths():
     assert not torch.isnan(got[0, 0]).any()  # (the other head is untouched)
 
 
-def test_off_is_the_plain_call_and_other_recipes_run_in_pytorch():
+def test_off_is_the_plain_call_and_other_recipes_rotate_outside_the_kernel():
     needs_sm90()
     q, k, v, _ = cuda_qkv(1, 2, 300, 300, 128, torch.float16, "BNHD", seed=4)
     plain = attention(q, k, v, recipe="int8-fp8", backend="cuda", layout="BNHD")
     assert torch.equal(attention(q, k, v, recipe="int8-fp8", backend="cuda", layout="BNHD", vo_hadamard=1), plain)
     assert torch.equal(cb().int8fp8_attention_cuda(q, k, v, layout="BNHD", v_hadamard=False), plain)
-    # an INT4 recipe: V and O rotated in PyTorch around its CUDA kernel
+    # an INT4 recipe: V and O rotated around its CUDA kernel by the CUDA pass, with the PyTorch path's bits
     call = prepare_attention(q, k, v, recipe="int4", backend="cuda", layout="BNHD", v_hadamard=128)
     assert not call.v_hadamard_fused
     got = attention(q, k, v, recipe="int4", backend="cuda", layout="BNHD", vo_hadamard=128)
