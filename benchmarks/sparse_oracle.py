@@ -60,7 +60,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rotvid.atomic import write_file_atomically  # noqa: E402
-from rotvid.eval.generation import GenerationRequest, call_kwargs  # noqa: E402
+from rotvid.eval.generation import GenerationRequest, call_kwargs, check_request  # noqa: E402
 from rotvid.eval.pixel_metrics import compare_arrays, float_to_json  # noqa: E402
 from rotvid.eval.video_io import to_uint8_frames  # noqa: E402
 from rotvid.kernels.sparsity import TokenGrid, parse_sparsity  # noqa: E402
@@ -69,6 +69,7 @@ from rotvid.kernels.sparsity.density import radial_for_density, topp_tau_for_den
 from rotvid.kernels.sparsity.topp import DEFAULT_SIM, topp_estimate  # noqa: E402
 from rotvid.pipelines import RotvidConfig, Schedule, apply, load_pipeline, remove  # noqa: E402
 from rotvid.pipelines.capture import latent_grid  # noqa: E402
+from rotvid.pipelines.pipeline_config import read_pipeline_config  # noqa: E402
 from rotvid.pipelines.proxy import probe_clip  # noqa: E402
 from rotvid.pipelines.proxy.clips import DIRECTIONS, held_out_prompts  # noqa: E402
 
@@ -176,6 +177,12 @@ def resolve_args(argv: list[str] | None) -> argparse.Namespace:
             args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
         except argparse.ArgumentTypeError as err:
             p.error(f"--sizes: {err}")
+    config = read_pipeline_config("proxy")
+    for h, w, f in args.sizes:  # the proxy's size multiple and frame rule, before anything loads
+        try:
+            check_request(config, GenerationRequest(prompt="", height=h, width=w, frames=f))
+        except ValueError as err:
+            p.error(f"size {h}x{w}x{f}: {err}")
     try:
         args.densities = _fraction_list(args.densities)
     except argparse.ArgumentTypeError as err:

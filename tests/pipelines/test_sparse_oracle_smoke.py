@@ -90,6 +90,8 @@ def test_bar_reads_the_means_over_prompts_at_density_half_and_below():
     (["--kinds", "oracle,random"], "--kinds"),
     (["--tiny", "--dense-first-steps", "2"], "leaves no sparse step"),
     (["--min-pass", "0"], "--min-pass"),
+    (["--sizes", "512x500x65"], "--width 500"),  # the proxy's multiple of 16
+    (["--height", "512", "--width", "512", "--frames", "64"], "--frames 64"),  # 4k + 1 frames
 ])
 def test_bad_arguments_stop_before_anything_runs(argv, needle, capsys):
     with pytest.raises(SystemExit):
