@@ -16,7 +16,9 @@ kind       when     what it keeps
 :class:`SparsitySpec` / :func:`parse_sparsity` name a kind and its parameters (``none``, ``radial:band=1``,
 ``topp:0.9,sim=0.5``); :func:`build_block_map` builds a call's map. Add a kind: write its module (a
 :class:`SparsityKind` with its parameters and builder) and register it -- here for a built-in one, or with
-:func:`register_sparsity_kind` from anywhere.
+:func:`register_sparsity_kind` from anywhere. :mod:`rotvid.kernels.sparsity.density` matches the kinds whose
+density is not their parameter to a density (radial's band and window from the grid, top-p's tau from some calls'
+estimates), so that kinds are compared at equal density.
 """
 
 from __future__ import annotations

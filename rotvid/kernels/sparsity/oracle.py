@@ -79,14 +79,18 @@ def block_attention_mass(
         key_mask = (torch.arange(nkv, device=q.device) >= lens.view(-1, 1)).view(-1, 1, 1, nkv)
     per_tile = max(1, chunk_elements // max(1, b * h * nkv * MAP_BLOCK))
     out = torch.empty(b, h, tq, tk, dtype=dt, device=q.device)
+    # (each pass over the scores costs as much as the matmul at long sequences: the scale goes on q, and the NaN
+    # clean-up and the padding copy run only where they can change something)
     for t0 in range(0, tq, per_tile):
         t1 = min(tq, t0 + per_tile)
         r0, r1 = t0 * MAP_BLOCK, min(nq, t1 * MAP_BLOCK)
-        scores = torch.matmul(q[:, :, r0:r1].to(dt), kf.transpose(-1, -2)) * sm_scale
+        scores = torch.matmul(q[:, :, r0:r1].to(dt) * sm_scale, kf.transpose(-1, -2))
+        p = torch.softmax(scores if key_mask is None else scores.masked_fill(key_mask, -math.inf), dim=-1)
         if key_mask is not None:
-            scores = scores.masked_fill(key_mask, -math.inf)
-        p = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # (a row with no valid key: no mass anywhere)
-        p = F.pad(p, (0, tk * MAP_BLOCK - nkv, 0, (t1 - t0) * MAP_BLOCK - (r1 - r0)))
+            p = p.nan_to_num_(0.0)  # (a row with no valid key: no mass anywhere)
+        pad = (0, tk * MAP_BLOCK - nkv, 0, (t1 - t0) * MAP_BLOCK - (r1 - r0))
+        if any(pad):
+            p = F.pad(p, pad)
         p = p.view(b, h, t1 - t0, MAP_BLOCK, tk, MAP_BLOCK).sum(dim=(3, 5))
         rows = (torch.clamp(nq - MAP_BLOCK * torch.arange(t0, t1, device=q.device), max=MAP_BLOCK)).to(dt)
         out[:, :, t0:t1] = p / rows.view(-1, 1)

@@ -48,7 +48,7 @@ if importlib.util.find_spec("triton") is not None:
 else:
     POOL_DTYPES, block_pool_triton = (), None
 
-__all__ = ["DEFAULT_SIM", "KIND", "TopPEstimate", "topp_block_map", "topp_estimate"]
+__all__ = ["DEFAULT_SIM", "KIND", "TopPEstimate", "topp_block_map", "topp_estimate", "topp_keep"]
 
 logger = logging.getLogger(__name__)
 if block_pool_triton is None and torch.cuda.is_available():
@@ -107,13 +107,15 @@ def _pooled(x: torch.Tensor, lens: torch.Tensor | None, dt: torch.dtype):
 class TopPEstimate(NamedTuple):
     """What :func:`topp_estimate` computes, per (batch, head): ``keep`` bool [B, H, Tq, Tk], ``mass`` (the estimated
     mass P̂) [B, H, Tq, Tk], ``dropped_mass`` [B, H, Tq], ``q_sim`` [B, H, Tq] and ``k_sim`` [B, H, Tk] (the blocks'
-    self-similarity)."""
+    self-similarity), ``k_live`` bool [B', 1, Tk] (the key blocks holding a valid key). ``mass``, the similarities
+    and ``k_live`` do not depend on ``tau`` or ``sim``: :func:`topp_keep` gives the map of any other pair from them."""
 
     keep: torch.Tensor
     mass: torch.Tensor
     dropped_mass: torch.Tensor
     q_sim: torch.Tensor
     k_sim: torch.Tensor
+    k_live: torch.Tensor
 
 
 def topp_estimate(
@@ -127,26 +129,35 @@ def topp_estimate(
 ) -> TopPEstimate:
     """Steps 1-5 of the module docstring on ``q`` [B, H, N_q, D] and ``k`` [B, H, N_kv, D] (BHND views, any
     strides); ``kv_lens`` int [B] (values past ``N_kv`` count as ``N_kv``)."""
-    nq, d = q.shape[2], q.shape[3]
-    nkv = k.shape[2]
+    d = q.shape[3]
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     sm_scale = d**-0.5 if sm_scale is None else sm_scale
-    tq, tk = blocks_for(nq), blocks_for(nkv)
     q_mean, _, q_sim = _pooled(q, None, dt)
     k_mean, k_count, k_sim = _pooled(k, None if kv_lens is None else kv_lens.to(k.device), dt)
-    k_live = (k_count > 0).unsqueeze(-2)  # [B', 1, 1, Tk]
+    k_live = k_count > 0  # [B', 1, Tk]
     log_n = torch.log(k_count.clamp_min(1).to(dt)).unsqueeze(-2)
     scores = torch.matmul(q_mean, k_mean.transpose(-1, -2)) * sm_scale + log_n
-    scores = scores.masked_fill(~k_live, -math.inf)
+    scores = scores.masked_fill(~k_live.unsqueeze(-2), -math.inf)
     mass = torch.softmax(scores, dim=-1)
+    keep = topp_keep(mass, q_sim, k_sim, k_live, tau=tau, sim=sim)
+    dropped = (mass * (~keep).to(dt)).sum(dim=-1)
+    return TopPEstimate(keep, mass, dropped, q_sim, k_sim, k_live)
+
+
+def topp_keep(
+    mass: torch.Tensor, q_sim: torch.Tensor, k_sim: torch.Tensor, k_live: torch.Tensor, *, tau: float, sim: float
+) -> torch.Tensor:
+    """Steps 3-5 of the module docstring: the kept blocks, bool [B, H, Tq, Tk], from the estimated ``mass``
+    [B, H, Tq, Tk], the self-similarities ``q_sim`` [B, H, Tq] and ``k_sim`` [B, H, Tk] and ``k_live`` bool
+    [B', 1, Tk] (a :class:`TopPEstimate`'s fields). Apart so that the map of another ``tau`` or ``sim`` costs no
+    second pooling (:func:`rotvid.kernels.sparsity.density.topp_tau_for_density` searches ``tau`` this way)."""
+    tq, tk = mass.shape[-2], mass.shape[-1]
     ranked, order = torch.sort(mass, dim=-1, descending=True)
     before = torch.cumsum(ranked, dim=-1) - ranked
     keep = torch.zeros_like(mass, dtype=torch.bool).scatter(-1, order, (before < tau) & (ranked > 0))
-    keep = keep | (q_sim < sim).unsqueeze(-1) | ((k_sim < sim).unsqueeze(-2) & k_live)
-    eye = torch.arange(tq, device=q.device).unsqueeze(-1) == torch.arange(tk, device=q.device)
-    keep = keep | eye
-    dropped = (mass * (~keep).to(dt)).sum(dim=-1)
-    return TopPEstimate(keep, mass, dropped, q_sim, k_sim)
+    keep = keep | (q_sim < sim).unsqueeze(-1) | ((k_sim < sim).unsqueeze(-2) & k_live.unsqueeze(-2))
+    eye = torch.arange(tq, device=mass.device).unsqueeze(-1) == torch.arange(tk, device=mass.device)
+    return keep | eye
 
 
 def topp_block_map(
