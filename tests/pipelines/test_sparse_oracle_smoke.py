@@ -124,3 +124,16 @@ def test_the_first_size_whose_dense_video_passes_is_the_studys(monkeypatch):
     passes[(384, 384, 97)] = 0
     entry, tried, why = sparse_oracle.choose_size(None, args, ["a", "b", "c"], None)
     assert entry["size"] == "512x512x65" and entry["prompts"][0]["frames"] == "video" and why.startswith("NO size")
+
+
+def test_frames_are_converted_on_the_device_as_the_library_converts_them():
+    import torch
+
+    from rotvid.eval.video_io import to_uint8_frames
+
+    video = torch.rand(3, 3, 20, 24, generator=torch.Generator().manual_seed(0))
+    video[0, 0, 0, :5] = torch.tensor([0.5, 1.5, 2.5, 253.5, 254.5]) / 255  # ties: half to even
+    video[1, 1, 0, :2] = torch.tensor([-0.2, 1.3])  # clipped
+    got = sparse_oracle.uint8_frames(video)
+    assert got.dtype.name == "uint8" and got.shape == (3, 20, 24, 3)
+    assert (got == to_uint8_frames(video.permute(0, 2, 3, 1).numpy())).all()
