@@ -6,15 +6,16 @@ int8-fp8 video and kept attention mass, for ``oracle``, ``topp`` and ``radial`` 
 
 **Size.** The proxy (:mod:`rotvid.pipelines.proxy`: VAE 8x spatial / 4x temporal, patch (1, 2, 2), Wan's 3-D RoPE
 to 1024 positions per axis) turns 512x512, 65 frames into a 17 x 32 x 32 token grid: 17,408 tokens, 136 key blocks
-of 128 per query tile (at its own 128x128, 17 frames a row has 3). It was trained at 128x128 and 256x256 (17
-frames), so the run first checks whether it still draws the prompted scene: per prompt, the bf16 video (the model's
-own attention) and the dense int8-fp8 video, each through the proxy's probe (:func:`~rotvid.pipelines.proxy.
-probe_clip`: the prompted colour moving the prompted way). ``--sizes`` may list several sizes to try in order: the
-first where the dense int8-fp8 video passes on at least ``--min-pass`` of the prompts is the study's; when none
-does, the first listed, said so in the output (the default lists 512x512x65 alone: on the CPU the proxy's bf16
-video of a held-out prompt passed at 128x128, 17 frames, and failed at 256x256 with 17 or 65 frames, 384x384 with
-33 or 65 and 512x512 with 65 -- no size where a row has 100 blocks is known to pass, and a failed size costs the
-GPU run its references). Every probe result is in the output either way.
+of 128 per query tile (at its own 128x128, 17 frames a row has 3). It was trained on 128x128 clips of 17 frames and
+256x256 clips of 33, so the run first checks whether it still draws the prompted scene: per prompt, the bf16 video
+(the model's own attention) and the dense int8-fp8 video, each through the proxy's probe
+(:func:`~rotvid.pipelines.proxy.probe_clip`: the prompted colour moving the prompted way). ``--sizes`` may list
+several sizes to try in order: the first where the dense int8-fp8 video passes on at least ``--min-pass`` of the
+prompts is the study's; when none does, the first listed, said so in the output. The default lists 512x512x65 alone:
+on the CPU (bf16, 12 steps) the three default prompts passed at 128x128, 17 frames, but at 256x256, 17 frames only
+one did, and the first prompt failed at 256x256 with 65 frames, 384x384 with 33 or 65 and 512x512 with 65 (the
+second too at 512x512): no size where a row has 100 blocks is known to pass, and each size tried costs the GPU run
+its references. Every probe result is in the output either way.
 
 **Maps at matched densities** (``--densities``, default 0.3, 0.5, 0.7), each with and without dense first steps
 (``--dense-first-steps``: the schedule's rule that runs the first steps' quantized calls without a map):
