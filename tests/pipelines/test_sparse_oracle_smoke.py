@@ -107,3 +107,33 @@ def test_defaults_are_the_study_and_tiny_its_smoke_run():
     assert (tiny.device, tiny.backend, tiny.workers, tiny.json_out) == ("cpu", "reference", 0, None)
     one = sparse_oracle.resolve_args(["--height", "384", "--width", "384", "--frames", "97"])
     assert one.sizes == [(384, 384, 97)]
+
+
+def test_the_first_size_whose_dense_video_passes_is_the_studys(monkeypatch):
+    passes = {(512, 512, 65): 1, (448, 448, 65): 0, (384, 384, 97): 2}
+
+    def fake_check(pipe, args, size, prompts, pool):
+        return {"size": sparse_oracle.size_text(size), "dense_passed": passes[size],
+                "prompts": [{"prompt": p, "frames": "video", "estimates": []} for p in prompts]}
+
+    monkeypatch.setattr(sparse_oracle, "check_size", fake_check)
+    args = sparse_oracle.resolve_args(["--sizes", "512x512x65,448x448x65,384x384x97", "--device", "cpu"])
+    entry, tried, why = sparse_oracle.choose_size(None, args, ["a", "b", "c"], None)  # 2 of 3 must pass
+    assert entry["size"] == "384x384x97" and [t["size"] for t in tried] == ["512x512x65", "448x448x65", "384x384x97"]
+    assert "passes the probe" in why and "frames" not in tried[1]["prompts"][0]  # only the first size's kept
+    passes[(384, 384, 97)] = 0
+    entry, tried, why = sparse_oracle.choose_size(None, args, ["a", "b", "c"], None)
+    assert entry["size"] == "512x512x65" and entry["prompts"][0]["frames"] == "video" and why.startswith("NO size")
+
+
+def test_frames_are_converted_on_the_device_as_the_library_converts_them():
+    import torch
+
+    from rotvid.eval.video_io import to_uint8_frames
+
+    video = torch.rand(3, 3, 20, 24, generator=torch.Generator().manual_seed(0))
+    video[0, 0, 0, :5] = torch.tensor([0.5, 1.5, 2.5, 253.5, 254.5]) / 255  # ties: half to even
+    video[1, 1, 0, :2] = torch.tensor([-0.2, 1.3])  # clipped
+    got = sparse_oracle.uint8_frames(video)
+    assert got.dtype.name == "uint8" and got.shape == (3, 20, 24, 3)
+    assert (got == to_uint8_frames(video.permute(0, 2, 3, 1).numpy())).all()
