@@ -29,9 +29,23 @@ def local_stamp() -> str:
     return _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
 
 
+OUTPUT_OPTIONS = ("--json-out", "--markdown-out", "--append")
+
+
 def command_line(script: str, argv: list[str] | None) -> str:
-    """The command that ran ``benchmarks/<script>`` with ``argv`` (None: this process's arguments)."""
-    return ("python benchmarks/" + script + " " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    """The command that ran ``benchmarks/<script>`` with ``argv`` (None: this process's arguments), without its output
+    paths (:data:`OUTPUT_OPTIONS`: where a run wrote is not how to repeat it, and a machine's folders do not belong in
+    the repository's results)."""
+    args, kept = list(sys.argv[1:] if argv is None else argv), []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in OUTPUT_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(o + "=" for o in OUTPUT_OPTIONS)):
+            kept.append(arg)
+    return ("python benchmarks/" + script + " " + " ".join(kept)).strip()
 
 
 def write_results(out_dir: Path, prefix: str, commit: str, text: str, data: dict) -> Path:

@@ -75,3 +75,12 @@ def test_call_overhead_rows_and_the_backends_left_as_they_were(tmp_path):
     assert dispatch._BACKENDS == before  # the null backend gone, the reference back
     with pytest.raises(SystemExit):
         call_overhead.main(["--calls", "0"])
+
+
+def test_a_recorded_command_leaves_out_where_the_run_wrote():
+    """Output paths are a machine's folders, not how to repeat a run (tests/test_repo_paths.py refuses them)."""
+    from benchmarks.study_io import command_line
+
+    got = command_line("x.py", ["--rounds", "3", "--json-out", "out/a.json", "--markdown-out=out/b.md", "--append",
+                                "out/c.md", "--tiny"])
+    assert got == "python benchmarks/x.py --rounds 3 --tiny"
