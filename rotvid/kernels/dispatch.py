@@ -188,7 +188,10 @@ class AttentionCall:
         opts: the call's options as the backend takes them (recipe, layout, kv_lens, sm_scale, smoothing, tiles).
         v_hadamard: the block of the online V/O Hadamard the call attends V rotated by (1: none).
         v_hadamard_fused: True when the backend rotates V itself (:func:`run_attention` then hands it
-            ``v_hadamard``) and :func:`unrotate_output` runs the CUDA pass; False: both sides in PyTorch.
+            ``v_hadamard``).
+        v_hadamard_cuda: True when the sides that run outside the backend's kernel (O's, and V's too where the
+            backend does not rotate it) take the one-pass CUDA transform (the CUDA backend, block = head_dim 64 /
+            128, fp16 / bf16); False: PyTorch. The same bits either way.
     """
 
     backend: AttentionBackend
@@ -196,6 +199,7 @@ class AttentionCall:
     opts: dict
     v_hadamard: int = 1
     v_hadamard_fused: bool = False
+    v_hadamard_cuda: bool = False
 
 
 def prepare_attention(
@@ -253,11 +257,12 @@ def prepare_attention(
         raise ValueError(f"v_hadamard: expected a power of two dividing head_dim {q.shape[-1]} (1: none), "
                          f"got {v_hadamard!r}")
     chosen, reason = select_backend(q, k, v, backend=backend, **opts)
-    fused = False
+    fused = cuda_pass = False
     if v_hadamard > 1:
         fuses = getattr(chosen, "fuses_v_hadamard", None)
         fused = fuses is not None and fuses(q, k, v, v_hadamard, recipe=recipe, layout=layout)
-    return AttentionCall(chosen, reason, opts, v_hadamard, fused)
+        cuda_pass = fused or (chosen.name == "cuda" and not vo_hadamard_cuda_unsupported(v, v_hadamard))
+    return AttentionCall(chosen, reason, opts, v_hadamard, fused, cuda_pass)
 
 
 def check_block_map(block_map, q: torch.Tensor, k: torch.Tensor, layout: str) -> None:
@@ -305,22 +310,19 @@ def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
 def unrotate_output(call: AttentionCall, out: torch.Tensor) -> torch.Tensor:
     """The online V/O Hadamard's inverse on the output of a call prepared with ``v_hadamard`` (``out`` as
     :func:`run_attention` returned it, or the LSE merge of several such outputs: attention is linear in V, so one
-    inverse after the merge does), :func:`rotvid.rope.hadamard.unrotate_o_online` -- in one CUDA pass where the
-    backend rotated V itself (:attr:`AttentionCall.v_hadamard_fused`), else in PyTorch; the same bits. ``out`` itself
-    for a call without it."""
+    inverse after the merge does), :func:`rotvid.rope.hadamard.unrotate_o_online` -- in one CUDA pass where the call
+    was prepared for it (:attr:`AttentionCall.v_hadamard_cuda`), else in PyTorch; the same bits. ``out`` itself for a
+    call without it."""
     if call.v_hadamard == 1:
         return out
-    if call.v_hadamard_fused:
-        return vo_hadamard_cuda(out, call.v_hadamard, side="o")
     return _vo_side(call, out, "o")
 
 
 def _vo_side(call: AttentionCall, x: torch.Tensor, side: str) -> torch.Tensor:
-    """One side of the online V/O Hadamard for a call whose backend does not rotate V itself: the CUDA pass where the
-    call runs on the CUDA backend and the pass takes ``x`` (block = head_dim 64 / 128, fp16 / bf16: one read and one
-    write, e.g. the INT4 kernels), else PyTorch (float32 butterflies: 7 passes eagerly, one fused kernel compiled).
-    The same bits either way."""
-    if call.backend.name == "cuda" and not vo_hadamard_cuda_unsupported(x, call.v_hadamard):
+    """One side of the online V/O Hadamard outside the backend's kernel: the one-pass CUDA transform where the call
+    was prepared for it (:attr:`AttentionCall.v_hadamard_cuda`: one read and one write), else PyTorch (float32
+    butterflies: 7 passes eagerly, one fused kernel compiled). The same bits either way."""
+    if call.v_hadamard_cuda:
         return vo_hadamard_cuda(x, call.v_hadamard, side=side)
     return rotate_v_online(x, call.v_hadamard) if side == "v" else unrotate_o_online(x, call.v_hadamard)
 

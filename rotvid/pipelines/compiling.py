@@ -32,6 +32,7 @@ _OPTION_KEYS = ("fullgraph", "dynamic", "backend", "mode", "options")
 
 
 _PREVIOUS_ATTR = "_rotvid_previous_compiled_call_impl"
+_TRACED_ATTR = "_rotvid_traced"  # on the traceable stand-in for diffusers' CP gather (torch < 2.13)
 
 
 def compile_options(compile) -> dict | None:
@@ -118,9 +119,6 @@ def _trace_context_parallel_gather() -> None:
     traced = dont_skip(fn)
     setattr(traced, _TRACED_ATTR, True)
     funcol._maybe_view_chunk_cat = traced
-
-
-_TRACED_ATTR = "_rotvid_traced"
 
 
 def _torch_version() -> tuple[int, int]:

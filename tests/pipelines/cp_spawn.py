@@ -100,6 +100,3 @@ def needs_gpus(monkeypatch, world: int) -> None:
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", "1")
 
-
-def needs_two_gpus(monkeypatch):
-    needs_gpus(monkeypatch, 2)

@@ -21,7 +21,7 @@ import torch
 
 from rotvid.pipelines import RotvidConfig, apply, remove
 from rotvid.pipelines.attach import HANDLE_ATTR
-from tests.pipelines.cp_spawn import WORLD, finish, join_group, run_group
+from tests.pipelines.cp_spawn import WORLD, finish, join_group, needs_gpus, run_group
 
 RECIPES = ["fp16", "int4", "int4-sym-p", "int8-fp8"]
 ROTATIONS = ["none", "interleaved", "half", "full"]
@@ -234,10 +234,7 @@ def test_context_parallel_equals_single_process_gloo(tiny, tiny_dir, tmp_path):
 @pytest.mark.gpu
 def test_context_parallel_equals_single_gpu_nccl(tiny, tiny_dir, tmp_path, monkeypatch):
     """2 GPUs over NCCL, CUDA kernels, bf16 (NVLink multicast off, as on the two-GPU H200 machine)."""
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs two CUDA GPUs; this machine has {torch.cuda.device_count()}")
-    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
-    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    needs_gpus(monkeypatch, 2)
     results = _spawn(tmp_path, _tiny_wan_folder(tiny, tiny_dir), "cuda", "cuda", CASES)
     # bf16 projections on a shard vs the full sequence round differently (the only difference left once the same
     # attention inputs agree: test_context_parallel_same_inputs.py): fp16 within bf16 rounding, quantized recipes
