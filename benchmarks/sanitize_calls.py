@@ -60,6 +60,7 @@ def run_calls(match: str | None = None) -> int:
     import torch
 
     from rotvid.kernels import cuda_backend as cb
+    from rotvid.kernels.hadamard_op import vo_hadamard_cuda
 
     cap = torch.cuda.get_device_capability()
     hopper = cap[0] == 9
@@ -96,6 +97,15 @@ def run_calls(match: str | None = None) -> int:
                     out = cb.attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens, path=path,
                                                          split_tail=split, block_map=m)
                     check(f"int8-fp8 {path} d{d} {name} split={split}", out)
+            # the online V/O Hadamard: V rotated in the pre-processing (V_HADAMARD, V smoothed and not), then the
+            # separate O pass (hadamard_rows) over the output
+            for smooth_v in (False, True):
+                name = f"int8-fp8 online-vo d{d} smooth_v={smooth_v}"
+                if cap >= (8, 9) and wanted(name):
+                    kq = cb.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=smooth_v, v_hadamard=True)
+                    out = cb.attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens,
+                                                         path="wgmma" if hopper else "mma")
+                    check(name, vo_hadamard_cuda(out, d, side="o"))
         int4 = [("wgmma", bn, split) for bn in (128, 64) for split in (True, False)] if hopper else []
         int4 += [("s8", 64, False)]
         for path, block_n, split in int4:

@@ -20,6 +20,11 @@ output against float64 attention on sampled rows, after checking that the fused 
 bits. Rows go to ``benchmarks/results/vo_online_bench.json`` (GPU, commit, command).
 
     python benchmarks/vo_online_bench.py [--shapes wan1.3b-480p wan14b-720p cogvideox5b] [--rounds 3] [--no-write]
+    python benchmarks/vo_online_bench.py --kernels [--shapes ...]   # where the cost goes, kernel by kernel
+
+``--kernels`` times no ratio: it runs ``off`` and ``online`` eagerly under ``torch.profiler`` (``--iters`` calls each,
+after a warm-up) and prints every kernel's mean GPU time per call for both, so the rotation's cost is seen kernel by
+kernel (the statistics and quantize launches of the pre-processing, the attention, the O pass).
 """
 
 from __future__ import annotations
@@ -100,15 +105,65 @@ def bench(name: str, rounds: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def kernel_breakdown(name: str, iters: int, seed: int = 0) -> list[dict]:
+    """Mean GPU time per call of every kernel ``off`` and ``online`` launch (torch.profiler, ``iters`` calls each)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    shape = SHAPES[name]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(shape.b, shape.n, shape.h, shape.d, device="cuda", dtype=torch.bfloat16,
+                           generator=g).transpose(1, 2) for _ in range(3))
+    k = k + 0.5
+    block = vo_hadamard_block(shape.d)
+    opts = dict(recipe="int8-fp8", backend="cuda")
+
+    def off():
+        return attention_into_bnhd(q, k, v, **opts)
+
+    def online():
+        call = prepare_attention(q, k, v, v_hadamard=block, **opts)
+        return unrotate_output(call, run_into_bnhd(call, q, k, v))
+
+    rows = []
+    for method, fn in (("off", off), ("online", online)):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+        per_kernel: dict[str, float] = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time / iters
+        rows += [dict(shape=name, method=method, kernel=k_name[:110], us=round(us, 1))
+                 for k_name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])]
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="*", default=["wan1.3b-480p", "wan14b-720p", "cogvideox5b"],
                     choices=list(SHAPES))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--kernels", action="store_true", help="per-kernel GPU times of off and online (torch.profiler)")
+    ap.add_argument("--iters", type=int, default=10, help="--kernels: profiled calls per method")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("vo_online_bench.py: needs a CUDA GPU")
+    if args.kernels:
+        for name in args.shapes:
+            print(f"\n{name}: kernel, mean GPU µs per call (off / online)")
+            rows = kernel_breakdown(name, args.iters)
+            names = list(dict.fromkeys(r["kernel"] for r in rows))
+            for kn in names:
+                t = {r["method"]: r["us"] for r in rows if r["kernel"] == kn}
+                print(f"  {t.get('off', 0.0):10.1f} {t.get('online', 0.0):10.1f}  {kn}")
+            tot = {m: sum(r["us"] for r in rows if r["method"] == m) for m in ("off", "online")}
+            print(f"  {tot['off']:10.1f} {tot['online']:10.1f}  (sum)")
+        return
     rows = []
     for name in args.shapes:
         rows += bench(name, args.rounds)
