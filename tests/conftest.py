@@ -1,6 +1,9 @@
 import pytest
 import torch
 
+# the built-in families register their RoPE facts with the RoPE side (rotvid.rope.model_facts)
+import rotvid.pipelines.families  # noqa: F401
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

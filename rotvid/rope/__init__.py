@@ -3,7 +3,7 @@
 Modules (import what you need from them):
 
 - :mod:`rotvid.rope.model_facts` — ``get_rope_facts``: per-model RoPE facts (:class:`~rotvid.rope.facts.RopeFacts`),
-  kept in each family's module of :mod:`rotvid.pipelines.families`.
+  kept in each family's module of :mod:`rotvid.pipelines.families`, which registers them there.
 - :mod:`rotvid.rope.tables` — ``rope_table_3d``, ``apply_rope_interleaved``.
 - :mod:`rotvid.rope.rotations` — ``Rotation``, ``make_rotation`` (none / interleaved / half /
   full / learned), learned-rotation files.

@@ -12,9 +12,10 @@ import torch
 
 from rotvid.pipelines import RotvidConfig, apply, remove
 from rotvid.pipelines.families import (
-    families, family_by_name, family_of_pipeline_class, register_family, schedule_presets,
+    families, family_by_name, family_of_pipeline_class, register_family, schedule_presets, unregister_family,
 )
 from rotvid.pipelines.processors import RotvidProcessorBase
+from rotvid.rope.model_facts import get_rope_facts, rope_facts
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rotvid"
 FAMILIES_DIR = PACKAGE / "pipelines" / "families"
@@ -92,6 +93,20 @@ def test_register_family_refuses_what_another_family_has():
     with pytest.raises(ValueError, match="family 'y': text_arguments"):
         register_family(dataclasses.replace(wan, name="y", rope=None, text_arguments=("encoder_hidden_states",)))
     assert [f.name for f in families()][:1] == ["wan"] and "wan_copy" not in [f.name for f in families()]
+    assert "wan_copy" not in rope_facts()  # a refused family registers nothing
+
+
+def test_a_family_brings_its_rope_facts_to_the_rope_side():
+    wan = family_by_name("wan")
+    copy = dataclasses.replace(wan, name="wan_copy", rope=dataclasses.replace(wan.rope, family="wan_copy"),
+                               transformer_classes=("WanCopyTransformer3DModel",), pipeline_prefix="WanCopy",
+                               pipeline_requirements=(), models=(), tiny=(), schedule_presets=())
+    register_family(copy)
+    try:
+        assert get_rope_facts("wan_copy") is copy.rope and list(rope_facts())[-1] == "wan_copy"
+    finally:
+        unregister_family("wan_copy")
+    assert "wan_copy" not in rope_facts() and list(rope_facts()) == [f.name for f in families()]
 
 
 def test_pipeline_class_goes_to_the_longest_prefix():
@@ -111,8 +126,8 @@ def test_pipeline_class_goes_to_the_longest_prefix():
     ],
 )
 def test_new_family_as_the_cli_reads_it(tiny, family, fields):
-    from rotvid.eval.generation import GenerationRequest, default_schedule, fps_for
-    from rotvid.pipelines.pipeline_config import read_pipeline_config
+    from rotvid.eval.generation import GenerationRequest, fps_for
+    from rotvid.pipelines.pipeline_config import default_schedule, read_pipeline_config
 
     pipe = tiny(family)
     folder = pipe.config._name_or_path

@@ -1,5 +1,8 @@
 """3D RoPE tables against diffusers' own modules (bit-exact), and the facts table."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from diffusers.models.embeddings import apply_rotary_emb, get_3d_rotary_pos_embed
@@ -21,6 +24,25 @@ def test_facts_table_released_splits():
     assert get_rope_facts("skyreels_v2").segments(128) == (44, 42, 42)
     assert get_rope_facts("hunyuan_video").theta == 256.0
     assert all(f.pair_layout == "interleaved" for f in ROPE_FACTS.values())
+
+
+def test_the_rope_side_knows_the_families_that_registered():
+    """rotvid.rope imports nothing of rotvid.pipelines: alone it knows no family, and says where they come from."""
+    code = """import sys
+from rotvid.rope.model_facts import get_rope_facts, rope_facts
+from rotvid.rope.tables import rope_table_3d
+assert rope_facts() == {} and "rotvid.pipelines" not in sys.modules
+try:
+    get_rope_facts("wan")
+except ValueError as e:
+    print(e)
+import rotvid.pipelines.families
+print(list(rope_facts()), tuple(rope_table_3d("wan", (1, 2, 3), 128)[0].shape))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "family must be one of [], got 'wan' (the model families register theirs: import " \
+                     "rotvid.pipelines.families)"
+    assert out[1] == str(list(ROPE_FACTS)) + " (6, 128)"
 
 
 def test_facts_bad_input():

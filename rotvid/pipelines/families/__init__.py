@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from rotvid.pipelines.families import cogvideox, hunyuan_video, hunyuan_video15, skyreels_v2, wan
 from rotvid.pipelines.families.base import BlockStack, Family, ModelEntry, SchedulePreset, TinyVariant
+from rotvid.rope.model_facts import register_rope_facts, unregister_rope_facts
 
 __all__ = [
     "BlockStack", "Family", "ModelEntry", "SchedulePreset", "TinyVariant",
@@ -39,7 +40,8 @@ PIPELINE_REQUIREMENTS: dict[str, tuple[str, ...]] = {}
 
 
 def register_family(family: Family) -> Family:
-    """Add ``family`` (its checkpoints' short names and its pipelines' requirements with it); returns it.
+    """Add ``family`` (its checkpoints' short names, its pipelines' requirements and its RoPE facts with it: the
+    RoPE side looks those up by name in :mod:`rotvid.rope.model_facts`); returns it.
 
     ValueError for a family that fails :meth:`Family.check`, and for a name, transformer class, checkpoint name,
     schedule preset or tiny pipeline name another registered family already has.
@@ -59,6 +61,8 @@ def register_family(family: Family) -> Family:
             taken = sorted(set(mine) & set(theirs))
             if taken:
                 raise ValueError(f"family {family.name!r}: {what} {', '.join(taken)} belongs to family {other.name!r}")
+    if family.rope is not None:  # first: it refuses facts already registered, before anything here changes
+        register_rope_facts(family.rope)
     FAMILIES[family.name] = family
     MODELS.update({m.name: m for m in family.models})
     PIPELINE_REQUIREMENTS.update(family.pipeline_requirements)
@@ -66,8 +70,10 @@ def register_family(family: Family) -> Family:
 
 
 def unregister_family(name: str) -> Family:
-    """Remove the family ``name`` with its checkpoints and requirements; returns it."""
+    """Remove the family ``name`` with its checkpoints, requirements and RoPE facts; returns it."""
     family = family_by_name(name)
+    if family.rope is not None:
+        unregister_rope_facts(family.rope.family)
     del FAMILIES[name]
     for m in family.models:
         MODELS.pop(m.name, None)
