@@ -11,6 +11,7 @@ import pytest
 import rotvid.cli.pipeline
 import rotvid.pipelines.loading
 from rotvid.eval import generation as gen
+from rotvid.pipelines.report import nothing_quantized_reason
 from tests.test_cli import TINY, assert_fails, run, tiny_wan  # noqa: F401  (tiny_wan: a fixture)
 from tests.test_cli_i2v import random_image, tiny_i2v  # noqa: F401  (tiny_i2v: a fixture)
 
@@ -230,17 +231,17 @@ def test_run_that_quantizes_nothing_says_why(tiny_wan, tmp_path):
 def test_nothing_quantized_reason_names_the_blocks_rule():
     report = {"total_calls": 24, "quantized_calls": 0, "fallbacks": {},
               "fp16_reasons": {"schedule: first 2 blocks": 12, "schedule: last 2 blocks": 12}}
-    why = gen.nothing_quantized_reason(report, "paper-wan2.2-t2v")
+    why = nothing_quantized_reason(report, "paper-wan2.2-t2v")
     assert why.startswith("0 of 24 self-attention calls quantized: the schedule paper-wan2.2-t2v keeps them in FP16 "
                           "(schedule: first 2 blocks: 12 calls; schedule: last 2 blocks: 12 calls)")
     assert "more blocks than the schedule keeps" in why and "--schedule none" in why
-    fell = gen.nothing_quantized_reason({"total_calls": 4, "quantized_calls": 0, "fp16_reasons": {},
-                                         "fallbacks": {"mask: not a key-padding mask": 4}})
+    fell = nothing_quantized_reason({"total_calls": 4, "quantized_calls": 0, "fp16_reasons": {},
+                                     "fallbacks": {"mask: not a key-padding mask": 4}})
     assert fell == "0 of 4 self-attention calls quantized: fallbacks to FP16 (mask: not a key-padding mask: 4 calls)"
-    assert gen.nothing_quantized_reason({"total_calls": 4, "quantized_calls": 1}) is None
-    assert gen.nothing_quantized_reason(None) is None  # the untouched reference asked for nothing
-    assert gen.nothing_quantized_reason({"recipe": "fp16", "total_calls": 4, "quantized_calls": 0,
-                                         "fp16_reasons": {"recipe fp16": 4}}) is None  # FP16 asked for
+    assert nothing_quantized_reason({"total_calls": 4, "quantized_calls": 1}) is None
+    assert nothing_quantized_reason(None) is None  # the untouched reference asked for nothing
+    assert nothing_quantized_reason({"recipe": "fp16", "total_calls": 4, "quantized_calls": 0,
+                                     "fp16_reasons": {"recipe fp16": 4}}) is None  # FP16 asked for
 
 
 def test_sidecar_fraction_is_recipe_neutral_and_old_sidecars_still_read(tiny_wan, tmp_path):

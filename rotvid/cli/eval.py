@@ -162,8 +162,9 @@ def _eval_generated(worker, bar, *, prompt_file, variants, model, image, schedul
     if variants is None:
         raise ValueError("--variants: expected RECIPE:ROTATION,... e.g. int4:half,int4:none")
     check_backend(backend)
-    from rotvid.eval.generation import default_schedule, load_prompts
+    from rotvid.eval.generation import load_prompts
     from rotvid.pipelines.config import NeedsPipeline, RotvidConfig, check_learned_file, dense_flags
+    from rotvid.pipelines.pipeline_config import default_schedule
     from rotvid.pipelines.schedule import Schedule
     from rotvid.kernels.sparsity import parse_sparsity
 

@@ -69,10 +69,10 @@ def generate(
     sidecar per prompt."""
     with user_errors():
         from rotvid.eval.generation import (
-            call_kwargs, check_outputs, default_schedule, finished, generate_video, read_sidecar, request_record,
-            video_name,
+            call_kwargs, check_outputs, finished, generate_video, read_sidecar, request_record, video_name,
         )
         from rotvid.pipelines.config import RotvidConfig
+        from rotvid.pipelines.pipeline_config import default_schedule
         from rotvid.pipelines.schedule import Schedule
         from rotvid.request_checks import (
             check_backend_device, check_output_file, check_output_folder, steps_of_schedule,
@@ -141,7 +141,7 @@ def generate(
                 side = generate_video(pipe, request, o, model=model, config=cfg,
                                       overwrite=overwrite, on_step=bar.step, compile=compile)
                 if not quiet:
-                    from rotvid.eval.generation import nothing_quantized_reason
+                    from rotvid.pipelines.report import nothing_quantized_reason
 
                     t = side["timing"]
                     bar.log(f"wrote {o} ({side['frames']} frames {side['width']}x{side['height']}, "
@@ -156,8 +156,9 @@ def generate(
 def _check_resume(options: dict, model, template, prompts, outputs) -> None:
     """``generate --prompt-file`` resuming: every finished video must come from this run's request (the
     differences named), checked before loading where the config can be told without the pipeline."""
-    from rotvid.eval.generation import default_schedule, finished, request_record
+    from rotvid.eval.generation import finished, request_record
     from rotvid.pipelines.config import NeedsPipeline, RotvidConfig
+    from rotvid.pipelines.pipeline_config import default_schedule
 
     try:
         cfg = RotvidConfig.from_options(**options, family_schedule=lambda: default_schedule(model))

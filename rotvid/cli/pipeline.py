@@ -34,9 +34,9 @@ def load(model: str, dtype: str, device: str, worker=None):
 
 def note_if_cpu(bar, pipe) -> None:
     """Say once, before the long work, that a CPU run uses the slow PyTorch reference."""
-    from rotvid.eval.generation import _pipeline_device
+    from rotvid.pipelines.pipeline_config import pipeline_device
 
-    if _pipeline_device(pipe).type == "cpu":
+    if pipeline_device(pipe).type == "cpu":
         bar.log("note: running on the CPU: quantized attention uses the PyTorch reference backend "
                 "(exact, slow); a full-size model takes hours here. Use a CUDA GPU for real runs.")
 

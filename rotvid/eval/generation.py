@@ -37,7 +37,7 @@ from rotvid.atomic import check_can_write
 from rotvid.eval.sidecar import read_sidecar, sidecar_path, write_sidecar
 from rotvid.eval.video_io import to_uint8_frames, write_video
 from rotvid.kernels.recipes import fp16
-from rotvid.pipelines.report import nothing_quantized_reason  # noqa: F401  (its old home)
+from rotvid.pipelines.pipeline_config import accepts_image, pipeline_device, pipeline_family_and_task
 
 logger = logging.getLogger(__name__)
 
@@ -89,51 +89,6 @@ def video_name(index: int, prompt: str, *, max_len: int = 48) -> str:
     return f"{index:03d}-{slug}"
 
 
-def pipeline_family_and_task(pipe) -> tuple[str, str]:
-    """(family name, ``"t2v"`` | ``"i2v"``) of a loaded pipeline."""
-    from rotvid.pipelines.attach import find_transformers
-
-    family, _ = find_transformers(pipe)
-    return family.name, ("i2v" if accepts_image(pipe) else "t2v")
-
-
-def accepts_image(pipe) -> bool:
-    """Whether the pipeline's ``__call__`` takes a conditioning ``image`` (image-to-video)."""
-    return "image" in inspect.signature(pipe.__call__).parameters
-
-
-def default_schedule(model: str | None, pipe=None) -> str | None:
-    """The paper's schedule preset for ``model`` (the family's; ``"none"`` where the paper has none).
-
-    Named checkpoints come from :data:`rotvid.pipelines.model_table.MODELS`; a local folder from
-    its ``model_index.json`` pipeline class (its family's :meth:`~rotvid.pipelines.families.base.Family.default_preset`
-    for the task: image-to-video when the class name says ``ImageToVideo``); otherwise from the loaded ``pipe``'s
-    family and task. Returns ``None`` when it cannot be told without loading and ``pipe`` is not given.
-    """
-    import json
-
-    from rotvid.pipelines.families import family_by_name, family_of_pipeline_class
-    from rotvid.pipelines.loading import resolve_model
-    from rotvid.pipelines.model_table import MODELS
-
-    source, is_local = resolve_model(model)
-    for entry in MODELS.values():
-        if entry.repo_id == source:
-            return entry.preset or "none"
-    if is_local:
-        try:
-            cls = json.loads((Path(source) / "model_index.json").read_text(encoding="utf-8")).get("_class_name", "")
-        except (OSError, ValueError):
-            cls = ""
-        fam = family_of_pipeline_class(str(cls))
-        if fam is not None:
-            return fam.default_preset("i2v" if "ImageToVideo" in str(cls) else "t2v")
-    if pipe is None:
-        return None
-    name, task = pipeline_family_and_task(pipe)
-    return family_by_name(name).default_preset(task)
-
-
 def versions() -> dict[str, str]:
     import av
     import diffusers
@@ -183,11 +138,6 @@ def _record_initial_latents(pipe, record: dict):
         yield
     finally:
         del pipe.prepare_latents
-
-
-def _pipeline_device(pipe) -> torch.device:
-    dev = getattr(pipe, "_execution_device", None) or getattr(pipe, "device", None)
-    return torch.device(dev) if dev is not None else torch.device("cpu")
 
 
 def _load_image(path: str):
@@ -407,7 +357,7 @@ def generate_video(
     # the conditioning image's bytes (its path is in the request): the same path may hold another image later
     image_sha256 = hashlib.sha256(Path(request.image).read_bytes()).hexdigest() if request.image else None
     fps = fps_for(pipe, request, model)
-    device = _pipeline_device(pipe)
+    device = pipeline_device(pipe)
     family, task = pipeline_family_and_task(pipe)
     step_times: list[float] = []
     mark = [0.0]

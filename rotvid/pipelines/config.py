@@ -254,11 +254,11 @@ class RotvidConfig:
         ``base`` (``--config``) with ``recipe``, ``rotation``, ``backend``, ``smooth_k/q/v`` and ``sparsity``
         changed where given; the schedule is ``schedule`` (``--schedule``), else ``base``'s, else
         ``family_schedule`` (the paper's preset for the model's family, or a function that tells it, called only
-        when needed, e.g. one over :func:`rotvid.eval.generation.default_schedule`): :class:`NeedsPipeline` (a
-        ValueError) when it is needed and None. ``dense`` (``--dense-first-steps`` / ``--dense-blocks``:
-        ``{"dense_first_steps": 2, ...}``, the given ones) go on that schedule when the config has a block map;
-        without one a ValueError (``strict_dense``: a single run) or the config as it is (an eval's variants, some
-        dense).
+        when needed, e.g. one over :func:`rotvid.pipelines.pipeline_config.default_schedule`):
+        :class:`NeedsPipeline` (a ValueError) when it is needed and None. ``dense`` (``--dense-first-steps`` /
+        ``--dense-blocks``: ``{"dense_first_steps": 2, ...}``, the given ones) go on that schedule when the config has
+        a block map; without one a ValueError (``strict_dense``: a single run) or the config as it is (an eval's
+        variants, some dense).
 
         ``recipe`` ``fp16`` (one that runs the model's own attention) without ``rotation`` and without ``base``
         means the untouched pipeline (the FP16 reference): returns None.

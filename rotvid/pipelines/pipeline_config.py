@@ -18,6 +18,10 @@ Which config keys hold the VAE's factors is a fact of the family (:attr:`Family.
 <rotvid.pipelines.families.base.Family.video_factors>`), as is the RoPE table's position limit.
 
 Only those files are fetched for a hub id (through the Hugging Face cache); no weights.
+
+The same facts of a pipeline once loaded sit at the end: its family and task (:func:`pipeline_family_and_task`), its
+device (:func:`pipeline_device`), and the paper's schedule preset for a model (:func:`default_schedule`: from the
+model table or the config files before loading, from the loaded pipeline otherwise).
 """
 
 from __future__ import annotations
@@ -30,10 +34,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from rotvid.pipelines.hub import HubUnreachableError, hub_unreachable_message
 from rotvid.pipelines.families import family_of_transformer_class
 
-__all__ = ["PipelineConfig", "read_pipeline_config", "HubUnreachableError", "hub_unreachable_message"]
+__all__ = [
+    "PipelineConfig", "read_pipeline_config", "HubUnreachableError", "hub_unreachable_message",
+    "accepts_image", "default_schedule", "pipeline_device", "pipeline_family_and_task",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -243,3 +252,55 @@ def read_pipeline_config(model: str | os.PathLike | None) -> PipelineConfig:
 
 # the call arguments that size a run (their defaults are read for the memory and limit checks)
 _SIZE_ARGUMENTS = ("height", "width", "num_frames", "num_inference_steps", "max_sequence_length")
+
+
+# ---- a loaded pipeline ---------------------------------------------------------------------------
+
+
+def pipeline_family_and_task(pipe) -> tuple[str, str]:
+    """(family name, ``"t2v"`` | ``"i2v"``) of a loaded pipeline."""
+    from rotvid.pipelines.attach import find_transformers
+
+    family, _ = find_transformers(pipe)
+    return family.name, ("i2v" if accepts_image(pipe) else "t2v")
+
+
+def accepts_image(pipe) -> bool:
+    """Whether the pipeline's ``__call__`` takes a conditioning ``image`` (image-to-video)."""
+    return "image" in inspect.signature(pipe.__call__).parameters
+
+
+def pipeline_device(pipe) -> torch.device:
+    """The device a loaded pipeline runs on: its execution device, else its ``device``, else the CPU."""
+    dev = getattr(pipe, "_execution_device", None) or getattr(pipe, "device", None)
+    return torch.device(dev) if dev is not None else torch.device("cpu")
+
+
+def default_schedule(model: str | None, pipe=None) -> str | None:
+    """The paper's schedule preset for ``model`` (the family's; ``"none"`` where the paper has none).
+
+    Named checkpoints come from :data:`rotvid.pipelines.model_table.MODELS`; a local folder from
+    its ``model_index.json`` pipeline class (its family's :meth:`~rotvid.pipelines.families.base.Family.default_preset`
+    for the task: image-to-video when the class name says ``ImageToVideo``); otherwise from the loaded ``pipe``'s
+    family and task. Returns ``None`` when it cannot be told without loading and ``pipe`` is not given.
+    """
+    from rotvid.pipelines.families import family_by_name, family_of_pipeline_class
+    from rotvid.pipelines.loading import resolve_model
+    from rotvid.pipelines.model_table import model_entry
+
+    source, is_local = resolve_model(model)
+    entry = model_entry(source)
+    if entry is not None:
+        return entry.preset or "none"
+    if is_local:
+        try:
+            cls = json.loads((Path(source) / "model_index.json").read_text(encoding="utf-8")).get("_class_name", "")
+        except (OSError, ValueError):
+            cls = ""
+        fam = family_of_pipeline_class(str(cls))
+        if fam is not None:
+            return fam.default_preset("i2v" if "ImageToVideo" in str(cls) else "t2v")
+    if pipe is None:
+        return None
+    name, task = pipeline_family_and_task(pipe)
+    return family_by_name(name).default_preset(task)

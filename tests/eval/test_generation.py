@@ -6,6 +6,7 @@ import torch
 from PIL import Image
 
 from rotvid.eval import generation as gen
+from rotvid.pipelines.pipeline_config import default_schedule
 
 
 class _I2VStub:
@@ -75,15 +76,15 @@ def test_load_prompts_and_names(tmp_path):
 )
 def test_default_schedule_of_a_local_folder(tmp_path, cls, preset):
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": cls}))
-    assert gen.default_schedule(str(tmp_path)) == preset
+    assert default_schedule(str(tmp_path)) == preset
 
 
 def test_default_schedule_of_named_models():
-    assert gen.default_schedule(None) == "paper-wan2.2-t2v"  # the default model, Wan2.1-T2V-1.3B
-    assert gen.default_schedule("wan2.2-i2v-a14b") == "paper-wan2.2-i2v"
-    assert gen.default_schedule("hunyuanvideo-t2v") == "paper-hunyuan-t2v"
-    assert gen.default_schedule("cogvideox-5b") == "none"
-    assert gen.default_schedule("someone/unknown-model") is None  # needs the loaded pipeline
+    assert default_schedule(None) == "paper-wan2.2-t2v"  # the default model, Wan2.1-T2V-1.3B
+    assert default_schedule("wan2.2-i2v-a14b") == "paper-wan2.2-i2v"
+    assert default_schedule("hunyuanvideo-t2v") == "paper-hunyuan-t2v"
+    assert default_schedule("cogvideox-5b") == "none"
+    assert default_schedule("someone/unknown-model") is None  # needs the loaded pipeline
 
 
 def test_resume_check(tmp_path):
