@@ -15,8 +15,8 @@ A second table compares V Hadamard off/on with no Q/K rotation.
 Prints one table (cosine, relative L2, SQNR in dB: mean and worst over the tensor sets of each
 source) and writes it, with the raw per-case numbers, to ``benchmarks/results/``.
 
-    python benchmarks/accuracy_study.py                       # default synthetic study
-    python benchmarks/accuracy_study.py --dump a.safetensors  # plus real captured tensors
+    python -m benchmarks.accuracy_study                       # default synthetic study
+    python -m benchmarks.accuracy_study --dump a.safetensors  # plus real captured tensors
 """
 
 from __future__ import annotations
@@ -30,20 +30,19 @@ from statistics import mean
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import rotvid.pipelines.families  # noqa: F401 -- the built-in families register their RoPE facts (synthetic, dumps)
+from rotvid.kernels import metrics
+from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.reference import DEFAULT_BLOCK_N
+from rotvid.rope.dumps import load_qkv_dump
+from rotvid.rope.hadamard import hadamard_matrix
+from rotvid.rope.incoherence import incoherence, incoherence_summary
+from rotvid.rope.model_facts import get_rope_facts
+from rotvid.rope.rotations import PairRotation, Rotation, make_rotation
+from rotvid.rope.synthetic import synthetic_rope_qkv
 
-from rotvid.kernels import metrics  # noqa: E402
-from rotvid.kernels.recipes import attention_reference  # noqa: E402
-from rotvid.kernels.reference import DEFAULT_BLOCK_N  # noqa: E402
-from rotvid.rope.dumps import load_qkv_dump  # noqa: E402
-from rotvid.rope.hadamard import hadamard_matrix  # noqa: E402
-from rotvid.rope.incoherence import incoherence, incoherence_summary  # noqa: E402
-from rotvid.rope.model_facts import get_rope_facts  # noqa: E402
-from rotvid.rope.rotations import PairRotation, Rotation, make_rotation  # noqa: E402
-from rotvid.rope.synthetic import synthetic_rope_qkv  # noqa: E402
-
-from benchmarks.provenance import git_commit  # noqa: E402
-from benchmarks.study_io import RESULTS_DIR, command_line, local_stamp, parse_grid, write_results  # noqa: E402
+from benchmarks.provenance import git_commit
+from benchmarks.study_io import RESULTS_DIR, command_line, local_stamp, parse_grid, write_results
 
 HEAD_DIMS = {"wan": 128, "hunyuan_video": 128, "cogvideox": 64}
 DEFAULT_FAMILIES = ("wan", "hunyuan_video", "cogvideox")
@@ -285,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
     commit = git_commit()
     header = (
         f"# Accuracy study ({local_stamp()}, commit {commit})\n\n"
-        f"command: `{command_line('accuracy_study.py', argv)}`  \n"
+        f"command: `{command_line('accuracy_study', argv)}`  \n"
         f"cases: {len(cases)} tensor sets ({', '.join(sorted({c.source for c in cases}))}); "
         f"V Hadamard in main table: {args.v_hadamard}; key block {args.block_n or 'reference default (64)'}; "
         f"smoothing: K{(', Q per ' + (str(args.q_block) + ' rows' if args.q_block > 0 else 'head')) if args.smooth_q else ''}{', V' if args.smooth_v else ''}; "

@@ -6,22 +6,18 @@ Q, K, V with a channel bias on K (what K smoothing removes), 256 sampled query r
 the recipe's output against float64 attention, V smoothing on and off, and the int8-fp8 error split into its
 parts (only Q/K INT8, only P FP8, only V FP8; the rest exact).
 
-    python benchmarks/accuracy_vs_length.py --lengths 2048,32760,119056
+    python -m benchmarks.accuracy_vs_length --lengths 2048,32760,119056
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import rotvid.kernels.reference as R  # noqa: E402
-from rotvid.kernels.quantize import FP8_E4M3_MAX  # noqa: E402
+import rotvid.kernels.reference as R
+from rotvid.kernels.quantize import FP8_E4M3_MAX
 
 
 def attention_fp64(q, k, v):

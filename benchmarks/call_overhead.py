@@ -1,7 +1,7 @@
 """Host time per attention call: what rotvid's own Python costs each call, before any kernel runs.
 
-    python benchmarks/call_overhead.py                      # CPU rows (and the GPU rows on a CUDA machine)
-    python benchmarks/call_overhead.py --json-out FILE      # the rows as JSON too
+    python -m benchmarks.call_overhead                      # CPU rows (and the GPU rows on a CUDA machine)
+    python -m benchmarks.call_overhead --json-out FILE      # the rows as JSON too
 
 Rows (median µs per call over ``--rounds`` rounds of ``--calls`` calls each, after warm-up):
 
@@ -132,14 +132,14 @@ def processor_rows(args) -> list[dict]:
 
 def cuda_rows(args) -> list[dict]:
     from rotvid.kernels import attention
-    from rotvid.kernels import cuda_backend as cb
+    from rotvid.kernels.recipes.int8_fp8_ops import attention_int8fp8_quantized, preprocess_int8fp8_cuda
 
     q, k, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     attention(q, k, v, recipe="int8-fp8", backend="cuda")  # builds / loads the extension
 
     def direct():
-        kq = cb.preprocess_int8fp8_cuda(q, k, v)
-        return cb.attention_int8fp8_quantized(kq, n_q=128, n_kv=128, head_dim=128)
+        kq = preprocess_int8fp8_cuda(q, k, v)
+        return attention_int8fp8_quantized(kq, n_q=128, n_kv=128, head_dim=128)
 
     sync = torch.cuda.synchronize
     return [
@@ -173,5 +173,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.exit(main())

@@ -34,9 +34,9 @@ When the CUDA kernel cannot run the shape (not built, no nvcc, unsupported GPU),
 are left empty with the dispatcher's reason — the PyTorch reference is an exact model of the
 kernels, not a fast path — unless ``--allow-reference`` is given.
 
-    python benchmarks/e2e_bench.py                       # both setups, eager + compiled; appends to RESULTS.md
-    python benchmarks/e2e_bench.py --setups wan2.1-1.3b-480p --modes compiled --no-append
-    python benchmarks/e2e_bench.py --tiny --modes eager  # CPU smoke run (tiny model, reference backend)
+    python -m benchmarks.e2e_bench                       # both setups, eager + compiled; appends to RESULTS.md
+    python -m benchmarks.e2e_bench --setups wan2.1-1.3b-480p --modes compiled --no-append
+    python -m benchmarks.e2e_bench --tiny --modes eager  # CPU smoke run (tiny model, reference backend)
 """
 
 from __future__ import annotations
@@ -51,20 +51,18 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rotvid import kernels  # noqa: E402
-from rotvid.pipelines import (  # noqa: E402
+from rotvid import kernels
+from rotvid.pipelines import (
     RotvidConfig, Schedule, apply, expected_quantized_fraction, remove, schedule_preset,
 )
-from rotvid.pipelines.compiling import compile_transformers, uncompile_transformers  # noqa: E402
+from rotvid.pipelines.compiling import compile_transformers, uncompile_transformers
 
-from benchmarks.provenance import device_description, git_commit, utc_stamp  # noqa: E402
-from benchmarks.random_wan import (  # noqa: E402
+from benchmarks.provenance import device_description, git_commit, utc_stamp
+from benchmarks.random_wan import (
     LATENT_480P, LATENT_720P, WAN21_13B, WAN_14B, build_random_wan, video_tokens,
 )
-from benchmarks.results_log import add_append_options, append_table  # noqa: E402
-from benchmarks.timing import call_ms, sync  # noqa: E402
+from benchmarks.results_log import add_append_options, append_table
+from benchmarks.timing import call_ms, sync
 
 TINY = dict(
     patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64, in_channels=4, out_channels=4,

@@ -6,25 +6,20 @@ and profiles ``--forwards`` forwards of each after warm-up. Prints, per row, the
 per forward and a summary by group (attention, rotvid pre-processing, everything else), so the two rows'
 non-attention time can be compared.
 
-    python3 benchmarks/e2e_profile.py --setup wan14b-720p-slice --rotation half
+    python -m benchmarks.e2e_profile --setup wan14b-720p-slice --rotation half
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rotvid.pipelines import RotvidConfig, apply, remove
+from rotvid.pipelines.compiling import compile_transformers, uncompile_transformers
 
-from e2e_bench import build, make_setup  # noqa: E402
-
-from rotvid.pipelines import RotvidConfig, apply, remove  # noqa: E402
-from rotvid.pipelines.compiling import compile_transformers, uncompile_transformers  # noqa: E402
+from benchmarks.e2e_bench import build, make_setup
 
 # Substrings of kernel names, first match wins.
 GROUPS = (

@@ -25,12 +25,12 @@ dense int8-fp8 call) and ``radial`` (CPU, uncached: once per resolution, then ca
 JSON: the sparse and FlexAttention methods per shape (with ``density``; the rotvid rows also ``kernel_vs_dense`` and
 ``vs_flex``), and ``map_build`` per shape.
 
-    python benchmarks/kernel_bench.py                     # all shapes, print the table
-    python benchmarks/kernel_bench.py --shapes wan1.3b-480p --markdown-out section.md
-    python benchmarks/kernel_bench.py --append benchmarks/RESULTS.md
-    python benchmarks/kernel_bench.py --sparse --shapes wan1.3b-480p wan14b-720p --json-out sparse.json
-    python benchmarks/kernel_bench.py --map-build-only --shapes wan1.3b-480p wan14b-720p   # the topp builder alone
-    python benchmarks/kernel_bench.py --lse-cost --shapes wan1.3b-480p wan14b-720p cogvideox5b  # return_lse's cost
+    python -m benchmarks.kernel_bench                     # all shapes, print the table
+    python -m benchmarks.kernel_bench --shapes wan1.3b-480p --markdown-out section.md
+    python -m benchmarks.kernel_bench --append benchmarks/RESULTS.md
+    python -m benchmarks.kernel_bench --sparse --shapes wan1.3b-480p wan14b-720p --json-out sparse.json
+    python -m benchmarks.kernel_bench --map-build-only --shapes wan1.3b-480p wan14b-720p   # the topp builder alone
+    python -m benchmarks.kernel_bench --lse-cost --shapes wan1.3b-480p wan14b-720p cogvideox5b  # return_lse's cost
 
 ``--lse-cost`` (sm90) times the int8-fp8 call with and without ``return_lse`` (ring attention's log-sum-exp), the
 kernel alone (the LSE store in its epilogue and the split combine) and the whole call (pre-processing included, and
@@ -52,16 +52,21 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rotvid.kernels.cuda_build import arch_entry
+from rotvid.kernels.cuda_layout import SUPPORTED_BLOCK_N
+from rotvid.kernels.recipes.int4_ops import (
+    _resolve_path, attention_int4_quantized, default_block_n, int4_attention_cuda, preprocess_int4_cuda,
+)
+from rotvid.kernels.recipes.int8_fp8_ops import (
+    attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
+)
+from rotvid.kernels.sparsity import MAP_BLOCK, BlockMap, TokenGrid
+from rotvid.kernels.sparsity.block_map import blocks_for
+from rotvid.kernels.sparsity.radial import radial_block_mask
+from rotvid.kernels.sparsity.topp import topp_block_map
 
-from rotvid.kernels import cuda_backend  # noqa: E402
-from rotvid.kernels.sparsity import MAP_BLOCK, BlockMap, TokenGrid  # noqa: E402
-from rotvid.kernels.sparsity.block_map import blocks_for  # noqa: E402
-from rotvid.kernels.sparsity.radial import radial_block_mask  # noqa: E402
-from rotvid.kernels.sparsity.topp import topp_block_map  # noqa: E402
-
-from benchmarks.provenance import git_commit, utc_stamp  # noqa: E402
-from benchmarks.timing import call_ms  # noqa: E402
+from benchmarks.provenance import git_commit, utc_stamp
+from benchmarks.timing import call_ms
 
 
 @dataclass(frozen=True)
@@ -250,40 +255,40 @@ def bench_shape(shape: Shape, block_n: int, with_sage: bool, rotvid_only: bool =
             timers["sage"] = sage
             plan.append(("sageattention2-8b", "sage", sage, masked_note))
 
-    timers["pre4"] = lambda: cuda_backend.preprocess_int4_cuda(
+    timers["pre4"] = lambda: preprocess_int4_cuda(
         q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True, smooth_q=True)
-    kernel = cuda_backend._resolve_path("auto", q.device)
+    kernel = _resolve_path("auto", q.device)
     if also_s8 and kernel == "wgmma":
-        qkv_s8 = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=64, path="s8")
-        timers["int4-s8"] = lambda: cuda_backend.attention_int4_quantized(
+        qkv_s8 = preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=64, path="s8")
+        timers["int4-s8"] = lambda: attention_int4_quantized(
             qkv_s8, n_q=n, n_kv=n, head_dim=d, block_n=64, kv_lens=kv_lens, out_dtype=q.dtype, path="s8")
         plan.append(("rotvid-int4 [s8 mma.sync, bn64] (attn only)", "int4-s8", None, ""))
     for p_mode, label in (("range", "rotvid-int4"), ("sym", "rotvid-int4-sym-p")):
         if p_mode == "range":  # the kernel without Q smoothing's bias per key: its cost, same operands otherwise
-            qkv_nq = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True)
-            timers["int4-noq"] = lambda qkv=qkv_nq, pm=p_mode: cuda_backend.attention_int4_quantized(
+            qkv_nq = preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_v=True)
+            timers["int4-noq"] = lambda qkv=qkv_nq, pm=p_mode: attention_int4_quantized(
                 qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=pm, out_dtype=q.dtype)
             plan.append((f"{label} [{kernel}] (attn only, Q not smoothed)", "int4-noq", None, ""))
-        qkv4 = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode,
-                                                 smooth_v=True, smooth_q=True)
-        timers[f"{label}-att"] = lambda qkv=qkv4, pm=p_mode: cuda_backend.attention_int4_quantized(
+        qkv4 = preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=p_mode,
+                                    smooth_v=True, smooth_q=True)
+        timers[f"{label}-att"] = lambda qkv=qkv4, pm=p_mode: attention_int4_quantized(
             qkv, n_q=n, n_kv=n, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=pm, out_dtype=q.dtype)
-        full4 = lambda pm=p_mode: cuda_backend.int4_attention_cuda(  # noqa: E731
+        full4 = lambda pm=p_mode: int4_attention_cuda(  # noqa: E731
             q, k, v, kv_lens=kv_lens, p_mode=pm, block_n=block_n, smooth_v=True, smooth_q=True)
         timers[f"{label}-full"] = full4
         plan.append((f"{label} [{kernel}] (attn only)", f"{label}-att", None, ""))
         plan.append((label, f"{label}-full", full4,
                      lambda t, a=f"{label}-att": f"[{kernel}] pre {t['pre4']:.2f} ms = {100 * t['pre4'] / t[a]:.1f}% of attn"))
-    if cuda_backend.arch_entry(q.device).wgmma:
+    if arch_entry(q.device).wgmma:
         # the recipe's default smoothing: K only (SMOOTH_V_BY_RECIPE)
-        pre8 = lambda: cuda_backend.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)  # noqa: E731
+        pre8 = lambda: preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)  # noqa: E731
         timers["pre8"] = pre8
         qkv8 = pre8()
-        timers["int8-whole"] = lambda: cuda_backend.attention_int8fp8_quantized(
+        timers["int8-whole"] = lambda: attention_int8fp8_quantized(
             qkv8, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype, split_tail=False)
-        timers["int8-att"] = lambda: cuda_backend.attention_int8fp8_quantized(
+        timers["int8-att"] = lambda: attention_int8fp8_quantized(
             qkv8, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype)
-        full8 = lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)  # noqa: E731
+        full8 = lambda: int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)  # noqa: E731
         timers["int8-full"] = full8
         plan.append(("rotvid-int8-fp8 [wgmma] (attn only, no tail split)", "int8-whole", None, ""))
         plan.append(("rotvid-int8-fp8 [wgmma] (attn only)", "int8-att", None, ""))
@@ -331,10 +336,10 @@ def plan_sparse(shape: Shape, q, k, v, kv_lens, qkv8, timers: dict, plan: list) 
     for i, density in enumerate(SPARSE_DENSITIES):
         bm = random_block_map(h, n, density, seed=1000 + i, device=q.device)
         tag = f"d{density:g}"
-        timers[f"int8s-{tag}-att"] = lambda bm=bm: cuda_backend.attention_int8fp8_quantized(
+        timers[f"int8s-{tag}-att"] = lambda bm=bm: attention_int8fp8_quantized(
             qkv8, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype, block_map=bm)
-        full = lambda bm=bm: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False,  # noqa: E731
-                                                                 block_map=bm)
+        full = lambda bm=bm: int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False,  # noqa: E731
+                                                    block_map=bm)
         timers[f"int8s-{tag}-full"] = full
         mask = flex_block_mask(bm)
         flex_fn = lambda mask=mask: flex(q, k, v, block_mask=mask)  # noqa: E731
@@ -393,7 +398,7 @@ def map_build_only(shape: Shape, rounds: int) -> list[str]:
     eager_pool = torch.compile(lambda x: _pool(_blocks(x.float(), t), valid), fullgraph=True)
     timers["pool-kernel"] = lambda: (block_pool_triton(q), block_pool_triton(k))
     timers["pool-eager"] = lambda: (eager_pool(q), eager_pool(k))
-    timers["dense"] = lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)
+    timers["dense"] = lambda: int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)
     times = time_interleaved(timers, rounds)
     spec = f"topp:{TOPP_SPEC_TAU:g}"
     lines = [f"{shape.name}: dense int8-fp8 call {times['dense']:.3f} ms ({torch.cuda.get_device_name()})"]
@@ -412,14 +417,13 @@ def lse_cost(shape: Shape, rounds: int) -> list[str]:
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     k += torch.randn(1, h, 1, d, device="cuda", dtype=torch.bfloat16)
     kv_lens = None if shape.kv_len is None else torch.full((b,), shape.kv_len, dtype=torch.int32, device="cuda")
-    qkv8 = cuda_backend.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)
+    qkv8 = preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)
     att = dict(n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=torch.bfloat16)
     timers = {
-        "kernel": lambda: cuda_backend.attention_int8fp8_quantized(qkv8, **att),
-        "kernel+lse": lambda: cuda_backend.attention_int8fp8_quantized(qkv8, return_lse=True, **att),
-        "call": lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False),
-        "call+lse": lambda: cuda_backend.int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False,
-                                                                return_lse=True),
+        "kernel": lambda: attention_int8fp8_quantized(qkv8, **att),
+        "kernel+lse": lambda: attention_int8fp8_quantized(qkv8, return_lse=True, **att),
+        "call": lambda: int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False),
+        "call+lse": lambda: int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False, return_lse=True),
     }
     times = time_interleaved(timers, rounds)
     lines = [(f"{shape.name}: int8-fp8 with and without return_lse ({torch.cuda.get_device_name()}, commit "
@@ -520,7 +524,7 @@ DEFAULT_JSON = Path(__file__).parent / "results" / "kernel_bench.json"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--block-n", type=int, default=None, choices=cuda_backend.SUPPORTED_BLOCK_N,
+    ap.add_argument("--block-n", type=int, default=None, choices=SUPPORTED_BLOCK_N,
                     help="rotvid key block (default: the backend's, 128 with the wgmma kernel on sm90, else 64)")
     ap.add_argument("--also-s8", action="store_true",
                     help="on sm90 also time the mma.sync s8 kernel at block_n 64 and the wgmma kernel without its tail split "
@@ -561,7 +565,7 @@ def main() -> None:
         return
     rows = []
     if args.block_n is None:
-        args.block_n = cuda_backend.default_block_n()
+        args.block_n = default_block_n()
     for name in args.shapes:
         rows += bench_shape(SHAPES[name], args.block_n, not args.no_sage, args.rotvid_only, args.also_s8, args.flash,
                             args.rounds, args.sparse)

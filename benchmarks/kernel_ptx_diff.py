@@ -1,10 +1,10 @@
 """Old vs new attention kernels without a GPU, per shipping instantiation: ptxas resources (registers, spills, stack),
 shared memory and the PTX and SASS instructions of one kernel family.
 
-    python benchmarks/kernel_ptx_diff.py --family hopper --old-rev aa5d692              # that commit vs this tree
-    python benchmarks/kernel_ptx_diff.py --family hopper --old OLD_CSRC --new NEW_CSRC  # two csrc folders
-    python benchmarks/kernel_ptx_diff.py --family mma --old-rev aa5d692 [--new ROOT] [--archs 80,86,89,90a] [--sass]
-    python benchmarks/kernel_ptx_diff.py --family pre --old-rev aa5d692 [--archs 90a] [--sass]   # the pre-processing
+    python -m benchmarks.kernel_ptx_diff --family hopper --old-rev aa5d692              # that commit vs this tree
+    python -m benchmarks.kernel_ptx_diff --family hopper --old OLD_CSRC --new NEW_CSRC  # two csrc folders
+    python -m benchmarks.kernel_ptx_diff --family mma --old-rev aa5d692 [--new ROOT] [--archs 80,86,89,90a] [--sass]
+    python -m benchmarks.kernel_ptx_diff --family pre --old-rev aa5d692 [--archs 90a] [--sass]   # the pre-processing
 
 ``--old`` is a csrc folder or a git revision of this repository (its ``rotvid/kernels/csrc``, exported with ``git
 archive``; ``--old-rev`` names a revision only); ``--new`` a csrc folder or a repository root (default: this tree).
@@ -58,9 +58,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.kernel_listing import (  # noqa: E402
+from benchmarks.kernel_listing import (
     CSRC, REPO, KernelListing, compile_listing, demangle, export_csrc, find_cuobjdump, is_git_revision, nvcc,
     nvcc_flags, opcode, opcode_histogram, run,
 )

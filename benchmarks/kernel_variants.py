@@ -1,8 +1,8 @@
 """Tuning aid: time the Hopper attention kernel under other schedules (stages, ping-pong, pipe) than the ones its
 table ships (rotvid/kernels/csrc/hopper_schedule.cuh), attention only (pre-processing excluded), against cuDNN bf16.
 
-    python benchmarks/kernel_variants.py --recipe int4 --schedules table 3,2,1 4,1,1 --shapes wan1.3b-480p
-    python benchmarks/kernel_variants.py --recipe int8-fp8 --schedules table 3,0,1 --shapes cogvideox5b
+    python -m benchmarks.kernel_variants --recipe int4 --schedules table 3,2,1 4,1,1 --shapes wan1.3b-480p
+    python -m benchmarks.kernel_variants --recipe int8-fp8 --schedules table 3,0,1 --shapes cogvideox5b
 
 How: the schedule is a compile-time choice (a release build reads no environment variable). For each setting the
 script runs itself in a child process with ``ROTVID_EXT_CUDA_FLAGS="-DROTVID_HOPPER_STAGES=s -DROTVID_HOPPER_PINGPONG=p
@@ -33,10 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rotvid.kernels import cuda_build
+from rotvid.kernels.cuda_layout import SUPPORTED_BLOCK_N
+from rotvid.kernels.recipes.int4_ops import attention_int4_quantized, default_block_n, preprocess_int4_cuda
+from rotvid.kernels.recipes.int8_fp8_ops import attention_int8fp8_quantized, preprocess_int8fp8_cuda
 
-from benchmarks.kernel_bench import SHAPES, time_interleaved  # noqa: E402
-from rotvid.kernels import cuda_backend, cuda_build  # noqa: E402
+from benchmarks.kernel_bench import SHAPES, time_interleaved
 
 SCHEDULE = re.compile(r"^(table|\d+,[012],[012]|def:ROTVID_[A-Z_]+=\w+(\+ROTVID_[A-Z_]+=\w+)*)$")
 
@@ -65,19 +67,19 @@ def child(args) -> None:
         k += torch.randn(1, s.h, 1, s.d, device="cuda", dtype=torch.bfloat16)  # as kernel_bench: a channel bias
         kv_lens = None if s.kv_len is None else torch.full((s.b,), s.kv_len, dtype=torch.int32, device="cuda")
         if args.recipe == "int4":
-            block_n = args.block_n or cuda_backend.default_block_n()
-            qkv = cuda_backend.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=args.p_mode,
-                                                    smooth_v=args.smooth, smooth_q=args.smooth)
+            block_n = args.block_n or default_block_n()
+            qkv = preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, p_mode=args.p_mode,
+                                       smooth_v=args.smooth, smooth_q=args.smooth)
 
             def kernel():
-                return cuda_backend.attention_int4_quantized(qkv, n_q=s.n, n_kv=s.n, head_dim=s.d, block_n=block_n,
-                                                             kv_lens=kv_lens, p_mode=args.p_mode, out_dtype=q.dtype)
+                return attention_int4_quantized(qkv, n_q=s.n, n_kv=s.n, head_dim=s.d, block_n=block_n,
+                                                kv_lens=kv_lens, p_mode=args.p_mode, out_dtype=q.dtype)
         else:
-            qkv = cuda_backend.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=args.smooth)
+            qkv = preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=args.smooth)
 
             def kernel():
-                return cuda_backend.attention_int8fp8_quantized(qkv, n_q=s.n, n_kv=s.n, head_dim=s.d, kv_lens=kv_lens,
-                                                                out_dtype=q.dtype)
+                return attention_int8fp8_quantized(qkv, n_q=s.n, n_kv=s.n, head_dim=s.d, kv_lens=kv_lens,
+                                                   out_dtype=q.dtype)
 
         def cudnn():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -97,7 +99,7 @@ def main() -> None:
                     help="'table' (the shipping build), stages,pingpong,pipe (pingpong and pipe 0, 1 or 2), or "
                          "def:ROTVID_NAME=VALUE[+ROTVID_NAME=VALUE] (a build with those macros)")
     ap.add_argument("--shapes", nargs="*", default=["wan1.3b-480p"], choices=list(SHAPES))
-    ap.add_argument("--block-n", type=int, default=None, choices=cuda_backend.SUPPORTED_BLOCK_N, help="int4 only")
+    ap.add_argument("--block-n", type=int, default=None, choices=SUPPORTED_BLOCK_N, help="int4 only")
     ap.add_argument("--p-mode", default="range", choices=["range", "sym"], help="int4 only")
     ap.add_argument("--smooth", action="store_true",
                     help="int4: smooth Q, K and V (the recipe's default) instead of K only; int8-fp8: V smoothed too")
@@ -121,8 +123,8 @@ def main() -> None:
         if flags_for(setting):
             env["ROTVID_EXT_CUDA_FLAGS"] = flags_for(setting)
         out = cache / f"times-{args.recipe}.json"
-        cmd = [sys.executable, __file__, "--child", setting, "--out", str(out), "--recipe", args.recipe,
-               "--p-mode", args.p_mode, "--rounds", str(args.rounds), "--shapes", *args.shapes]
+        cmd = [sys.executable, "-m", "benchmarks.kernel_variants", "--child", setting, "--out", str(out),
+               "--recipe", args.recipe, "--p-mode", args.p_mode, "--rounds", str(args.rounds), "--shapes", *args.shapes]
         if args.block_n:
             cmd += ["--block-n", str(args.block_n)]
         if args.smooth:

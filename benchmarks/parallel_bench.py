@@ -61,10 +61,10 @@ device, commit and setup is merged into: its rows of other (gpus, method, mode, 
 1-GPU and 2-GPU runs, or the slice and the full forward, may come from separate invocations -- and the ratios, the
 table and the bars use them (marked ``earlier run``); a file of another device, commit or setup is replaced.
 
-    python benchmarks/parallel_bench.py --compile --sparsity none radial:window=40      # 4-block slice, 1 and 2 GPUs
-    python benchmarks/parallel_bench.py --compile --sparsity none radial:window=40 --layers 40 --warmup 2 --iters 3
-    python benchmarks/parallel_bench.py --gpus 1,2,4 --layers 8 --no-append
-    python benchmarks/parallel_bench.py --tiny --gpus 1,2 --compile --sparsity none radial:window=1  # CPU smoke run
+    python -m benchmarks.parallel_bench --compile --sparsity none radial:window=40      # 4-block slice, 1 and 2 GPUs
+    python -m benchmarks.parallel_bench --compile --sparsity none radial:window=40 --layers 40 --warmup 2 --iters 3
+    python -m benchmarks.parallel_bench --gpus 1,2,4 --layers 8 --no-append
+    python -m benchmarks.parallel_bench --tiny --gpus 1,2 --compile --sparsity none radial:window=1  # CPU smoke run
 
 ``--tiny``: a 4-head Wan on CPU processes over gloo, the reference backend, latents 1x4x8x16x16 (8 x 8 x 8 tokens,
 four map blocks: ``radial:window=1`` keeps 10 of 16); minutes and bars are computed as for the real model.
@@ -86,12 +86,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.provenance import device_description, git_commit, utc_stamp  # noqa: E402
-from benchmarks.random_wan import LATENT_720P, WAN_14B, build_random_wan, video_tokens  # noqa: E402
-from benchmarks.results_log import add_append_options, append_table  # noqa: E402
-from benchmarks.timing import call_ms, sync  # noqa: E402
+from benchmarks.provenance import device_description, git_commit, utc_stamp
+from benchmarks.random_wan import LATENT_720P, WAN_14B, build_random_wan, video_tokens
+from benchmarks.results_log import add_append_options, append_table
+from benchmarks.timing import call_ms, sync
 
 TINY = dict(
     patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=64, in_channels=4, out_channels=4,
@@ -272,7 +270,7 @@ def worker(args) -> None:
 
 def launch(args, world: int, out: Path) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           str(Path(__file__).resolve()), *args.argv, "--worker-out", str(out)]
+           "-m", "benchmarks.parallel_bench", *args.argv, "--worker-out", str(out)]
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     rc = subprocess.call(cmd, env=env)
     if rc != 0:
@@ -600,7 +598,7 @@ def main(argv: list[str] | None = None) -> str | None:
         if have < args.worlds[-1]:
             sys.exit(f"parallel_bench: --gpus {args.gpus} needs {args.worlds[-1]} CUDA GPUs; this machine has {have} "
                      "(use --tiny for a CPU smoke run)")
-    command = shlex.join(["python", "benchmarks/parallel_bench.py", *_measuring_args(args.argv)])
+    command = shlex.join(["python", "-m", "benchmarks.parallel_bench", *_measuring_args(args.argv)])
     with tempfile.TemporaryDirectory() as tmp:
         results = [launch(args, w, Path(tmp) / f"world{w}.json") for w in args.worlds]
     run = {"device": results[0]["device_name"], "commit": git_commit(), "date": utc_stamp(),

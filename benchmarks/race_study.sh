@@ -43,20 +43,20 @@ grep -l failed "$OUT"/build_*.log && { tail -30 "$OUT"/build_*.log; exit 1; }
 note '```'
 for v in 0 1 2; do
   ROTVID_EXT_CACHE=$(cache_of $v) ROTVID_EXT_CUDA_FLAGS="$(flags_of $v)" \
-    "$PY" benchmarks/sanitize_calls.py --tools racecheck --match wgmma --out "$OUT/race_$v" > /dev/null 2>&1
+    "$PY" -m benchmarks.sanitize_calls --tools racecheck --match wgmma --out "$OUT/race_$v" > /dev/null 2>&1
   note "release $v: $(cat "$OUT/race_$v/sanitize.md" | grep racecheck)"
 done
-ROTVID_EXT_CACHE=$(cache_of 1) ROTVID_EXT_CUDA_FLAGS="$(flags_of 1)" "$PY" benchmarks/sanitize_calls.py \
+ROTVID_EXT_CACHE=$(cache_of 1) ROTVID_EXT_CUDA_FLAGS="$(flags_of 1)" "$PY" -m benchmarks.sanitize_calls \
   --tools initcheck --match 'wgmma d64 dense' --rotvid-kernels-only --out "$OUT/init_filtered" > /dev/null 2>&1
 note "initcheck, rotvid's kernels only: $(grep initcheck "$OUT/init_filtered/sanitize.md")"
-ROTVID_EXT_CACHE=$(cache_of 1) ROTVID_EXT_CUDA_FLAGS="$(flags_of 1)" "$PY" benchmarks/sanitize_calls.py \
+ROTVID_EXT_CACHE=$(cache_of 1) ROTVID_EXT_CUDA_FLAGS="$(flags_of 1)" "$PY" -m benchmarks.sanitize_calls \
   --tools initcheck --match 'wgmma d64 dense' --out "$OUT/init_all" > /dev/null 2>&1
 note "initcheck, all kernels:         $(grep initcheck "$OUT/init_all/sanitize.md")"
 note '```'
 grep -m3 -A6 "Uninitialized" "$OUT/init_filtered/sanitize_initcheck.log" > "$OUT/init_first.txt"
 
 for recipe in int8-fp8 int4; do
-  ROTVID_EXT_CACHE=$BASE "$PY" benchmarks/kernel_variants.py --recipe "$recipe" --rounds "$ROUNDS" \
+  ROTVID_EXT_CACHE=$BASE "$PY" -m benchmarks.kernel_variants --recipe "$recipe" --rounds "$ROUNDS" \
     --schedules def:ROTVID_HOPPER_RELEASE=0 def:ROTVID_HOPPER_RELEASE=1 def:ROTVID_HOPPER_RELEASE=2 \
     --shapes cogvideox5b wan1.3b-480p wan14b-720p 2>&1 | tee "$OUT/variants_$recipe.log" | sed -n '/^|/p;/attention only/p' \
     | tee -a "$SUMMARY"

@@ -110,24 +110,24 @@ for step in "${steps[@]}"; do
       tail -1 "$tests_out" | tee -a "$LOG" ;;
     kernel)
       # shellcheck disable=SC2086
-      run_step kernel "$PY" benchmarks/kernel_bench.py --markdown-out "$OUT/kernel_bench.md" \
+      run_step kernel "$PY" -m benchmarks.kernel_bench --markdown-out "$OUT/kernel_bench.md" \
         --json-out "$OUT/kernel_bench.json" ${KERNEL_ARGS:-} ;;
     e2e)
       # shellcheck disable=SC2086
-      run_step e2e "$PY" benchmarks/e2e_bench.py ${E2E_ARGS:---modes compiled --rows sdpa,all,sage} \
+      run_step e2e "$PY" -m benchmarks.e2e_bench ${E2E_ARGS:---modes compiled --rows sdpa,all,sage} \
         --append "$OUT/e2e.md" ;;
     parallel)
       [ -f benchmarks/results/parallel_bench.json ] && cp benchmarks/results/parallel_bench.json "$OUT/"
       # shellcheck disable=SC2086
-      run_step parallel "$PY" benchmarks/parallel_bench.py --append "$OUT/parallel.md" \
+      run_step parallel "$PY" -m benchmarks.parallel_bench --append "$OUT/parallel.md" \
         --json-out "$OUT/parallel_bench.json" ${PARALLEL_ARGS:-} ;;
     profile)
-      run_step profile bash -c "$PY benchmarks/e2e_profile.py ${PROFILE_ARGS:-} > '$OUT/e2e_profile.txt' 2>&1" ;;
+      run_step profile bash -c "$PY -m benchmarks.e2e_profile ${PROFILE_ARGS:-} > '$OUT/e2e_profile.txt' 2>&1" ;;
     power)
-      run_step power bash -c "$PY benchmarks/sustained_power.py ${POWER_ARGS:-} > '$OUT/sustained_power.txt' 2>&1" ;;
+      run_step power bash -c "$PY -m benchmarks.sustained_power ${POWER_ARGS:-} > '$OUT/sustained_power.txt' 2>&1" ;;
     sanitize)
       # shellcheck disable=SC2086
-      run_step sanitize "$PY" benchmarks/sanitize_calls.py --out "$OUT" ${SANITIZE_ARGS:-}
+      run_step sanitize "$PY" -m benchmarks.sanitize_calls --out "$OUT" ${SANITIZE_ARGS:-}
       [ -f "$OUT/sanitize.md" ] && tee -a "$LOG" < "$OUT/sanitize.md" ;;
     ab)
       rm -rf build/ab_tree && mkdir -p build/ab_tree
@@ -143,7 +143,7 @@ for step in "${steps[@]}"; do
           [ $tree = work ] || { dir=$PWD/build/ab_tree; cache=$ROTVID_EXT_CACHE-ab; }
           # shellcheck disable=SC2086
           run_step "ab $tree round $round" env -C "$dir" PYTHONPATH="$dir:$PYTHONPATH" ROTVID_EXT_CACHE="$cache" \
-            "$PY" benchmarks/kernel_bench.py ${KERNEL_ARGS:---rotvid-only --no-sage --shapes wan1.3b-480p cogvideox5b} \
+            "$PY" -m benchmarks.kernel_bench ${KERNEL_ARGS:---rotvid-only --no-sage --shapes wan1.3b-480p cogvideox5b} \
             --markdown-out "$OUT/ab_${tree}_$round.md"
         done
       done ;;

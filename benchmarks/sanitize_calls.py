@@ -1,8 +1,8 @@
 """compute-sanitizer over rotvid's attention kernels: small dense and block-sparse calls, with and without the
 tail split, under racecheck, initcheck, synccheck and memcheck; one summary line per tool.
 
-    python benchmarks/sanitize_calls.py [--tools racecheck,initcheck,synccheck,memcheck] [--out DIR]
-    python benchmarks/sanitize_calls.py --calls          # the calls alone (what each sanitizer run executes)
+    python -m benchmarks.sanitize_calls [--tools racecheck,initcheck,synccheck,memcheck] [--out DIR]
+    python -m benchmarks.sanitize_calls --calls          # the calls alone (what each sanitizer run executes)
 
 The calls (``--calls``; every one on fresh, seeded inputs, one head, N = 600 queries and keys, kv_lens 500, so
 the 5 query tiles of 128 rows fill a last wave and the Hopper kernels split them over the keys when the split is
@@ -59,8 +59,9 @@ def run_calls(match: str | None = None) -> int:
     ``calls N``; exit status 1 if an output is not finite."""
     import torch
 
-    from rotvid.kernels import cuda_backend as cb
     from rotvid.kernels.hadamard_op import vo_hadamard_cuda
+    from rotvid.kernels.recipes.int4_ops import attention_int4_quantized, preprocess_int4_cuda
+    from rotvid.kernels.recipes.int8_fp8_ops import attention_int8fp8_quantized, preprocess_int8fp8_cuda
 
     cap = torch.cuda.get_device_capability()
     hopper = cap[0] == 9
@@ -88,35 +89,35 @@ def run_calls(match: str | None = None) -> int:
     for d in (64, 128):
         q, k, v = inputs(d, d)
         if cap >= (8, 9):
-            kq = cb.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens)
+            kq = preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens)
             paths = ([("wgmma", True), ("wgmma", False)] if hopper else []) + [("mma", False)]
             for path, split in paths:
                 for name, m in (("dense", None), ("sparse", bm)):
                     if not wanted(f"int8-fp8 {path} d{d} {name} split={split}"):
                         continue
-                    out = cb.attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens, path=path,
-                                                         split_tail=split, block_map=m)
+                    out = attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens, path=path,
+                                                      split_tail=split, block_map=m)
                     check(f"int8-fp8 {path} d{d} {name} split={split}", out)
             # the online V/O Hadamard: V rotated in the pre-processing (V_HADAMARD, V smoothed and not), then the
             # separate O pass (hadamard_rows) over the output
             for smooth_v in (False, True):
                 name = f"int8-fp8 online-vo d{d} smooth_v={smooth_v}"
                 if cap >= (8, 9) and wanted(name):
-                    kq = cb.preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=smooth_v, v_hadamard=True)
-                    out = cb.attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens,
-                                                         path="wgmma" if hopper else "mma")
+                    kq = preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=smooth_v, v_hadamard=True)
+                    out = attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens,
+                                                      path="wgmma" if hopper else "mma")
                     check(name, vo_hadamard_cuda(out, d, side="o"))
         int4 = [("wgmma", bn, split) for bn in (128, 64) for split in (True, False)] if hopper else []
         int4 += [("s8", 64, False)]
         for path, block_n, split in int4:
             if not any(wanted(f"int4 {path} bn{block_n} d{d} {name} split={split}") for name in ("dense", "sparse")):
                 continue
-            kq = cb.preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, path=path, smooth_q=True)
+            kq = preprocess_int4_cuda(q, k, v, kv_lens=kv_lens, block_n=block_n, path=path, smooth_q=True)
             for name, m in (("dense", None), ("sparse", bm)):
                 if not wanted(f"int4 {path} bn{block_n} d{d} {name} split={split}"):
                     continue
-                out = cb.attention_int4_quantized(kq, n_q=N, n_kv=N, head_dim=d, block_n=block_n, kv_lens=kv_lens,
-                                                  path=path, split_tail=split, block_map=m)
+                out = attention_int4_quantized(kq, n_q=N, n_kv=N, head_dim=d, block_n=block_n, kv_lens=kv_lens,
+                                               path=path, split_tail=split, block_map=m)
                 check(f"int4 {path} bn{block_n} d{d} {name} split={split}", out)
     print(f"calls {calls}, non-finite {bad}", flush=True)
     return 1 if bad else 0
@@ -153,7 +154,7 @@ def tool_command(sanitizer: str, tool: str, args) -> list[str]:
         cmd += ["--kernel-name", "kns=rotvid"]
     if tool == "racecheck":
         cmd += ["--racecheck-report", "all"]
-    cmd += [sys.executable, str(Path(__file__).resolve()), "--calls"]
+    cmd += [sys.executable, "-m", "benchmarks.sanitize_calls", "--calls"]
     if args.match is not None:
         cmd += ["--match", args.match]
     return cmd

@@ -2,8 +2,8 @@
 
 Bits (each tree in its own process, the rotvid on ``PYTHONPATH`` / the tree the script is run from)::
 
-    python benchmarks/skeleton_ab.py dump OUT.json        # every configuration's output hash, fixed inputs
-    python benchmarks/skeleton_ab.py compare OLD.json NEW.json
+    python -m benchmarks.skeleton_ab dump OUT.json        # every configuration's output hash, fixed inputs
+    python -m benchmarks.skeleton_ab compare OLD.json NEW.json
 
 ``dump`` runs every recipe x kernel path x head_dim {64, 128} x layout x kv_lens x smoothing switch (and, for
 INT4, P mode and key-block size) on fixed seeded inputs, at two sizes (one whose last wave of query tiles is
@@ -13,7 +13,7 @@ float64 sums. ``compare`` lists every configuration whose bits differ and exits 
 Speed: ``kernel_bench.py --rows-json`` run in each tree (alternating, in one device call) gives per-method times;
 ``table`` pairs them into ``benchmarks/results/skeleton_ab.json``::
 
-    python benchmarks/skeleton_ab.py table --old OLD_ROWS.json... --new NEW_ROWS.json... \\
+    python -m benchmarks.skeleton_ab table --old OLD_ROWS.json... --new NEW_ROWS.json... \\
         --old-commit C1 --new-commit C2 --out benchmarks/results/skeleton_ab.json
 
 (a method's time per tree is the minimum over the runs given; the rows are every rotvid row of kernel_bench,
@@ -72,7 +72,8 @@ def hash_outputs() -> dict:
     """Every configuration's output record (sha256, NaN count, float64 sums; or the error a path refused it with)."""
     import torch
 
-    from rotvid.kernels import cuda_backend
+    from rotvid.kernels.recipes.int4_ops import int4_attention_cuda
+    from rotvid.kernels.recipes.int8_fp8_ops import int8fp8_attention_cuda
 
     records = {}
     for i, (recipe, opts, shape) in enumerate(configurations()):
@@ -80,9 +81,9 @@ def hash_outputs() -> dict:
         q, k, v, kv_lens = _inputs(1000 + i, shape["n_q"], shape["n_kv"], shape["d"], shape["layout"], shape["kv_cut"])
         try:
             if recipe == "int8-fp8":
-                o = cuda_backend.int8fp8_attention_cuda(q, k, v, layout=shape["layout"], kv_lens=kv_lens, **opts)
+                o = int8fp8_attention_cuda(q, k, v, layout=shape["layout"], kv_lens=kv_lens, **opts)
             else:
-                o = cuda_backend.int4_attention_cuda(q, k, v, layout=shape["layout"], kv_lens=kv_lens, **opts)
+                o = int4_attention_cuda(q, k, v, layout=shape["layout"], kv_lens=kv_lens, **opts)
             torch.cuda.synchronize()
             records[name] = _record(o)
         except (RuntimeError, ValueError) as err:  # a configuration a path does not take: the same in both trees

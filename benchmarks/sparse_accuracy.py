@@ -24,8 +24,8 @@ and random maps with the diagonal kept (no structure, for comparison) at densiti
 Dense rows: int8-fp8 (the CUDA kernel on a GPU that runs it, else the reference) and SageAttention2-8b
 (``sageattn_qk_int8_pv_fp8_cuda_sm90``, when it imports on a GPU; skipped with a note otherwise).
 
-    python benchmarks/sparse_accuracy.py                       # CPU, a small grid (12x16x24, 4608 tokens)
-    python benchmarks/sparse_accuracy.py --device cuda          # GPU, Wan2.1 480p (21x30x52, 32760 tokens)
+    python -m benchmarks.sparse_accuracy                       # CPU, a small grid (12x16x24, 4608 tokens)
+    python -m benchmarks.sparse_accuracy --device cuda          # GPU, Wan2.1 480p (21x30x52, 32760 tokens)
 
 Writes ``results/sparse_accuracy_<date>_<commit>.md`` and ``.json`` unless ``--no-write``.
 """
@@ -40,15 +40,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import rotvid.pipelines.families  # noqa: F401 -- the built-in families register their RoPE facts (rope_table_3d)
+from rotvid.kernels import attention, metrics
+from rotvid.kernels.sparsity import BlockMap, TokenGrid, build_block_map, parse_sparsity
+from rotvid.kernels.sparsity.block_map import blocks_for
+from rotvid.rope.tables import apply_rope_interleaved, rope_table_3d
 
-from rotvid.kernels import attention, metrics  # noqa: E402
-from rotvid.kernels.sparsity import BlockMap, TokenGrid, build_block_map, parse_sparsity  # noqa: E402
-from rotvid.kernels.sparsity.block_map import blocks_for  # noqa: E402
-from rotvid.rope.tables import apply_rope_interleaved, rope_table_3d  # noqa: E402
-
-from benchmarks.provenance import git_commit  # noqa: E402
-from benchmarks.study_io import RESULTS_DIR, command_line, local_stamp, parse_grid, write_results  # noqa: E402
+from benchmarks.provenance import git_commit
+from benchmarks.study_io import RESULTS_DIR, command_line, local_stamp, parse_grid, write_results
 
 CPU_GRID = (12, 16, 24)
 GPU_GRID = (21, 30, 52)  # Wan2.1 480p after patchifying
@@ -278,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
     where = ", ".join(f"Δf {b}: {m:.3f}" for b, m in locality.items())
     text = "\n".join([
         f"# Sparse attention accuracy ({local_stamp()}, commit {commit}, {name})\n",
-        f"command: `{command_line('sparse_accuracy.py', argv)}`  ",
+        f"command: `{command_line('sparse_accuracy', argv)}`  ",
         f"SYNTHETIC RoPE-structured inputs with spatio-temporal locality (generator in the script's docstring): grid "
         f"{'x'.join(map(str, grid))} = {n} tokens ({t_blocks} blocks of 128), {args.heads} heads, head_dim "
         f"{args.head_dim}, bf16 inputs; shared {args.shared}, content {args.content}, noise {args.noise}, field "

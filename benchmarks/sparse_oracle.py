@@ -1,8 +1,8 @@
 """Block maps against the oracle on the bundled proxy, at a size where blocks matter: PSNR / SSIM against the dense
 int8-fp8 video and kept attention mass, for ``oracle``, ``topp`` and ``radial`` at matched densities.
 
-    python benchmarks/sparse_oracle.py --json-out F.json --markdown-out F.md    # GPU: 512x512, 65 frames, 3 prompts
-    python benchmarks/sparse_oracle.py --tiny                                   # CPU smoke run (seconds)
+    python -m benchmarks.sparse_oracle --json-out F.json --markdown-out F.md    # GPU: 512x512, 65 frames, 3 prompts
+    python -m benchmarks.sparse_oracle --tiny                                   # CPU smoke run (seconds)
 
 **Size.** The proxy (:mod:`rotvid.pipelines.proxy`: VAE 8x spatial / 4x temporal, patch (1, 2, 2), Wan's 3-D RoPE
 to 1024 positions per axis) turns 512x512, 65 frames into a 17 x 32 x 32 token grid: 17,408 tokens, 136 key blocks
@@ -61,24 +61,22 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rotvid.atomic import write_file_atomically
+from rotvid.eval.generation import GenerationRequest, call_kwargs, check_request
+from rotvid.eval.pixel_metrics import compare_arrays, float_to_json
+from rotvid.eval.video_io import to_uint8_frames
+from rotvid.kernels.sparsity import TokenGrid, parse_sparsity
+from rotvid.kernels.sparsity.block_map import blocks_for
+from rotvid.kernels.sparsity.density import radial_for_density, topp_tau_for_density
+from rotvid.kernels.sparsity.topp import DEFAULT_SIM, topp_estimate
+from rotvid.pipelines import RotvidConfig, Schedule, apply, load_pipeline, remove
+from rotvid.pipelines.capture import latent_grid
+from rotvid.pipelines.pipeline_config import read_pipeline_config
+from rotvid.pipelines.proxy import probe_clip
+from rotvid.pipelines.proxy.clips import DIRECTIONS, held_out_prompts
 
-from rotvid.atomic import write_file_atomically  # noqa: E402
-from rotvid.eval.generation import GenerationRequest, call_kwargs, check_request  # noqa: E402
-from rotvid.eval.pixel_metrics import compare_arrays, float_to_json  # noqa: E402
-from rotvid.eval.video_io import to_uint8_frames  # noqa: E402
-from rotvid.kernels.sparsity import TokenGrid, parse_sparsity  # noqa: E402
-from rotvid.kernels.sparsity.block_map import blocks_for  # noqa: E402
-from rotvid.kernels.sparsity.density import radial_for_density, topp_tau_for_density  # noqa: E402
-from rotvid.kernels.sparsity.topp import DEFAULT_SIM, topp_estimate  # noqa: E402
-from rotvid.pipelines import RotvidConfig, Schedule, apply, load_pipeline, remove  # noqa: E402
-from rotvid.pipelines.capture import latent_grid  # noqa: E402
-from rotvid.pipelines.pipeline_config import read_pipeline_config  # noqa: E402
-from rotvid.pipelines.proxy import probe_clip  # noqa: E402
-from rotvid.pipelines.proxy.clips import DIRECTIONS, held_out_prompts  # noqa: E402
-
-from benchmarks.provenance import device_description, git_commit, utc_stamp  # noqa: E402
-from benchmarks.study_io import RESULTS_DIR, command_line  # noqa: E402
+from benchmarks.provenance import device_description, git_commit, utc_stamp
+from benchmarks.study_io import RESULTS_DIR, command_line
 
 KINDS = ("oracle", "topp", "radial")
 DEFAULTS = dict(sizes="512x512x65", prompts=3, steps=None, densities="0.3,0.5,0.7",
@@ -602,7 +600,7 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = held_out_prompts(args.prompts, seed=args.prompt_seed, motions=DIRECTIONS)
     pool = make_executor(args.workers)
     base = {"study": "sparse_oracle", "device": device_description(args.device), "commit": git_commit(),
-            "command": command_line("sparse_oracle.py", argv), "date": utc_stamp(), "model": "proxy",
+            "command": command_line("sparse_oracle", argv), "date": utc_stamp(), "model": "proxy",
             "recipe": args.recipe, "rotation": args.rotation, "backend": args.backend, "dtype": args.dtype,
             "steps": args.steps, "seed": args.seed, "prompts": prompts, "densities": list(args.densities),
             "kinds": list(args.kinds), "dense_first_steps_settings": list(args.dfs_settings),

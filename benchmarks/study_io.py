@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -33,9 +34,9 @@ OUTPUT_OPTIONS = ("--json-out", "--markdown-out", "--append")
 
 
 def command_line(script: str, argv: list[str] | None) -> str:
-    """The command that ran ``benchmarks/<script>`` with ``argv`` (None: this process's arguments), without its output
-    paths (:data:`OUTPUT_OPTIONS`: where a run wrote is not how to repeat it, and a machine's folders do not belong in
-    the repository's results)."""
+    """The command that runs ``benchmarks.<script>`` with ``argv`` (None: this process's arguments) from the repository
+    root, without its output paths (:data:`OUTPUT_OPTIONS`: where a run wrote is not how to repeat it, and a machine's
+    folders do not belong in the repository's results)."""
     args, kept = list(sys.argv[1:] if argv is None else argv), []
     skip = False
     for arg in args:
@@ -45,7 +46,7 @@ def command_line(script: str, argv: list[str] | None) -> str:
             skip = True
         elif not arg.startswith(tuple(o + "=" for o in OUTPUT_OPTIONS)):
             kept.append(arg)
-    return ("python benchmarks/" + script + " " + " ".join(kept)).strip()
+    return shlex.join(["python", "-m", f"benchmarks.{script}", *kept])
 
 
 def write_results(out_dir: Path, prefix: str, commit: str, text: str, data: dict) -> Path:

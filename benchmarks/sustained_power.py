@@ -7,7 +7,7 @@ whether that is the same for every method: per method, the median of ``--calls``
 ``--sleep`` pause before each), then ``--seconds`` of back-to-back calls, timed over their second half,
 while ``nvidia-smi`` samples the SM clock, power and temperature every 100 ms.
 
-    python3 benchmarks/sustained_power.py --shape wan14b-720p
+    python -m benchmarks.sustained_power --shape wan14b-720p
 """
 
 from __future__ import annotations
@@ -16,19 +16,18 @@ import argparse
 import datetime as dt
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rotvid.kernels.recipes.int4_ops import int4_attention_cuda
+from rotvid.kernels.recipes.int8_fp8_ops import (
+    attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
+)
 
-from rotvid.kernels import cuda_backend as cb  # noqa: E402
-
-from benchmarks.timing import call_ms  # noqa: E402
+from benchmarks.timing import call_ms
 
 SHAPES = {"wan14b-720p": (1, 40, 75600, 128), "wan1.3b-480p": (1, 12, 32760, 128), "cogvideox5b": (1, 48, 17776, 64)}
 
@@ -117,11 +116,11 @@ def main() -> None:
     else:
         methods["sageattention2-8b"] = lambda: sageattn_qk_int8_pv_fp8_cuda_sm90(
             q, k, v, tensor_layout="HND", qk_quant_gran="per_thread", pv_accum_dtype="fp32+fp32")
-    qkv = cb.preprocess_int8fp8_cuda(q, k, v)
-    methods["rotvid int8-fp8 (attn only)"] = lambda: cb.attention_int8fp8_quantized(qkv, n_q=n, n_kv=n, head_dim=d)
-    methods["rotvid int8-fp8 (pre + attn)"] = lambda: cb.int8fp8_attention_cuda(q, k, v)
+    qkv = preprocess_int8fp8_cuda(q, k, v)
+    methods["rotvid int8-fp8 (attn only)"] = lambda: attention_int8fp8_quantized(qkv, n_q=n, n_kv=n, head_dim=d)
+    methods["rotvid int8-fp8 (pre + attn)"] = lambda: int8fp8_attention_cuda(q, k, v)
     if args.int4:  # issue 12's recipe, as kernel_bench times it: Q, K, V smoothed, range P
-        methods["rotvid int4 (pre + attn)"] = lambda: cb.int4_attention_cuda(q, k, v, smooth_v=True, smooth_q=True)
+        methods["rotvid int4 (pre + attn)"] = lambda: int4_attention_cuda(q, k, v, smooth_v=True, smooth_q=True)
     for fn in methods.values():
         fn()
     torch.cuda.synchronize()

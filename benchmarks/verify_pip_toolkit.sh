@@ -95,7 +95,7 @@ hidden_step() {  # the pip step's body, in an environment that cannot see the sy
   # shellcheck disable=SC2086
   timed pip_gpu_tests "$PY" -m pytest -q -p no:cacheprovider -m gpu ${VERIFY_TESTS:-tests/kernels} -x
   tail -1 "$OUT/pip_gpu_tests.log" | tee -a "$SUMMARY"
-  timed pip_kernel_bench "$PY" benchmarks/kernel_bench.py "${SHAPE_ARGS[@]}" --markdown-out "$OUT/kernel_bench_pip.md"
+  timed pip_kernel_bench "$PY" -m benchmarks.kernel_bench "${SHAPE_ARGS[@]}" --markdown-out "$OUT/kernel_bench_pip.md"
 }
 
 [ "${steps[0]}" = _pip_hidden ] || {
@@ -143,7 +143,7 @@ EOF
       ROTVID_NVCC=system ROTVID_EXT_CACHE=$PWD/build/ext-system-toolkit timed system_build "$PY" -m rotvid.cli build
       grep -E '^(built|up to date)' "$OUT/system_build.log" | tee -a "$SUMMARY"
       ROTVID_NVCC=system ROTVID_EXT_CACHE=$PWD/build/ext-system-toolkit timed system_kernel_bench "$PY" \
-        benchmarks/kernel_bench.py "${SHAPE_ARGS[@]}" --markdown-out "$OUT/kernel_bench_system.md" ;;
+        -m benchmarks.kernel_bench "${SHAPE_ARGS[@]}" --markdown-out "$OUT/kernel_bench_system.md" ;;
     pip)
       if [ ! -x "$TOOLKIT/nvidia/cu13/bin/nvcc" ] || [ ! -x "$TOOLKIT/nvidia/cu13/nvvm/bin/cicc" ]; then
         say "pip: $TOOLKIT lacks nvcc or cicc (run the install step with the wheels above first)"; status=1; continue

@@ -8,7 +8,7 @@ after it: the same maths as the fused weights), against float64 attention on the
 full precision, so any difference is what it does to quantization error. Prints mean and worst SQNR (dB) per recipe
 and writes them to ``benchmarks/results/vo_hadamard_study.json``.
 
-    python benchmarks/vo_hadamard_study.py [--size 256 --frames 17 --prompts 1 --steps 8 --keep-steps 1,5]
+    python -m benchmarks.vo_hadamard_study [--size 256 --frames 17 --prompts 1 --steps 8 --keep-steps 1,5]
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rotvid.kernels.recipes import attention_reference, get_recipe
+from rotvid.pipelines import RotvidConfig, apply, remove
+from rotvid.pipelines.loading import load_pipeline
+from rotvid.pipelines.proxy.clips import held_out_prompts
+from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block
 
-from benchmarks.provenance import git_commit  # noqa: E402
-from rotvid.kernels.recipes import attention_reference, get_recipe  # noqa: E402
-from rotvid.pipelines import RotvidConfig, apply, remove  # noqa: E402
-from rotvid.pipelines.loading import load_pipeline  # noqa: E402
-from rotvid.pipelines.proxy.clips import held_out_prompts  # noqa: E402
-from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block  # noqa: E402
+from benchmarks.provenance import git_commit
 
 RECIPES = ("int8-fp8", "int4", "int4-fp8", "int4-sym-p", "nvfp4")
 RESULTS = Path(__file__).resolve().parent / "results" / "vo_hadamard_study.json"

@@ -19,8 +19,8 @@ and prints the rotation's share of the call (eager, compiled, and the PyTorch pa
 output against float64 attention on sampled rows, after checking that the fused and the PyTorch path give the same
 bits. Rows go to ``benchmarks/results/vo_online_bench.json`` (GPU, commit, command).
 
-    python benchmarks/vo_online_bench.py [--shapes wan1.3b-480p wan14b-720p cogvideox5b] [--rounds 3] [--no-write]
-    python benchmarks/vo_online_bench.py --kernels [--shapes ...]   # where the cost goes, kernel by kernel
+    python -m benchmarks.vo_online_bench [--shapes wan1.3b-480p wan14b-720p cogvideox5b] [--rounds 3] [--no-write]
+    python -m benchmarks.vo_online_bench --kernels [--shapes ...]   # where the cost goes, kernel by kernel
 
 ``--kernels`` times no ratio: it runs ``off`` and ``online`` eagerly under ``torch.profiler`` (``--iters`` calls each,
 after a warm-up) and prints every kernel's mean GPU time per call for both, so the rotation's cost is seen kernel by
@@ -37,14 +37,13 @@ from pathlib import Path
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rotvid.kernels.dispatch import prepare_attention, unrotate_output
+from rotvid.kernels.hadamard_op import vo_hadamard_cuda
+from rotvid.pipelines.runtime import attention_into_bnhd, run_into_bnhd
+from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block
 
-from benchmarks.kernel_bench import SHAPES, cos_fp64_rows, time_interleaved  # noqa: E402
-from benchmarks.provenance import git_commit  # noqa: E402
-from rotvid.kernels.dispatch import prepare_attention, unrotate_output  # noqa: E402
-from rotvid.kernels.hadamard_op import vo_hadamard_cuda  # noqa: E402
-from rotvid.pipelines.runtime import attention_into_bnhd, run_into_bnhd  # noqa: E402
-from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block  # noqa: E402
+from benchmarks.kernel_bench import SHAPES, cos_fp64_rows, time_interleaved
+from benchmarks.provenance import git_commit
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vo_online_bench.json"
 

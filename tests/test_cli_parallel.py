@@ -124,8 +124,8 @@ def test_gpus_argument_errors(tiny_wan, tmp_path):
 
 
 def test_parallel_bench_help_runs_on_cpu():
-    bench = REPO / "benchmarks" / "parallel_bench.py"
-    r = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.parallel_bench", "--help"], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 0 and "--gpus" in r.stdout and "all-to-all" in r.stdout, r.stderr
 
 

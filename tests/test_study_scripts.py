@@ -23,6 +23,7 @@ def test_initcheck_instruments_every_kernel_the_others_rotvids_only():
     assert "kns=rotvid" not in init
     assert race[race.index("--kernel-name") + 1] == "kns=rotvid"
     assert race[-2:] == ["--match", "d64"] and "--racecheck-report" in race
+    assert init[-3:] == ["-m", "benchmarks.sanitize_calls", "--calls"]  # the child: this module, run as one
     assert "kns=rotvid" in sanitize_calls.tool_command("cs", "initcheck", _args(rotvid_kernels_only=True))
     assert "kns=rotvid" not in sanitize_calls.tool_command("cs", "memcheck", _args(all_kernels=True))
 
@@ -81,6 +82,6 @@ def test_a_recorded_command_leaves_out_where_the_run_wrote():
     """Output paths are a machine's folders, not how to repeat a run (tests/test_repo_paths.py refuses them)."""
     from benchmarks.study_io import command_line
 
-    got = command_line("x.py", ["--rounds", "3", "--json-out", "out/a.json", "--markdown-out=out/b.md", "--append",
-                                "out/c.md", "--tiny"])
-    assert got == "python benchmarks/x.py --rounds 3 --tiny"
+    got = command_line("x", ["--rounds", "3", "--json-out", "out/a.json", "--markdown-out=out/b.md", "--append",
+                             "out/c.md", "--tiny", "--prompt", "a red cat"])
+    assert got == "python -m benchmarks.x --rounds 3 --tiny --prompt 'a red cat'"

@@ -15,7 +15,12 @@ import pytest
 import torch
 
 from rotvid.kernels import attention, metrics
+from rotvid.kernels.cuda_build import arch_entry
+from rotvid.kernels.cuda_layout import pack_reference_quantized, sign_magnitude_bytes
 from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.recipes.int4_ops import (
+    attention_int4_quantized, default_block_n, int4_attention_cuda, preprocess_int4_cuda,
+)
 from rotvid.kernels.reference import attention_from_quantized, preprocess_int4
 from tests.kernels.helpers import attention_fp64, cuda_qkv
 
@@ -35,12 +40,6 @@ def assert_wgmma_near_s8(wgmma, s8):
     assert metrics.relative_l2(s8.float(), wgmma.float()) <= 1e-3
 
 
-def cb():
-    from rotvid.kernels import cuda_backend
-
-    return cuda_backend
-
-
 make_inputs = cuda_qkv
 
 
@@ -48,7 +47,7 @@ def run_kernel_on(kq, *, n_q, n_kv, d, block_n, kv_lens, p_mode, path, dtype, la
     """Kernel output written into a NaN-poisoned tensor; asserts every element was written."""
     shape = (b, n_q, h, d) if layout == "BNHD" else (b, h, n_q, d)
     out = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-    cb().attention_int4_quantized(
+    attention_int4_quantized(
         kq, n_q=n_q, n_kv=n_kv, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode, path=path,
         out_dtype=dtype, layout=layout, out=out, split_tail=split_tail,
     )
@@ -76,7 +75,7 @@ def test_kernel_matches_reference_on_same_quantized_inputs(case, p_mode):
     q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=n_q + 7 * n_kv + d + len(p_mode), kv_lens=lens)
     ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=smooth_v)
     ref = attention_from_quantized(ref_q, p_mode=p_mode, out_dtype=torch.float32, layout=layout)
-    kq = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="s8")
+    kq = pack_reference_quantized(ref_q, p_mode=p_mode, path="s8")
     out = run_kernel_on(kq, n_q=n_q, n_kv=n_kv, d=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode, path="s8",
                         dtype=dtype, layout=layout, b=b, h=h)
     assert out.shape == q.shape and out.dtype == dtype
@@ -110,7 +109,7 @@ def test_s4_path_equals_s8_path_bitwise(b, h, n_q, n_kv, d, lens, dtype, layout,
     ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=smooth_v)
     outs = {}
     for path in ("s8", "s4"):
-        kq = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path=path)
+        kq = pack_reference_quantized(ref_q, p_mode=p_mode, path=path)
         outs[path] = run_kernel_on(kq, n_q=n_q, n_kv=n_kv, d=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode,
                                    path=path, dtype=dtype, layout=layout, b=b, h=h)
     assert torch.equal(outs["s4"], outs["s8"])
@@ -120,7 +119,7 @@ def test_s4_path_equals_s8_path_bitwise(b, h, n_q, n_kv, d, lens, dtype, layout,
 
 
 def needs_wgmma():
-    if not cb().arch_entry().wgmma:
+    if not arch_entry().wgmma:
         pytest.skip("the wgmma kernel needs an sm90 (Hopper) GPU; this GPU has none")
 
 
@@ -149,8 +148,8 @@ def test_wgmma_kernel_matches_reference_and_s8_path(case, p_mode, block_n):
     q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=3 * n_q + n_kv + d + len(p_mode), kv_lens=lens)
     ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=smooth_v)
     ref = attention_from_quantized(ref_q, p_mode=p_mode, out_dtype=torch.float32, layout=layout)
-    kq = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="s8")
-    kq_wg = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="wgmma")
+    kq = pack_reference_quantized(ref_q, p_mode=p_mode, path="s8")
+    kq_wg = pack_reference_quantized(ref_q, p_mode=p_mode, path="wgmma")
     run = functools.partial(run_kernel_on, n_q=n_q, n_kv=n_kv, d=d, block_n=block_n, kv_lens=kv_lens,
                             p_mode=p_mode, dtype=dtype, layout=layout, b=b, h=h)
     outs = {"wgmma": run(kq_wg, path="wgmma", split_tail=False), "s8": run(kq, path="s8"),
@@ -169,12 +168,12 @@ def test_wgmma_is_the_hopper_default_and_matches_float64():
     """On sm90 the CUDA backend's default (block_n None) runs the wgmma kernel; its SQNR against float64
     attention clears the recipe floor and equals the reference's at the same block size."""
     needs_wgmma()
-    bn = cb().default_block_n()
+    bn = default_block_n()
     q, k, v, _ = make_inputs(1, 4, 1000, 1000, 128, torch.bfloat16, "BHND", seed=17, bias=2.0)
     q = q * 2.0
     ref64 = attention_fp64(q.cpu(), k.cpu(), v.cpu())
     out = attention(q, k, v, recipe="int4", backend="cuda")
-    explicit = cb().int4_attention_cuda(q, k, v, block_n=bn, path="wgmma")
+    explicit = int4_attention_cuda(q, k, v, block_n=bn, path="wgmma")
     assert torch.equal(out, explicit)
     refq = attention_reference(q, k, v, recipe="int4", block_n=bn)
     s_kernel, s_ref = metrics.sqnr_db(ref64, out.cpu()), metrics.sqnr_db(ref64, refq.cpu())
@@ -184,9 +183,9 @@ def test_wgmma_is_the_hopper_default_and_matches_float64():
 def test_wgmma_path_errors_name_the_argument():
     q, k, v, _ = make_inputs(1, 1, 64, 64, 128, torch.float16, "BHND", seed=2)
     with pytest.raises(ValueError, match="block_n: expected one of"):
-        cb().int4_attention_cuda(q, k, v, block_n=96, path="wgmma")
+        int4_attention_cuda(q, k, v, block_n=96, path="wgmma")
     with pytest.raises(ValueError, match="path: expected one of"):
-        cb().int4_attention_cuda(q, k, v, path="s16")
+        int4_attention_cuda(q, k, v, path="s16")
 
 
 def test_operands_of_another_path_are_refused():
@@ -195,18 +194,18 @@ def test_operands_of_another_path_are_refused():
     needs_wgmma()
     q, k, v, _ = make_inputs(1, 2, 200, 200, 128, torch.bfloat16, "BHND", seed=4)
     for made, run in (("s8", "wgmma"), ("wgmma", "s8")):
-        kq = cb().preprocess_int4_cuda(q, k, v, block_n=128, path=made)
+        kq = preprocess_int4_cuda(q, k, v, block_n=128, path=made)
         with pytest.raises(ValueError, match="qkv.vt: the 'wgmma' kernel takes torch.uint8|qkv.vt: the 's8' kernel"):
-            cb().attention_int4_quantized(kq, n_q=200, n_kv=200, head_dim=128, block_n=128, path=run)
-    kq = cb().preprocess_int4_cuda(q, k, v, block_n=128)  # the arch default on both sides
+            attention_int4_quantized(kq, n_q=200, n_kv=200, head_dim=128, block_n=128, path=run)
+    kq = preprocess_int4_cuda(q, k, v, block_n=128)  # the arch default on both sides
     assert kq.vt.dtype == torch.uint8
-    assert not torch.isnan(cb().attention_int4_quantized(kq, n_q=200, n_kv=200, head_dim=128, block_n=128)).any()
+    assert not torch.isnan(attention_int4_quantized(kq, n_q=200, n_kv=200, head_dim=128, block_n=128)).any()
 
 
 def test_sign_magnitude_bytes_are_the_e4m3_values():
     """Every INT4 value's sign-magnitude byte, read as e4m3, is v·2⁻⁹; every P̂ byte k in [0, 15] is k·2⁻⁹."""
     v = torch.arange(-7, 8, dtype=torch.int8)
-    as_e4m3 = cb().sign_magnitude_bytes(v).view(torch.float8_e4m3fn).float() * 512
+    as_e4m3 = sign_magnitude_bytes(v).view(torch.float8_e4m3fn).float() * 512
     assert torch.equal(as_e4m3, v.float())
     k = torch.arange(16, dtype=torch.uint8)
     assert torch.equal(k.view(torch.float8_e4m3fn).float() * 512, k.float())
@@ -229,9 +228,9 @@ def test_preprocess_is_bit_identical_to_reference(b, h, n_q, n_kv, d, lens, dtyp
     q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=7 * n_q + d, bias=3.0, kv_lens=lens)
     ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k,
                             smooth_v=smooth_v)
-    want = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path=path)
-    got = cb().preprocess_int4_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k,
-                                    smooth_v=smooth_v, p_mode=p_mode, path=path)
+    want = pack_reference_quantized(ref_q, p_mode=p_mode, path=path)
+    got = preprocess_int4_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k,
+                               smooth_v=smooth_v, p_mode=p_mode, path=path)
     for name in want._fields:
         w, g = getattr(want, name), getattr(got, name)
         assert w.shape == g.shape and w.dtype == g.dtype, name
@@ -290,8 +289,6 @@ def test_unsupported_inputs_name_the_reason():
 
 def test_torch_compile_fullgraph_has_no_graph_breaks():
     q, k, v, kv_lens = make_inputs(1, 2, 200, 200, 64, torch.bfloat16, "BHND", seed=3, kv_lens=[150])
-    int4_attention_cuda = cb().int4_attention_cuda
-
     def f(q, k, v, kv_lens):
         return int4_attention_cuda(q * 1.0, k, v, kv_lens=kv_lens, block_n=64) + 0.0
 
@@ -336,16 +333,16 @@ def test_q_smoothing_kernels_match_reference_on_same_quantized_inputs(case, p_mo
     ref = attention_from_quantized(ref_q, p_mode=p_mode, out_dtype=torch.float32, layout=layout)
     run = functools.partial(run_kernel_on, n_q=n_q, n_kv=n_kv, d=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode,
                             dtype=dtype, layout=layout, b=b, h=h)
-    kq = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="s8")
+    kq = pack_reference_quantized(ref_q, p_mode=p_mode, path="s8")
     assert kq.k_bias.numel() == b * h * (-(-n_kv // block_n) * block_n)
     outs = {"s8": run(kq, path="s8")}
-    if cb().arch_entry().wgmma:
-        kq_wg = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="wgmma")
+    if arch_entry().wgmma:
+        kq_wg = pack_reference_quantized(ref_q, p_mode=p_mode, path="wgmma")
         outs["wgmma"] = run(kq_wg, path="wgmma", split_tail=False)
         outs["split"] = run(kq_wg, path="wgmma")
         assert_wgmma_near_s8(outs["wgmma"], outs["s8"])
     if n_q <= 1025:  # (the s4 path runs emulated on Hopper: slow)
-        outs["s4"] = run(cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="s4"), path="s4")
+        outs["s4"] = run(pack_reference_quantized(ref_q, p_mode=p_mode, path="s4"), path="s4")
         assert torch.equal(outs["s4"], outs["s8"])
     r = cb_to_bhnd(ref, layout)
     rounding = 2.0 ** (-8 if dtype == torch.bfloat16 else -11)
@@ -384,9 +381,9 @@ def test_q_smoothing_preprocess_equals_reference(b, h, n_q, n_kv, d, lens, dtype
     q, k, v, kv_lens = q_biased_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=5 * n_q + d, kv_lens=lens)
     ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k,
                             smooth_v=smooth_v, smooth_q=True)
-    want = cb().pack_reference_quantized(ref_q, path=path, sm_scale=sm_scale)
-    got = cb().preprocess_int4_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k,
-                                    smooth_v=smooth_v, smooth_q=True, sm_scale=sm_scale, path=path)
+    want = pack_reference_quantized(ref_q, path=path, sm_scale=sm_scale)
+    got = preprocess_int4_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k,
+                               smooth_v=smooth_v, smooth_q=True, sm_scale=sm_scale, path=path)
     for name in want._fields:
         w, g = getattr(want, name), getattr(got, name)
         assert w.shape == g.shape and w.dtype == g.dtype, name
@@ -407,7 +404,7 @@ def test_q_smoothing_gains_against_float64_and_equals_the_reference(recipe, d):
     the kernel stays within 0.2 dB of the reference with the same switches (default block size: wgmma on sm90)."""
     q, k, v, _ = q_biased_inputs(1, 4, 1000, 1000, d, torch.bfloat16, "BHND", seed=d + len(recipe))
     ref64 = attention_fp64(q.cpu(), k.cpu(), v.cpu())
-    bn = cb().default_block_n()
+    bn = default_block_n()
     sq_on = attention(q, k, v, recipe=recipe, backend="cuda", smooth_q=True)
     sq_off = attention(q, k, v, recipe=recipe, backend="cuda", smooth_q=False)
     ref_on = attention_reference(q, k, v, recipe=recipe, block_n=bn, smooth_q=True)

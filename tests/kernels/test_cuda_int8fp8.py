@@ -11,8 +11,13 @@ import pytest
 import torch
 
 from rotvid.kernels import attention, metrics
+from rotvid.kernels.cuda_backend import CudaBackend
+from rotvid.kernels.cuda_layout import pack_reference_int8fp8, vt_key_permutation
 from rotvid.kernels.quantize import k_group_of_key
 from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.recipes.int8_fp8_ops import (
+    attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
+)
 from rotvid.kernels.reference import attention_int8fp8_from_quantized
 from tests.kernels.helpers import attention_fp64, cuda_qkv
 
@@ -20,12 +25,6 @@ pytestmark = pytest.mark.gpu
 
 REL_L2_MAX = 2e-3
 COS_MIN = 0.99999
-
-
-def cb():
-    from rotvid.kernels import cuda_backend
-
-    return cuda_backend
 
 
 def needs_sm90():
@@ -45,7 +44,7 @@ def to_bhnd(x, layout):
 def unpermute_v8(vt, n_kv):
     """e4m3 values of V̂ [B, H, n_kv, D] (float32) from the kernel's permuted V^T bytes."""
     n_pad = vt.shape[-1]
-    perm = cb().vt_key_permutation(n_pad, "s8", device=vt.device)
+    perm = vt_key_permutation(n_pad, "s8", device=vt.device)
     v = torch.empty_like(vt)
     v[..., perm] = vt
     return v.view(torch.float8_e4m3fn).float().transpose(2, 3)[:, :, :n_kv]
@@ -92,8 +91,8 @@ def test_preprocess_equals_reference_quantizers(case, smooth):
     if smooth is not None:
         smooth_k, smooth_v = smooth
     q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=11 + n_q, kv_lens=lens)
-    got = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
-    want = cb().pack_reference_int8fp8(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
+    got = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
+    want = pack_reference_int8fp8(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
     torch.cuda.synchronize()
     for name in ("q_hat", "q_scale", "k_hat", "k_scale", "vparams", "v_mean"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
@@ -110,11 +109,11 @@ def test_kernel_matches_twin_on_same_quantized_inputs(case, split_tail):
     needs_sm90()
     b, h, n_q, n_kv, d, lens, dtype, layout, smooth_k, smooth_v = case
     q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=5 + n_kv, kv_lens=lens)
-    kq = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
+    kq = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
     shape = (b, n_q, h, d) if layout == "BNHD" else (b, h, n_q, d)
     out = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-    cb().attention_int8fp8_quantized(kq, n_q=n_q, n_kv=n_kv, head_dim=d, kv_lens=kv_lens, out_dtype=dtype,
-                                     layout=layout, out=out, split_tail=split_tail)
+    attention_int8fp8_quantized(kq, n_q=n_q, n_kv=n_kv, head_dim=d, kv_lens=kv_lens, out_dtype=dtype,
+                                layout=layout, out=out, split_tail=split_tail)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any(), "kernel left output elements unwritten (NaN poison survived)"
     ref = twin(kq, n_q, n_kv, kv_lens)
@@ -122,7 +121,7 @@ def test_kernel_matches_twin_on_same_quantized_inputs(case, split_tail):
     assert metrics.relative_l2(ref, got) <= REL_L2_MAX
     assert metrics.cosine_similarity(ref, got) >= COS_MIN
     # and the end-to-end function agrees with the reference recipe on the raw inputs (fp32 rounding apart)
-    full = cb().int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
+    full = int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
     rec = attention_reference(q.float(), k.float(), v.float(), recipe="int8-fp8", layout=layout, kv_lens=kv_lens,
                               block_n=128, smooth_k=smooth_k, smooth_v=smooth_v)
     assert metrics.cosine_similarity(to_bhnd(rec, layout).float(), to_bhnd(full, layout).float()) >= 0.9999
@@ -141,7 +140,7 @@ def test_kernel_vs_float64_sqnr_floor(d):
 def test_dispatcher_runs_int8fp8_on_cuda_and_refuses_block_n():
     needs_sm90()
     q, k, v, _ = make_inputs(1, 2, 300, 300, 128, torch.float16, "BHND", seed=9)
-    backend = cb().CudaBackend()
+    backend = CudaBackend()
     assert backend.unsupported_reason(q, k, v, recipe="int8-fp8") is None
     assert "block_n=64" in backend.unsupported_reason(q, k, v, recipe="int8-fp8", block_n=64)
     a = attention(q, k, v, recipe="int8-fp8", backend="auto")
@@ -154,7 +153,7 @@ def test_torch_compile_fullgraph_int8fp8():
     q, k, v, _ = make_inputs(1, 2, 300, 300, 64, torch.bfloat16, "BNHD", seed=21)
 
     def f(q, k, v):
-        return cb().int8fp8_attention_cuda(q, k, v, layout="BNHD", smooth_v=True)
+        return int8fp8_attention_cuda(q, k, v, layout="BNHD", smooth_v=True)
 
     eager = f(q, k, v)
     compiled = torch.compile(f, fullgraph=True)(q, k, v)

@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from rotvid.kernels import metrics
+from rotvid.kernels.recipes.int8_fp8_ops import (
+    attention_int8fp8_quantized, int8fp8_attention_cuda, int8fp8_path_for, preprocess_int8fp8_cuda,
+)
 from tests.kernels.helpers import cuda_qkv
 from tests.kernels.test_cuda_int8fp8 import COS_MIN, REL_L2_MAX, to_bhnd, twin
 
@@ -20,12 +23,6 @@ pytestmark = pytest.mark.gpu
 # at head_dim 64 the wgmma kernel folds the score offset into the exponent's constant), so the two are within twice
 # that of each other. Measured on an H200: 2.3e-4 to 1.9e-3.
 MMA_VS_WGMMA_REL_L2_MAX = 2 * REL_L2_MAX
-
-
-def cb():
-    from rotvid.kernels import cuda_backend
-
-    return cuda_backend
 
 
 def capability() -> tuple[int, int]:
@@ -64,8 +61,8 @@ def run_kernel(kq, case, kv_lens, path):
     b, h, n_q, n_kv, d, _, dtype, layout, _, _ = case
     shape = (b, n_q, h, d) if layout == "BNHD" else (b, h, n_q, d)
     out = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-    cb().attention_int8fp8_quantized(kq, n_q=n_q, n_kv=n_kv, head_dim=d, kv_lens=kv_lens, out_dtype=dtype,
-                                     layout=layout, out=out, path=path)
+    attention_int8fp8_quantized(kq, n_q=n_q, n_kv=n_kv, head_dim=d, kv_lens=kv_lens, out_dtype=dtype,
+                                layout=layout, out=out, path=path)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any(), f"{path}: output elements left unwritten (NaN poison survived)"
     return to_bhnd(out, layout).float()
@@ -74,7 +71,7 @@ def run_kernel(kq, case, kv_lens, path):
 def quantized(case, seed):
     b, h, n_q, n_kv, d, lens, dtype, layout, smooth_k, smooth_v = case
     q, k, v, kv_lens = cuda_qkv(b, h, n_q, n_kv, d, dtype, layout, seed=seed, kv_lens=lens)
-    kq = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
+    kq = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
     return (q, k, v, kv_lens), kq
 
 
@@ -103,10 +100,10 @@ def test_end_to_end_mma_path_and_default_path():
     needs_e4m3_mma()
     case = CASES[2]
     (q, k, v, kv_lens), kq = quantized(case, seed=5)
-    full = cb().int8fp8_attention_cuda(q, k, v, layout=case[7], kv_lens=kv_lens, smooth_k=case[8],
-                                       smooth_v=case[9], path="mma")
+    full = int8fp8_attention_cuda(q, k, v, layout=case[7], kv_lens=kv_lens, smooth_k=case[8],
+                                  smooth_v=case[9], path="mma")
     assert torch.equal(to_bhnd(full, case[7]).float(), run_kernel(kq, case, kv_lens, "mma"))
-    default = cb().int8fp8_path_for(capability())
+    default = int8fp8_path_for(capability())
     assert default == ("wgmma" if capability() == (9, 0) else "mma")
 
 
@@ -115,6 +112,6 @@ def test_mma_path_under_torch_compile():
     q, k, v, _ = cuda_qkv(1, 2, 300, 300, 64, torch.bfloat16, "BNHD", seed=21)
 
     def f(q, k, v):
-        return cb().int8fp8_attention_cuda(q, k, v, layout="BNHD", smooth_v=True, path="mma")
+        return int8fp8_attention_cuda(q, k, v, layout="BNHD", smooth_v=True, path="mma")
 
     assert torch.equal(torch.compile(f, fullgraph=True)(q, k, v), f(q, k, v))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rotvid.kernels import attention
+from rotvid.kernels.recipes.int8_fp8_ops import preprocess_int8fp8_cuda, rope_fusion_unsupported
 from rotvid.kernels.rope_op import apply_generalized_rope
 from tests.kernels.helpers import cuda_qkv
 from tests.kernels.test_cuda_int8fp8 import needs_sm90
@@ -16,12 +17,6 @@ from tests.kernels.test_rope_table_cuda import make_table
 pytestmark = pytest.mark.gpu
 
 FIELDS = ("q_hat", "q_scale", "k_hat", "k_scale", "vt", "vparams", "v_mean")
-
-
-def cb():
-    from rotvid.kernels import cuda_backend
-
-    return cuda_backend
 
 
 def poison_allocator(mb=256):
@@ -53,9 +48,9 @@ def test_fused_rope_preprocess_equals_rope_pass_then_preprocess(spec, d, dtype, 
         qr, kr = rotated(q, table, layout), rotated(k, table, layout)
         for smooth_k, smooth_v in [(True, False), (False, True), (True, True)]:
             opts = dict(layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
-            want = cb().preprocess_int8fp8_cuda(qr, kr, v, **opts)
+            want = preprocess_int8fp8_cuda(qr, kr, v, **opts)
             poison_allocator()
-            got = cb().preprocess_int8fp8_cuda(q, k, v, rope=table, **opts)
+            got = preprocess_int8fp8_cuda(q, k, v, rope=table, **opts)
             torch.cuda.synchronize()
             for name in FIELDS:
                 a, b = getattr(got, name), getattr(want, name)
@@ -97,7 +92,7 @@ def test_fusion_refusals_are_named():
     needs_sm90()
     table, n, q, k, v, _ = inputs(128, torch.bfloat16, "BHND", (1, 9, 9), "half", 2, None, 3)
     per_head = type(table)(coef=table.coef.expand(2, *table.coef.shape), index=table.index)
-    assert "per-head" in cb().rope_fusion_unsupported(q, k, per_head)
-    assert "N_q == N_kv" in cb().rope_fusion_unsupported(q, k[:, :, :40], table)
+    assert "per-head" in rope_fusion_unsupported(q, k, per_head)
+    assert "N_q == N_kv" in rope_fusion_unsupported(q, k[:, :, :40], table)
     with pytest.raises(ValueError, match="rope: a per-head"):
-        cb().preprocess_int8fp8_cuda(q, k, v, rope=per_head)
+        preprocess_int8fp8_cuda(q, k, v, rope=per_head)

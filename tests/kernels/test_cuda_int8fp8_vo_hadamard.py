@@ -13,8 +13,12 @@ import pytest
 import torch
 
 from rotvid.kernels import attention, metrics
+from rotvid.kernels.cuda_backend import CudaBackend
 from rotvid.kernels.dispatch import prepare_attention
 from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.recipes.int8_fp8_ops import (
+    attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
+)
 from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online
 from tests.kernels.helpers import attention_fp64, cuda_qkv
 from tests.kernels.test_cuda_int8fp8 import needs_sm90
@@ -22,12 +26,6 @@ from tests.kernels.test_cuda_int8fp8_rope import FIELDS, poison_allocator, rotat
 from tests.kernels.test_rope_table_cuda import make_table
 
 pytestmark = pytest.mark.gpu
-
-
-def cb():
-    from rotvid.kernels import cuda_backend
-
-    return cuda_backend
 
 
 def hop():
@@ -65,13 +63,13 @@ def test_fused_preprocess_equals_preprocess_of_the_rotated_v(case, smooth):
     smooth_k, smooth_v = smooth
     q, k, v, kv_lens = cuda_qkv(b, h, n, n, d, dtype, layout, seed=n + d, kv_lens=lens)
     opts = dict(layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
-    want = cb().preprocess_int8fp8_cuda(q, k, rotate_v_online(v, d), **opts)
+    want = preprocess_int8fp8_cuda(q, k, rotate_v_online(v, d), **opts)
     poison_allocator()
-    got = cb().preprocess_int8fp8_cuda(q, k, v, v_hadamard=True, **opts)
+    got = preprocess_int8fp8_cuda(q, k, v, v_hadamard=True, **opts)
     torch.cuda.synchronize()
     assert_same_operands(got, want, f"{case} smooth_k={smooth_k} smooth_v={smooth_v}")
     # the rotation changes V's operands (and only V's)
-    plain = cb().preprocess_int8fp8_cuda(q, k, v, **opts)
+    plain = preprocess_int8fp8_cuda(q, k, v, **opts)
     if smooth_v and n == 1:  # one token less its own mean is 0 before and after the rotation: the mean carries it
         assert not torch.equal(plain.v_mean, got.v_mean)
     else:
@@ -89,10 +87,10 @@ def test_fused_v_rotation_with_fused_rope(spec, layout):
     table, n = make_table(128, spec, (3, 7, 49), "cuda", seed=5)
     q, k, v, kv_lens = cuda_qkv(2, 5, n, n, 128, torch.bfloat16, layout, seed=9, kv_lens=[n, n // 3])
     opts = dict(layout=layout, kv_lens=kv_lens, smooth_k=True, smooth_v=True)
-    want = cb().preprocess_int8fp8_cuda(rotated(q, table, layout), rotated(k, table, layout), rotate_v_online(v, 128),
-                                        **opts)
+    want = preprocess_int8fp8_cuda(rotated(q, table, layout), rotated(k, table, layout), rotate_v_online(v, 128),
+                                   **opts)
     poison_allocator()
-    got = cb().preprocess_int8fp8_cuda(q, k, v, rope=table, v_hadamard=True, **opts)
+    got = preprocess_int8fp8_cuda(q, k, v, rope=table, v_hadamard=True, **opts)
     torch.cuda.synchronize()
     assert_same_operands(got, want, f"{spec} {layout}")
 
@@ -170,10 +168,10 @@ def test_fused_call_with_poisoned_outputs_at_each_stage():
     needs_sm90()
     d, n = 128, 1029
     q, k, v, kv_lens = cuda_qkv(2, 3, n, n, d, torch.bfloat16, "BNHD", seed=31, kv_lens=[n, 500])
-    kq = cb().preprocess_int8fp8_cuda(q, k, v, layout="BNHD", kv_lens=kv_lens, v_hadamard=True)
+    kq = preprocess_int8fp8_cuda(q, k, v, layout="BNHD", kv_lens=kv_lens, v_hadamard=True)
     o_rot = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
-    cb().attention_int8fp8_quantized(kq, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype,
-                                     layout="BNHD", out=o_rot)
+    attention_int8fp8_quantized(kq, n_q=n, n_kv=n, head_dim=d, kv_lens=kv_lens, out_dtype=q.dtype,
+                                layout="BNHD", out=o_rot)
     torch.cuda.synchronize()
     assert not torch.isnan(o_rot).any()
     poison_allocator()
@@ -201,7 +199,7 @@ def test_off_is_the_plain_call_and_other_recipes_rotate_outside_the_kernel():
     q, k, v, _ = cuda_qkv(1, 2, 300, 300, 128, torch.float16, "BNHD", seed=4)
     plain = attention(q, k, v, recipe="int8-fp8", backend="cuda", layout="BNHD")
     assert torch.equal(attention(q, k, v, recipe="int8-fp8", backend="cuda", layout="BNHD", vo_hadamard=1), plain)
-    assert torch.equal(cb().int8fp8_attention_cuda(q, k, v, layout="BNHD", v_hadamard=False), plain)
+    assert torch.equal(int8fp8_attention_cuda(q, k, v, layout="BNHD", v_hadamard=False), plain)
     # an INT4 recipe: V and O rotated around its CUDA kernel by the CUDA pass, with the PyTorch path's bits
     call = prepare_attention(q, k, v, recipe="int4", backend="cuda", layout="BNHD", v_hadamard=128)
     assert not call.v_hadamard_fused
@@ -210,7 +208,7 @@ def test_off_is_the_plain_call_and_other_recipes_rotate_outside_the_kernel():
                              128)
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="v_hadamard"):
-        cb().CudaBackend().run(q, k, v, recipe="int4", layout="BNHD", v_hadamard=128)
+        CudaBackend().run(q, k, v, recipe="int4", layout="BNHD", v_hadamard=128)
     # a block smaller than the head_dim: the int8-fp8 call in PyTorch's rotation
     call = prepare_attention(q, k, v, recipe="int8-fp8", backend="cuda", layout="BNHD", v_hadamard=32)
     assert not call.v_hadamard_fused
@@ -282,6 +280,6 @@ def test_the_mma_sync_kernel_takes_the_same_rotated_operands(d):
     needs_sm90()
     q, k, v, kv_lens = cuda_qkv(2, 2, 777, 777, d, torch.float16, "BNHD", seed=d + 1, kv_lens=[777, 400])
     opts = dict(layout="BNHD", kv_lens=kv_lens, path="mma")
-    fused = hop().vo_hadamard_cuda(cb().int8fp8_attention_cuda(q, k, v, v_hadamard=True, **opts), d, side="o")
-    want = unrotate_o_online(cb().int8fp8_attention_cuda(q, k, rotate_v_online(v, d), **opts), d)
+    fused = hop().vo_hadamard_cuda(int8fp8_attention_cuda(q, k, v, v_hadamard=True, **opts), d, side="o")
+    want = unrotate_o_online(int8fp8_attention_cuda(q, k, rotate_v_online(v, d), **opts), d)
     assert torch.equal(fused, want)

@@ -4,7 +4,7 @@ The fixture holds the SHA-256 of each output of :func:`benchmarks.skeleton_ab.co
 wgmma and mma.sync paths, int4 on wgmma / s8 / s4 with both key-block sizes, P modes and smoothing switches, head_dim
 64 and 128, both layouts, with and without kv_lens, with and without the tail split) on fixed seeded inputs, computed
 by the old kernels on an H200. A kernel change meant to keep the numerics must keep every hash; one that changes
-them on purpose regenerates the fixture (``python benchmarks/skeleton_ab.py dump``) and says why in RESULTS.md.
+them on purpose regenerates the fixture (``python -m benchmarks.skeleton_ab dump``) and says why in RESULTS.md.
 """
 
 import json

@@ -23,7 +23,12 @@ import pytest
 import torch
 
 from rotvid.kernels import attention, metrics, select_backend
+from rotvid.kernels.cuda_layout import pack_reference_quantized
 from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.recipes.int4_ops import attention_int4_quantized, int4_attention_cuda, preprocess_int4_cuda
+from rotvid.kernels.recipes.int8_fp8_ops import (
+    attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
+)
 from rotvid.kernels.reference import (
     attention_from_quantized,
     attention_int8fp8_from_quantized,
@@ -37,12 +42,6 @@ from tests.kernels.test_cuda_int8fp8_mma import needs_e4m3_mma
 from tests.kernels.test_rope_table_cuda import make_table
 
 pytestmark = pytest.mark.gpu
-
-
-def cb():
-    from rotvid.kernels import cuda_backend
-
-    return cuda_backend
 
 
 def to_bhnd(x, layout):
@@ -145,8 +144,8 @@ def int8fp8_twin(kq, n_q, n_kv, kv_lens, block_map):
 def run_int8fp8(kq, *, n_q, n_kv, d, kv_lens, dtype, layout, b, h, block_map=None, split_tail=True, path=None):
     shape = (b, n_q, h, d) if layout == "BNHD" else (b, h, n_q, d)
     out = poisoned(shape, dtype)
-    cb().attention_int8fp8_quantized(kq, n_q=n_q, n_kv=n_kv, head_dim=d, kv_lens=kv_lens, out_dtype=dtype,
-                                     layout=layout, out=out, split_tail=split_tail, block_map=block_map, path=path)
+    attention_int8fp8_quantized(kq, n_q=n_q, n_kv=n_kv, head_dim=d, kv_lens=kv_lens, out_dtype=dtype,
+                                layout=layout, out=out, split_tail=split_tail, block_map=block_map, path=path)
     assert_written(out)
     return out
 
@@ -181,7 +180,7 @@ def test_int8fp8_sparse_kernel_matches_twin(case, density, split_tail):
     mask = edge_case_mask(*map_dims(dims, b, h), n_q, n_kv, density=density, seed=n_kv + int(100 * density),
                           kv_lens=kv_lens if dims == "bh" else None)
     bm = make_map(mask, n_q, n_kv)
-    kq = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_v=smooth_v)
+    kq = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_v=smooth_v)
     out = run_int8fp8(kq, n_q=n_q, n_kv=n_kv, d=d, kv_lens=kv_lens, dtype=dtype, layout=layout, b=b, h=h,
                       block_map=bm, split_tail=split_tail)
     got = to_bhnd(out, layout).float()
@@ -199,7 +198,7 @@ def test_int8fp8_density_one_map_gives_the_dense_bits(case, split_tail):
     needs_sm90()
     b, h, n_q, n_kv, d, lens, dtype, layout, smooth_v, dims = case
     q, k, v, kv_lens = cuda_qkv(b, h, n_q, n_kv, d, dtype, layout, seed=3 * n_q + d, kv_lens=lens)
-    kq = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_v=smooth_v)
+    kq = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_v=smooth_v)
     run = functools.partial(run_int8fp8, kq, n_q=n_q, n_kv=n_kv, d=d, kv_lens=kv_lens, dtype=dtype, layout=layout,
                             b=b, h=h, split_tail=split_tail)
     dense = run()
@@ -219,7 +218,7 @@ def test_int8fp8_kv_lens_past_every_kept_block_and_empty_maps(path):
     NEEDS[path]()
     b, h, n, d = 2, 2, 1100, 128
     q, k, v, kv_lens = cuda_qkv(b, h, n, n, d, torch.bfloat16, "BHND", seed=41, kv_lens=[1100, 100])
-    kq = cb().preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=True)
+    kq = preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens, smooth_v=True)
     assert kq.v_mean.abs().sum() > 0
     empty = torch.zeros(b, h, blocks(n), blocks(n), dtype=torch.bool)
     past = empty.clone()
@@ -245,7 +244,7 @@ def test_int8fp8_mma_sparse_kernel_matches_twin(case, density):
     mask = edge_case_mask(*map_dims(dims, b, h), n_q, n_kv, density=density, seed=n_kv + int(100 * density) + 1,
                           kv_lens=kv_lens if dims == "bh" else None)
     bm = make_map(mask, n_q, n_kv)
-    kq = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_v=smooth_v)
+    kq = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_v=smooth_v)
     run = functools.partial(run_int8fp8, kq, n_q=n_q, n_kv=n_kv, d=d, kv_lens=kv_lens, dtype=dtype, layout=layout,
                             b=b, h=h, path="mma")
     got = to_bhnd(run(block_map=bm), layout).float()
@@ -265,9 +264,9 @@ def run_int4(kq, *, n_q, n_kv, d, block_n, kv_lens, p_mode, dtype, layout, b, h,
              path="wgmma"):
     shape = (b, n_q, h, d) if layout == "BNHD" else (b, h, n_q, d)
     out = poisoned(shape, dtype)
-    cb().attention_int4_quantized(kq, n_q=n_q, n_kv=n_kv, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode,
-                                  path=path, out_dtype=dtype, layout=layout, out=out, split_tail=split_tail,
-                                  block_map=block_map)
+    attention_int4_quantized(kq, n_q=n_q, n_kv=n_kv, head_dim=d, block_n=block_n, kv_lens=kv_lens, p_mode=p_mode,
+                             path=path, out_dtype=dtype, layout=layout, out=out, split_tail=split_tail,
+                             block_map=block_map)
     assert_written(out)
     return out
 
@@ -285,7 +284,7 @@ def test_int4_wgmma_sparse_kernel_matches_twin(case, p_mode, smooth_q, block_n, 
     q, k, v, kv_lens = cuda_qkv(b, h, n_q, n_kv, d, dtype, layout, seed=n_q + 5 * n_kv + block_n, kv_lens=lens)
     ref_q = preprocess_int4(q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_v=smooth_v,
                             smooth_q=smooth_q)
-    kq = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path="wgmma")
+    kq = pack_reference_quantized(ref_q, p_mode=p_mode, path="wgmma")
     mask = edge_case_mask(*map_dims(dims, b, h), n_q, n_kv, density=0.3, seed=n_q + block_n,
                           kv_lens=kv_lens if dims == "bh" else None)
     bm = make_map(mask, n_q, n_kv)
@@ -319,7 +318,7 @@ def test_int4_mma_sparse_kernel_matches_twin(case, p_mode, smooth_q, block_n):
     paths = ("s8", "s4") if n_q <= 1025 else ("s8",)
     outs = {}
     for path in paths:
-        kq = cb().pack_reference_quantized(ref_q, p_mode=p_mode, path=path)
+        kq = pack_reference_quantized(ref_q, p_mode=p_mode, path=path)
         run = functools.partial(run_int4, kq, n_q=n_q, n_kv=n_kv, d=d, block_n=block_n, kv_lens=kv_lens,
                                 p_mode=p_mode, dtype=dtype, layout=layout, b=b, h=h, path=path)
         outs[path] = run(block_map=bm)
@@ -345,12 +344,12 @@ def test_mma_paths_take_a_map_through_the_custom_ops(recipe_path):
     common = dict(n_q=n, n_kv=n, d=d, kv_lens=kv_lens, dtype=torch.bfloat16, layout=layout, b=2, h=2, block_map=bm)
     if recipe == "int8-fp8":
         needs_e4m3_mma()
-        full = cb().int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, path=path, block_map=bm)
-        kq = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens)
+        full = int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, path=path, block_map=bm)
+        kq = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens)
         want = run_int8fp8(kq, path=path, **common)
     else:
-        full = cb().int4_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=64, path=path, block_map=bm)
-        kq = cb().preprocess_int4_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=64, path=path)
+        full = int4_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=64, path=path, block_map=bm)
+        kq = preprocess_int4_cuda(q, k, v, layout=layout, kv_lens=kv_lens, block_n=64, path=path)
         want = run_int4(kq, block_n=64, p_mode="range", path=path, **common)
     assert_written(full)
     assert torch.equal(full, want)
@@ -427,16 +426,16 @@ def test_map_errors_name_the_argument():
     n = 300
     q, k, v, _ = cuda_qkv(1, 2, n, n, 128, torch.float16, "BHND", seed=2)
     bm = BlockMap.dense(n, n, device="cuda")
-    kq8 = cb().preprocess_int8fp8_cuda(q, k, v)
+    kq8 = preprocess_int8fp8_cuda(q, k, v)
     with pytest.raises(ValueError, match="block_map: a map for 300 queries and 300 keys, the call has 300 queries and 299"):
-        cb().attention_int8fp8_quantized(kq8, n_q=n, n_kv=n - 1, head_dim=128, block_map=bm)
+        attention_int8fp8_quantized(kq8, n_q=n, n_kv=n - 1, head_dim=128, block_map=bm)
     with pytest.raises(ValueError, match="block_map: on cpu, expected the operands' device"):
-        cb().attention_int8fp8_quantized(kq8, n_q=n, n_kv=n, head_dim=128, block_map=BlockMap.dense(n, n))
+        attention_int8fp8_quantized(kq8, n_q=n, n_kv=n, head_dim=128, block_map=BlockMap.dense(n, n))
     with pytest.raises(ValueError, match=r"block_map: batch and head dimensions \(1, 3\)"):
-        cb().int8fp8_attention_cuda(q, k, v, block_map=BlockMap.from_mask(torch.ones(1, 3, 3, 3, dtype=torch.bool,
-                                                                                     device="cuda"), n_q=n, n_kv=n))
+        int8fp8_attention_cuda(q, k, v, block_map=BlockMap.from_mask(torch.ones(1, 3, 3, 3, dtype=torch.bool,
+                                                                                device="cuda"), n_q=n, n_kv=n))
     with pytest.raises(ValueError, match="block_map: expected a rotvid.kernels.sparsity.BlockMap or None"):
-        cb().int8fp8_attention_cuda(q, k, v, block_map=bm.indices)
-    kq4 = cb().preprocess_int4_cuda(q, k, v, block_n=64, path="s8")
+        int8fp8_attention_cuda(q, k, v, block_map=bm.indices)
+    kq4 = preprocess_int4_cuda(q, k, v, block_n=64, path="s8")
     with pytest.raises(ValueError, match="block_map: a map for 300 queries and 300 keys, the call has 300 queries and 299"):
-        cb().attention_int4_quantized(kq4, n_q=n, n_kv=n - 1, head_dim=128, block_n=64, path="s8", block_map=bm)
+        attention_int4_quantized(kq4, n_q=n, n_kv=n - 1, head_dim=128, block_n=64, path="s8", block_map=bm)

@@ -1,13 +1,9 @@
 """The kernel benchmark on the CPU: its interleaved timing (``time_ms`` replaced by a recorder), its JSON and
 table, and the block-sparse rows' maps (random with the diagonal kept; FlexAttention's BlockMask of the same map)."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-kb = pytest.importorskip("benchmarks.kernel_bench")
+from benchmarks import kernel_bench as kb
 
 
 def test_rounds_rotate_the_order_and_take_the_median_of_round_medians(monkeypatch):

@@ -1,13 +1,9 @@
 """The old-vs-new kernel comparison (benchmarks/kernel_ptx_diff.py, both families) and the listings it reads
 (benchmarks/kernel_listing.py) on fixed texts: no nvcc, no GPU."""
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-pd = pytest.importorskip("benchmarks.kernel_ptx_diff")
-kl = pytest.importorskip("benchmarks.kernel_listing")
+from benchmarks import kernel_listing as kl
+from benchmarks import kernel_ptx_diff as pd
 
 
 def test_mma_keys_pair_the_old_and_the_new_kernels():

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from rotvid.kernels.cuda_build import ARCH_TABLE
 from rotvid.kernels.recipes import auto as recipe_table
-from rotvid.kernels.cuda_backend import ARCH_TABLE
 from rotvid.kernels.recipes.auto import FALLBACK_CHOICE, RECIPE_TABLE, auto_recipe, resolve_recipe
 from rotvid.pipelines.config import PIPELINE_RECIPES
 

@@ -5,8 +5,8 @@ reasons it names when it cannot take an input (those on CPU)."""
 import pytest
 import torch
 
-from rotvid.kernels import cuda_backend
-from rotvid.kernels.rope_op import apply_generalized_rope
+from rotvid.kernels.cuda_build import load_extension
+from rotvid.kernels.rope_op import apply_generalized_rope, generalized_rope_cuda, generalized_rope_unsupported
 from rotvid.rope.fused_table import fuse_rope_and_rotation
 from rotvid.rope.hadamard import fwht
 from rotvid.rope.rotations import PairRotation, make_rotation
@@ -29,9 +29,9 @@ def make_table(d, spec, grid, device, seed=0):
 
 def test_unsupported_inputs_are_named_on_cpu():
     x = torch.randn(1, 2, 8, 128, dtype=torch.bfloat16)
-    assert "CUDA" in cuda_backend.generalized_rope_unsupported(x, torch.zeros(8, 128, 4))
+    assert "CUDA" in generalized_rope_unsupported(x, torch.zeros(8, 128, 4))
     with pytest.raises(ValueError, match="x: expected a CUDA"):
-        cuda_backend.generalized_rope_cuda(x, torch.zeros(8, 128, 4), torch.zeros(128, 4, dtype=torch.long))
+        generalized_rope_cuda(x, torch.zeros(8, 128, 4), torch.zeros(128, 4, dtype=torch.long))
 
 
 @pytest.mark.gpu
@@ -52,9 +52,9 @@ def test_cuda_kernel_equals_triton_and_compiled_form(spec, d, dtype, layout):
             x = torch.randn(b, n, h, d, device="cuda", dtype=torch.float32).to(dtype).transpose(1, 2)
         else:
             x = torch.randn(b, h, n, d, device="cuda", dtype=torch.float32).to(dtype)
-        assert cuda_backend.generalized_rope_unsupported(x, table.coef) == ""
+        assert generalized_rope_unsupported(x, table.coef) == ""
         out = torch.full((b, h, n, d), float("nan"), device="cuda", dtype=dtype)
-        ext = cuda_backend.load_extension(x.device)
+        ext = load_extension(x.device)
         assert table.hadamard == (spec == "full")
         ext.generalized_rope(x, table.coef.contiguous(), table.index.to(torch.int32).contiguous(), out,
                              hadamard=table.hadamard)
@@ -95,8 +95,8 @@ def test_per_head_tables_and_float32_keep_the_triton_kernel():
                                segments=(44, 42, 42))
     table = fuse_rope_and_rotation(cos.cuda(), sin.cuda(), rot).to(dtype=torch.float32)
     x = torch.randn(1, 3, cos.shape[0], 128, device="cuda", dtype=torch.bfloat16)
-    assert "per-head" in cuda_backend.generalized_rope_unsupported(x, table.coef)
-    assert "fp16 / bf16" in cuda_backend.generalized_rope_unsupported(x.float(), table.coef[0])
+    assert "per-head" in generalized_rope_unsupported(x, table.coef)
+    assert "fp16 / bf16" in generalized_rope_unsupported(x.float(), table.coef[0])
     from rotvid.kernels.rope_triton import apply_generalized_rope_triton
 
     assert torch.equal(apply_generalized_rope(x, table), apply_generalized_rope_triton(x, table.coef, table.index))

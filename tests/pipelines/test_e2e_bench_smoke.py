@@ -1,27 +1,11 @@
-"""benchmarks/e2e_bench.py --tiny runs on the CPU and prints a complete table."""
-
-import importlib.util
-import sys
-from pathlib import Path
+"""benchmarks.e2e_bench --tiny runs on the CPU and prints a complete table."""
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "e2e_bench.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("e2e_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["e2e_bench"] = mod  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.modules.pop("e2e_bench", None)
-    return mod
+from benchmarks import e2e_bench as mod
 
 
 def test_e2e_bench_tiny_smoke(tmp_path):
-    mod = _load()
     out = tmp_path / "results.md"
     md = mod.main(["--tiny", "--steps", "6", "--warmup", "0", "--iters", "1", "--modes", "eager", "--append", str(out)])
     assert out.read_text().strip() == md.strip()
@@ -38,13 +22,6 @@ def test_e2e_bench_tiny_smoke(tmp_path):
 
 
 def test_e2e_bench_arguments(capsys):
-    spec = importlib.util.spec_from_file_location("e2e_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["e2e_bench"] = mod
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.modules.pop("e2e_bench", None)
     args = mod.parse_args([])
     assert args.modes == ("eager", "compiled") and args.setups == ("wan2.1-1.3b-480p", "wan14b-720p-slice")
     setup = mod.make_setup("wan14b-720p-slice", 50, 4)
@@ -58,7 +35,6 @@ def test_e2e_bench_arguments(capsys):
 
 
 def test_sparse_rows_and_json(tmp_path):
-    mod = _load()
     with pytest.raises(SystemExit):  # a bad map spec stops before anything is built
         mod.parse_args(["--tiny", "--sparsity", "topp:2"])
     args = mod.parse_args(["--tiny", "--sparsity", "radial", "topp:0.9"])

@@ -1,28 +1,27 @@
-"""benchmarks/parallel_bench.py: the tiny smoke run (1 and 2 gloo processes, compiled, dense and a block map) writes
+"""benchmarks.parallel_bench: the tiny smoke run (1 and 2 gloo processes, compiled, dense and a block map) writes
 the JSON rows the issue asks for; bad arguments stop before anything runs; rows merge, and the bars read them."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import parallel_bench
 from tests.pipelines.cp_spawn import needs_gloo
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "parallel_bench.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("parallel_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["parallel_bench"] = mod
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.modules.pop("parallel_bench", None)
-    return mod
+    return parallel_bench
+
+
+@pytest.fixture(autouse=True)
+def from_the_repository_root(monkeypatch):
+    """The workers start as ``python -m benchmarks.parallel_bench``, where the benchmarks run: the repository root
+    (pytest's own path to the package is not theirs)."""
+    monkeypatch.chdir(REPO)
 
 
 def test_tiny_compiled_sparse_rows(bench, tmp_path):

@@ -20,7 +20,7 @@ def test_tiny_run_rows_and_provenance(tiny_run):
     result, data, md = tiny_run
     for key in ("device", "commit", "command", "date"):
         assert data[key], key
-    assert data["complete"] and data["command"].startswith("python benchmarks/sparse_oracle.py --tiny")
+    assert data["complete"] and data["command"].startswith("python -m benchmarks.sparse_oracle --tiny")
     rows = data["rows"]
     settings = {(k, d) for k in sparse_oracle.KINDS for d in (0, 1)}
     assert {(r["kind"], r["dense_first_steps"]) for r in rows} == settings and len(rows) == len(settings)

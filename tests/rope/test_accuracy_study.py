@@ -1,29 +1,17 @@
-"""Smoke test of benchmarks/accuracy_study.py on a tiny configuration (synthetic + a dump)."""
+"""Smoke test of benchmarks.accuracy_study on a tiny configuration (synthetic + a dump)."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
 
+from benchmarks import accuracy_study as study
 from rotvid.rope.dumps import save_qkv_dump
 from rotvid.rope.rotations import save_learned_rotation
 from rotvid.rope.synthetic import synthetic_rope_qkv
 
-STUDY = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy_study.py"
-
-
-def _load_study():
-    spec = importlib.util.spec_from_file_location("accuracy_study", STUDY)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_study_tiny_synthetic_and_dump(tmp_path):
-    study = _load_study()
     s = synthetic_rope_qkv("hunyuan_video", (2, 3, 4), heads=2, head_dim=128, seed=3)
     text = torch.randn(1, 2, 5, 128)
     dump = tmp_path / "d.safetensors"

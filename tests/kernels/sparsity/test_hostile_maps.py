@@ -369,11 +369,12 @@ def test_cuda_compiled_call_with_a_malformed_map_gives_the_defined_result(recipe
 
 @pytest.mark.gpu
 def test_cuda_entry_points_refuse_a_map_on_another_device():
-    from rotvid.kernels import cuda_backend
+    from rotvid.kernels.recipes.int4_ops import int4_attention_cuda
+    from rotvid.kernels.recipes.int8_fp8_ops import int8fp8_attention_cuda
     from tests.kernels.test_cuda_int8fp8 import needs_sm90
 
     needs_sm90()
     q, k, v = (t.to("cuda", torch.bfloat16) for t in qkv(seed=22))
-    for entry in (cuda_backend.int8fp8_attention_cuda, cuda_backend.int4_attention_cuda):
+    for entry in (int8fp8_attention_cuda, int4_attention_cuda):
         with pytest.raises(ValueError, match="block_map: on cpu"):
             entry(q, k, v, block_map=good())
