@@ -17,9 +17,12 @@ import torch
 
 from rotvid.kernels import attention, metrics
 from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.recipes.int8_fp8_ops import (
+    attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
+)
 from rotvid.kernels.sparsity import BlockMap
 from tests.kernels.helpers import attention_fp64
-from tests.kernels.test_cuda_int8fp8 import CASES, cb, key_scales, make_inputs, needs_sm90, to_bhnd, unpermute_v8
+from tests.kernels.test_cuda_int8fp8 import CASES, key_scales, make_inputs, needs_sm90, to_bhnd, unpermute_v8
 
 pytestmark = pytest.mark.gpu
 
@@ -50,13 +53,13 @@ def test_kernel_lse_matches_twin_and_leaves_the_output_alone(case, split_tail):
     needs_sm90()
     b, h, n_q, n_kv, d, lens, dtype, layout, smooth_k, smooth_v = case
     q, k, v, kv_lens = make_inputs(b, h, n_q, n_kv, d, dtype, layout, seed=7 + n_kv, kv_lens=lens)
-    kq = cb().preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
+    kq = preprocess_int8fp8_cuda(q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v)
     opts = dict(n_q=n_q, n_kv=n_kv, head_dim=d, kv_lens=kv_lens, out_dtype=dtype, layout=layout, split_tail=split_tail)
-    plain = cb().attention_int8fp8_quantized(kq, **opts)
-    out, lse = cb().attention_int8fp8_quantized(kq, return_lse=True, **opts)
+    plain = attention_int8fp8_quantized(kq, **opts)
+    out, lse = attention_int8fp8_quantized(kq, return_lse=True, **opts)
     # and into a preallocated output (the extension's out= path), poisoned first
     poisoned = torch.full_like(plain, float("nan"))
-    out2, lse2 = cb().attention_int8fp8_quantized(kq, return_lse=True, out=poisoned, **opts)
+    out2, lse2 = attention_int8fp8_quantized(kq, return_lse=True, out=poisoned, **opts)
     torch.cuda.synchronize()
     assert torch.equal(out, plain) and torch.equal(out2, plain)
     assert torch.equal(lse, lse2)
@@ -71,8 +74,8 @@ def test_end_to_end_lse_is_the_reference_recipes(layout, d):
     the layout's order, as the reference recipe's (K carries a channel bias: the shift is several units)."""
     needs_sm90()
     q, k, v, kv_lens = make_inputs(2, 3, 1025, 700, d, torch.bfloat16, layout, seed=d, bias=3.0, kv_lens=[700, 257])
-    out, lse = cb().int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, return_lse=True)
-    assert torch.equal(out, cb().int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens))
+    out, lse = int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, return_lse=True)
+    assert torch.equal(out, int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens))
     _, want = attention_reference(q.float(), k.float(), v.float(), recipe="int8-fp8", layout=layout, kv_lens=kv_lens,
                                   block_n=128, return_lse=True)
     assert lse.shape == ((2, 3, 1025) if layout == "BHND" else (2, 1025, 3))
@@ -90,8 +93,8 @@ def test_a_tile_that_keeps_no_block_has_lse_minus_inf(split_tail):
     mask[:, 1, 2] = False  # head 1, query tile 2 keeps nothing
     mask[:, 0, 1, ::2] = False
     bm = BlockMap.from_mask(mask, n_q=512, n_kv=1024)
-    kq = cb().preprocess_int8fp8_cuda(q, k, v)
-    out, lse = cb().attention_int8fp8_quantized(kq, n_q=512, n_kv=1024, head_dim=128, out_dtype=torch.bfloat16,
+    kq = preprocess_int8fp8_cuda(q, k, v)
+    out, lse = attention_int8fp8_quantized(kq, n_q=512, n_kv=1024, head_dim=128, out_dtype=torch.bfloat16,
                                                 split_tail=split_tail, block_map=bm, return_lse=True)
     torch.cuda.synchronize()
     assert torch.isneginf(lse[0, 1, 256:384]).all() and (out[0, 1, 256:384] == 0).all()
@@ -124,8 +127,8 @@ def test_key_chunks_merged_by_the_kernels_lse_are_one_call():
 def test_the_mma_kernel_refuses_the_lse():
     needs_sm90()
     q, k, v, _ = make_inputs(1, 2, 300, 300, 128, torch.bfloat16, "BHND", seed=2)
-    kq = cb().preprocess_int8fp8_cuda(q, k, v)
+    kq = preprocess_int8fp8_cuda(q, k, v)
     with pytest.raises(ValueError, match="return_lse: the int8-fp8 'mma' kernel returns no log-sum-exp"):
-        cb().attention_int8fp8_quantized(kq, n_q=300, n_kv=300, head_dim=128, path="mma", return_lse=True)
-    got = to_bhnd(cb().attention_int8fp8_quantized(kq, n_q=300, n_kv=300, head_dim=128), "BHND")
+        attention_int8fp8_quantized(kq, n_q=300, n_kv=300, head_dim=128, path="mma", return_lse=True)
+    got = to_bhnd(attention_int8fp8_quantized(kq, n_q=300, n_kv=300, head_dim=128), "BHND")
     assert got.shape == (1, 2, 300, 128)

@@ -309,10 +309,12 @@ def test_cuda_kernels_give_the_defined_result_of_an_unchecked_malformed_map(case
     """Every kernel (Hopper wgmma int8-fp8 and INT4 at block_n 128 and 64, with and without the tail split; the
     mma.sync int8-fp8 and INT4 s8 kernels) on an unchecked malformed map: a finite output within the kernels' bound
     of the reference twin on the same map (its defined result), rows that keep nothing exactly 0."""
+    from rotvid.kernels.cuda_layout import pack_reference_quantized
+    from rotvid.kernels.recipes.int8_fp8_ops import preprocess_int8fp8_cuda
+    from rotvid.kernels.reference import attention_from_quantized, preprocess_int4
     from tests.kernels import test_cuda_sparse as ts
     from tests.kernels.test_cuda_int8fp8 import needs_sm90
     from tests.kernels.test_cuda_int8fp8_mma import needs_e4m3_mma
-    from rotvid.kernels.reference import attention_from_quantized, preprocess_int4
 
     bm = cuda_case(case)
     kv_lens = KV_LENS.cuda()
@@ -323,7 +325,7 @@ def test_cuda_kernels_give_the_defined_result_of_an_unchecked_malformed_map(case
         runs = []
         if torch.cuda.get_device_capability() >= (8, 9):
             needs_e4m3_mma()
-            kq = ts.cb().preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens)
+            kq = preprocess_int8fp8_cuda(q, k, v, kv_lens=kv_lens)
             ref = ts.int8fp8_twin(kq, NQ, NKV, kv_lens, bm)
             paths = [("mma", False)]
             if torch.cuda.get_device_capability()[0] == 9:
@@ -338,7 +340,7 @@ def test_cuda_kernels_give_the_defined_result_of_an_unchecked_malformed_map(case
             int4_paths += [("wgmma", bn, split) for bn in (64, 128) for split in (True, False)]
         for path, block_n, split in int4_paths:
             ref_q = preprocess_int4(q, k, v, kv_lens=kv_lens, block_n=block_n, smooth_q=True)
-            kq = ts.cb().pack_reference_quantized(ref_q, p_mode="range", path=path)
+            kq = pack_reference_quantized(ref_q, p_mode="range", path=path)
             ref = attention_from_quantized(ref_q, p_mode="range", out_dtype=torch.float32, block_map=bm)
             runs.append((f"int4 {path} bn{block_n} split={split}", ref, ts.run_int4(
                 kq, n_q=NQ, n_kv=NKV, d=d, block_n=block_n, kv_lens=kv_lens, p_mode="range", dtype=torch.bfloat16,
