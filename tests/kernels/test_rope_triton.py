@@ -14,6 +14,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 CHECK = textwrap.dedent(
     """
     import torch
+    import rotvid.pipelines.families  # the built-in families register their RoPE facts (rope_table_3d)
     from rotvid.rope.fused_table import apply_generalized_rope, fuse_rope_and_rotation
     from rotvid.rope.rotations import PairRotation, make_rotation
     from rotvid.rope.tables import rope_table_3d
