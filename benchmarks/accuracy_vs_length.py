@@ -20,7 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import rotvid.kernels.reference as R  # noqa: E402
+# the int8-fp8 operands look their quantizers up in their own module: R's names are the ones to replace
+import rotvid.kernels.recipes.int8_fp8.reference as R  # noqa: E402
 from rotvid.kernels.quantize import FP8_E4M3_MAX  # noqa: E402
 
 

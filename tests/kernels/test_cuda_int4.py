@@ -16,7 +16,7 @@ import torch
 
 from rotvid.kernels import attention, metrics
 from rotvid.kernels.recipes import attention_reference
-from rotvid.kernels.reference import attention_from_quantized, preprocess_int4
+from rotvid.kernels.recipes.int4.reference import attention_from_quantized, preprocess_int4
 from tests.kernels.helpers import attention_fp64, cuda_qkv
 
 pytestmark = pytest.mark.gpu

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rotvid.kernels import cuda_build, cuda_layout
-from rotvid.kernels.recipes import int4_ops, int8_fp8_ops
+from rotvid.kernels.recipes.int4 import ops as int4_ops
+from rotvid.kernels.recipes.int8_fp8 import ops as int8_fp8_ops
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_int8fp8_p_fragment_positions_are_the_score_accumulator_columns():
     A-fragment k positions 4t..4t+3 (a0/a1) and 16+4t..16+4t+3 (a2/a3) of each 32-key step, packed from its score
     accumulator columns (2t, 2t+1) of n-tiles 4s, 4s+1 and 4s+2, 4s+3; V^T must hold those keys there. The keys of
     thread t are K group t ((key mod 8) / 2): one K scale per thread and block."""
-    from rotvid.kernels.quantize import k_group_of_key
+    from rotvid.kernels.recipes.int8_fp8.reference import k_group_of_key
 
     perm = cuda_layout.vt_key_permutation(256, "s8")
     for s in range(8):

@@ -312,7 +312,7 @@ def test_cuda_kernels_give_the_defined_result_of_an_unchecked_malformed_map(case
     from tests.kernels import test_cuda_sparse as ts
     from tests.kernels.test_cuda_int8fp8 import needs_sm90
     from tests.kernels.test_cuda_int8fp8_mma import needs_e4m3_mma
-    from rotvid.kernels.reference import attention_from_quantized, preprocess_int4
+    from rotvid.kernels.recipes.int4.reference import attention_from_quantized, preprocess_int4
 
     bm = cuda_case(case)
     kv_lens = KV_LENS.cuda()

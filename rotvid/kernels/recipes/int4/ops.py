@@ -1,10 +1,44 @@
 """The INT4 recipes' CUDA kernels (``int4``, ``int4-sym-p``): custom ops ``rotvid::int4_preprocess`` and
-``rotvid::int4_attention`` with their fake (shape-only) implementations, and the public functions on them.
+``rotvid::int4_attention`` with their fake (shape-only) implementations, the public functions on them, and the INT4
+operands' layout (:func:`pack_reference_quantized` packs the reference's into it).
 
-Paths and operand layout: :mod:`rotvid.kernels.cuda_layout`. On sm90 the default kernel is ``"wgmma"`` (block size
-:func:`default_block_n`); elsewhere the arch table's path. A block map (``block_map=``) runs on every path, the
-``"wgmma"`` kernel and the mma.sync ``"s8"`` / ``"s4"`` ones (at block_n 64 each map block of 128 keys is walked as
-two kernel blocks).
+Instruction paths, chosen by compute capability from :data:`rotvid.kernels.cuda_build.ARCH_TABLE`:
+
+* ``"s4"`` (sm80/86/89): native INT4 ``mma.sync.m16n8k64.s4`` for QKᵀ and P̃V̂; Q/K/V̂ packed
+  two values per byte.
+* ``"s8"`` (any supported GPU): the same INT4-valued numbers on INT8 ``mma.sync.m16n8k32.s8``
+  (identical integer products, so identical outputs).
+* ``"wgmma"`` (sm90, block_n 64 or 128): the same numbers on Hopper's warpgroup tensor cores
+  (``wgmma.mma_async ... s8`` for QKᵀ, ``e4m3 x e4m3`` for P̂V̂ -- INT4 values are exact in e4m3 and the block's
+  sum is exact in the FP32 accumulator --, operands brought in by TMA; ``csrc/hopper/hopper_attention.cuh`` with the
+  numerics of ``recipes/int4/csrc/hopper_int4_numerics.cuh``). The s8 kernel layout, except ``vt``: uint8
+  sign-magnitude bytes. P̂ is rounded by the e4m3 conversion of a shifted exponent, so a few outputs in 10⁴ differ
+  from the s8 path's (rare ±1 flips of P̂ where ex2.approx rounds the other way); the bound against the reference is
+  the s8 path's.
+
+On sm90 the default kernel is ``"wgmma"`` (block size :func:`default_block_n`); elsewhere the arch table's path. A
+block map (``block_map=``) runs on every path, the ``"wgmma"`` kernel and the mma.sync ``"s8"`` / ``"s4"`` ones (at
+block_n 64 each map block of 128 keys is walked as two kernel blocks).
+
+Kernel layout (what :func:`preprocess_int4_cuda` returns and :func:`attention_int4_quantized` takes; the shared
+layout: :mod:`rotvid.kernels.cuda_layout`), with BH = batch·heads, ``Nq_pad`` = Nq rounded up to 128, ``Nkv_pad``
+to block_n:
+
+* ``q_hat`` int8 [B, H, Nq_pad, DB], ``k_hat`` int8 [B, H, Nkv_pad, DB]; DB = D (s8) or D/2
+  (s4, element 2c in the low nibble of byte c); padded rows are zero.
+* ``q_scale`` fp32 [B, H, Nq_pad], ``k_scale`` fp32 [B, H, Nkv_pad] (zero on padded rows).
+* ``vt`` int8 [B, H, D, Nkv_pad] (s8) or [B, H, D, Nkv_pad/2] (s4), or uint8 [B, H, D, Nkv_pad] (wgmma: the
+  sign-magnitude byte ``|v| | sign << 7``, which the kernel reads as the e4m3 value v·2⁻⁹): V̂ transposed, key
+  positions permuted inside chunks of 32 (s8, wgmma) / 64 (s4) keys
+  (:func:`~rotvid.kernels.cuda_layout.vt_key_permutation`). Operands are pre-processed for one path: the kernels
+  refuse a ``vt`` of another path's format.
+* ``vparams`` fp32 [B, H, Nkv_pad/block_n, D, 2]: ``v_scale`` (the P levels' factor 1/15 or 1/7
+  cancels in O / l, both being in units of P̂), and the bits of int32 ``0x4B400000 + 8*colsum``
+  (range) or ``0x4B400000`` (sym), the accumulator initialiser of P̃V̂ in the mma.sync kernels.
+* ``v_mean`` fp32 [B, H, D] when V is smoothed, else an empty tensor.
+* ``k_bias`` fp32 [B, H, Nkv_pad] when Q is smoothed, else an empty tensor: ``sm_scale·log2(e)·(mean(q)·k_s)``
+  per key (mean over all query rows of the head, ``k_s`` the smoothed key), Q smoothing's ΔS in the log2
+  domain; the kernels add it to each score. It depends on ``sm_scale``: pre-process and attend with the same.
 """
 
 from __future__ import annotations
@@ -14,19 +48,23 @@ import torch
 from rotvid.kernels import cuda_build
 from rotvid.kernels.cuda_layout import (
     DEFAULT_BLOCK_N,
-    P_MODES,
-    PATHS,
     SUPPORTED_BLOCK_N,
     KernelQKV,
     block_map_operands,
     check_inputs,
     check_output_args,
     kv_lens_int32,
+    pad_rows,
     pads,
-    vt_dtype,
+    vt_key_permutation,
 )
+from rotvid.kernels.recipes.int4.reference import QuantizedQKV
 from rotvid.kernels.reference import LOG2E, check_sm_scale
 from rotvid.kernels.sparsity.block_map import BlockMap
+
+PATHS = ("s4", "s8", "wgmma")
+P_MODES = {"range": 0, "sym": 1}
+MAGIC_I = 0x4B400000
 
 
 @torch.library.custom_op("rotvid::int4_preprocess", mutates_args=())
@@ -116,7 +154,6 @@ def _(q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, h
     return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
 
 
-
 def default_block_n(device: torch.device | None = None) -> int:
     """The key-block size the CUDA backend uses when none is given: 128 where the Hopper kernel
     runs (its tile), else 64. The block size is part of the numerics (block-local softmax max and
@@ -147,7 +184,6 @@ def _check_path(path: str | None, device: torch.device) -> str:
     return path
 
 
-
 def preprocess_int4_cuda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -171,7 +207,7 @@ def preprocess_int4_cuda(
     packing (``None``: the arch default); ``block_n`` None: :func:`default_block_n`. ``smooth_q``: Q
     smoothed by its per-head mean, the ΔS per key in ``k_bias`` for the score scale ``sm_scale`` (default
     D ** -0.5; attend with the same). Returns a :class:`KernelQKV` (module docstring).
-    Bit-identical to :func:`rotvid.kernels.reference.preprocess_int4` packed by
+    Bit-identical to :func:`rotvid.kernels.recipes.int4.reference.preprocess_int4` packed by
     :func:`pack_reference_quantized`.
     """
     block_n = default_block_n(q.device) if block_n is None else block_n
@@ -215,7 +251,7 @@ def attention_int4_quantized(
     second kernel) -- same maths, fp32 summation order of O and l changed for those rows only;
     False keeps every row's order (the mma.sync path's summation order; the wgmma kernel's P̂ may still differ
     from that path's at rare scores, see the module docstring). ``block_map``: the key blocks each query tile visits
-    (every path; as :func:`rotvid.kernels.recipes.int8_fp8_ops.attention_int8fp8_quantized`'s: a skipped block is
+    (every path; as :func:`rotvid.kernels.recipes.int8_fp8.ops.attention_int8fp8_quantized`'s: a skipped block is
     a block of ``-inf`` scores, a tile that keeps none gives 0, the values are not checked here).
     """
     if p_mode not in P_MODES:
@@ -282,3 +318,71 @@ def int4_attention_cuda(
         qkv, n_q=qn, n_kv=kn, head_dim=qd, block_n=block_n, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
         path=path, out_dtype=q.dtype, layout=layout, block_map=block_map,
     )
+
+
+def vt_dtype(path: str) -> torch.dtype:
+    """The dtype of the INT4 ``vt`` operand of a (resolved) path: uint8 sign-magnitude bytes for the wgmma kernel's
+    e4m3 P·V, int8 two's complement (s8) or nibbles (s4) for the mma.sync kernels."""
+    return torch.uint8 if path == "wgmma" else torch.int8
+
+
+def sign_magnitude_bytes(x: torch.Tensor) -> torch.Tensor:
+    """INT4 values (int8 in [-7, 7]) -> uint8 ``|x| | sign << 7``: the e4m3 codes of x·2⁻⁹."""
+    v = x.to(torch.int16)
+    return torch.where(v < 0, 128 - v, v).to(torch.uint8)
+
+
+def pack_nibbles(x: torch.Tensor) -> torch.Tensor:
+    """int8 values in [-8, 7] along the last dim -> bytes, element 2c in the low nibble of byte c."""
+    lo = x[..., 0::2].to(torch.int32) & 0xF
+    hi = x[..., 1::2].to(torch.int32) & 0xF
+    return (lo | (hi << 4)).to(torch.uint8).view(torch.int8)
+
+
+def pack_reference_quantized(
+    qkv: QuantizedQKV, *, p_mode: str = "range", path: str = "s8", sm_scale: float | None = None
+) -> KernelQKV:
+    """Kernel-layout operands from the reference's :class:`QuantizedQKV` (same values, no rounding).
+
+    With Q smoothing the reference's ΔS becomes ``k_bias`` = float32(sm_scale·log2 e)·(mean(q)·k_sᵀ) for the score
+    scale ``sm_scale`` (default D ** -0.5); the kernels take one Q mean per head (``q_block=None`` in the
+    reference): per-block means raise ValueError.
+    """
+    if p_mode not in P_MODES:
+        raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
+    if path not in PATHS:
+        raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
+    b, h, n_q, d = qkv.q_hat.shape
+    n_kv = qkv.k_hat.shape[2]
+    nq_pad, nkv_pad = pads(n_q, n_kv, qkv.block_n)
+    q_hat = pad_rows(qkv.q_hat, nq_pad)
+    k_hat = pad_rows(qkv.k_hat, nkv_pad)
+    q_scale = pad_rows(qkv.q_scale.float(), nq_pad).reshape(b, h, nq_pad)
+    k_scale = pad_rows(qkv.k_scale.float(), nkv_pad).reshape(b, h, nkv_pad)
+    v_hat = qkv.v_hat  # [B, H, Nkv_pad, D]
+    if v_hat.shape[2] != nkv_pad:
+        raise ValueError(f"qkv.v_hat: expected {nkv_pad} (padded) keys, got {v_hat.shape[2]}")
+    perm = vt_key_permutation(nkv_pad, path, device=v_hat.device)
+    vt = v_hat.transpose(2, 3)[..., perm].contiguous()
+    if path == "s4":
+        q_hat, k_hat, vt = pack_nibbles(q_hat), pack_nibbles(k_hat), pack_nibbles(vt)
+    elif path == "wgmma":
+        vt = sign_magnitude_bytes(vt)
+    vs = qkv.v_scale.float()
+    cs = MAGIC_I + (8 * qkv.v_colsum.to(torch.int32) if p_mode == "range" else 0 * qkv.v_colsum.to(torch.int32))
+    vparams = torch.stack([vs, cs.to(torch.int32).view(torch.float32)], dim=-1).contiguous()
+    if qkv.v_mean is not None:
+        v_mean = qkv.v_mean.float().reshape(b, h, d).contiguous()
+    else:
+        v_mean = torch.empty(0, dtype=torch.float32, device=q_hat.device)
+    k_bias = torch.empty(0, dtype=torch.float32, device=q_hat.device)
+    if qkv.q_block_mean is not None:
+        mean = qkv.q_block_mean[:, :, :1]
+        if not torch.equal(qkv.q_block_mean, mean.expand_as(qkv.q_block_mean)):
+            raise ValueError("qkv: the CUDA kernels smooth Q with one mean per head (reference q_block=None), "
+                             "got per-block Q means")
+        qk_scale = torch.tensor((d**-0.5 if sm_scale is None else sm_scale) * LOG2E, dtype=torch.float32)
+        ds = torch.matmul(mean.float(), qkv.k_smoothed.float().transpose(-1, -2)) * qk_scale.to(mean.device)
+        k_bias = pad_rows(ds.transpose(-1, -2), nkv_pad).reshape(b, h, nkv_pad).contiguous()
+    return KernelQKV(q_hat.contiguous(), q_scale.contiguous(), k_hat.contiguous(), k_scale.contiguous(), vt, vparams,
+                     v_mean, k_bias)

@@ -10,7 +10,7 @@ from functools import partial
 from rotvid.kernels.quantize import quantize_per_token_int4
 from rotvid.kernels.recipes.base import Recipe, RecipeLabels
 from rotvid.kernels.recipes.int4 import HOPPER_FOUR_BIT_NOTE
-from rotvid.kernels.recipes.int8_fp8 import fp8_block_pv, fp8_v_operand
+from rotvid.kernels.recipes.int8_fp8.reference import fp8_block_pv, fp8_v_operand
 from rotvid.kernels.reference import DEFAULT_BLOCK_N, attention_blockwise
 
 

@@ -2,8 +2,9 @@
 
 Per-token INT4 Q and K, per-group INT4 V (one scale per channel per key block), P as integers in [0, 15]
 (``int4``: the INT4 operand P̂ - 8) or [0, 7] (``int4-sym-p``); the exact steps are
-:mod:`rotvid.kernels.reference`'s. CUDA kernels on sm80-sm90 (:mod:`rotvid.kernels.recipes.int4_ops`): native INT4
-``mma`` on Ampere and Ada, the same numbers on the 8-bit tensor cores of Hopper (wgmma, key blocks of 128 there).
+:mod:`rotvid.kernels.recipes.int4.reference`'s. CUDA kernels on sm80-sm90 (:mod:`rotvid.kernels.recipes.int4.ops`,
+sources in ``csrc/`` beside it): native INT4 ``mma`` on Ampere and Ada, the same numbers on the 8-bit tensor cores of
+Hopper (wgmma, key blocks of 128 there).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from functools import partial
 
 from rotvid.kernels import cuda_build, cuda_checks
 from rotvid.kernels.recipes.base import KernelEntry, Recipe, RecipeLabels
-from rotvid.kernels.recipes.int4_ops import default_block_n, int4_attention_cuda
+from rotvid.kernels.recipes.int4.ops import default_block_n, int4_attention_cuda
+from rotvid.kernels.recipes.int4.reference import attention_int4
 from rotvid.kernels.recipes.int8_fp8 import HOPPER_MEASURED
-from rotvid.kernels.reference import DEFAULT_BLOCK_N, attention_int4
+from rotvid.kernels.reference import DEFAULT_BLOCK_N
 
 INT4_REASON = "native INT4 tensor cores (mma.m16n8k64.s4, twice the 8-bit rate): the paper's INT4 recipe"
 # What a 4-bit recipe asked for by name on Hopper is told (it still runs as asked).

@@ -14,7 +14,7 @@ s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]). Two kernels of the sa
 
 A block map (``block_map=``, :class:`~rotvid.kernels.sparsity.BlockMap`) runs on both kernels: each query tile
 visits only its row's key blocks (the skipped ones are never loaded), with the numerics of
-:func:`rotvid.kernels.reference.attention_int8fp8_from_quantized` under the same map.
+:func:`rotvid.kernels.recipes.int8_fp8.reference.attention_int8fp8_from_quantized` under the same map.
 
 The log-sum-exp (``return_lse=True``; the ``"wgmma"`` kernel only, op ``rotvid::int8fp8_attention_lse``): the kernel
 writes ``ln 2 · (m + log2(l) - log2 448)`` per row from its online softmax (``l`` sums ``448 p``; a row that attends
@@ -46,9 +46,13 @@ from rotvid.kernels.cuda_layout import (
     check_inputs,
     check_output_args,
     kv_lens_int32,
+    pad_rows,
     pads,
+    vt_key_permutation,
 )
-from rotvid.kernels.reference import INT8FP8_BLOCK_N, LOG2E, check_sm_scale, to_bhnd
+from rotvid.kernels.quantize import key_valid_mask, quantize_per_channel_fp8, quantize_per_token_int8
+from rotvid.kernels.recipes.int8_fp8.reference import INT8FP8_BLOCK_N, quantize_k_groups_int8
+from rotvid.kernels.reference import LOG2E, check_sm_scale, smooth_qkv, to_bhnd
 from rotvid.kernels.rope_op import ROPE_HEAD_DIMS
 from rotvid.kernels.sparsity.block_map import BlockMap
 
@@ -246,11 +250,13 @@ def preprocess_int8fp8_cuda(
     read: the operands of ``preprocess_int8fp8_cuda(q, k, rotate_v_online(v, D))`` bit for bit
     (:func:`rotvid.rope.hadamard.rotate_v_online`; the module docstring).
 
-    Inputs as :func:`preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose ``k_scale`` holds the K group
-    scales fp32 [B, H, Nkv_pad / 128, 4] (:func:`rotvid.kernels.quantize.quantize_k_groups_int8`), ``vt`` the e4m3 bytes of V̂
-    (s8 V^T layout, ``Nkv_pad`` a multiple of 128) and whose ``vparams`` is ``v_scale`` fp32 [B, H, D]
-    (= amax / 448 over the valid tokens, 1 for an all-zero channel). Equal to the reference's quantizers
-    (:func:`~rotvid.kernels.quantize.quantize_per_token_int8`, :func:`~rotvid.kernels.quantize.quantize_k_groups_int8`,
+    Inputs as :func:`rotvid.kernels.recipes.int4.ops.preprocess_int4_cuda`. Returns a :class:`KernelQKV` whose
+    ``k_scale`` holds the K group scales fp32 [B, H, Nkv_pad / 128, 4]
+    (:func:`rotvid.kernels.recipes.int8_fp8.reference.quantize_k_groups_int8`), ``vt`` the e4m3 bytes of V̂ (s8 V^T
+    layout, ``Nkv_pad`` a multiple of 128) and whose ``vparams`` is ``v_scale`` fp32 [B, H, D] (= amax / 448 over the
+    valid tokens, 1 for an all-zero channel). Equal to the reference's quantizers
+    (:func:`~rotvid.kernels.quantize.quantize_per_token_int8`,
+    :func:`~rotvid.kernels.recipes.int8_fp8.reference.quantize_k_groups_int8`,
     :func:`~rotvid.kernels.quantize.quantize_per_channel_fp8`).
 
     Runs as one memset, one statistics launch over K and V (a second one when ``smooth_v``) and one quantize launch
@@ -442,3 +448,46 @@ def int8fp8_device_problem(device_index: int) -> str:
             f"recipe 'int8-fp8' has CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma) only, this is sm{cap[0]}{cap[1]}"
         )
     return ""
+
+
+def pack_reference_int8fp8(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+) -> KernelQKV:
+    """Kernel-layout int8-fp8 operands computed by the reference's quantizers (same values as the kernel's
+    pre-processing): smoothing as :func:`rotvid.kernels.reference.smooth_qkv`, INT8 Q per token and K per group,
+    per-channel FP8 V over the valid tokens, V^T as e4m3 bytes in the s8 permuted layout."""
+    q, k, v = (to_bhnd(t, layout) for t in (q, k, v))
+    q_s, k_s, v_s, _, v_mean = smooth_qkv(
+        q, k, v, kv_lens=kv_lens, smooth_k=smooth_k, smooth_q=False, smooth_v=smooth_v
+    )
+    b, h, n_q, d = q.shape
+    n_kv = k.shape[2]
+    nq_pad, nkv_pad = pads(n_q, n_kv, INT8FP8_BLOCK_N)
+    q_hat, q_scale = quantize_per_token_int8(q_s)
+    k_hat, _, k_groups = quantize_k_groups_int8(k_s, kv_lens)
+    valid = key_valid_mask(n_kv, kv_lens, b, v.device)
+    v_q, v_scale = quantize_per_channel_fp8(v_s, valid)
+    v8 = pad_rows(v_q.to(torch.float8_e4m3fn).view(torch.int8), nkv_pad)
+    perm = vt_key_permutation(nkv_pad, "s8", device=v.device)
+    vt = v8.transpose(2, 3)[..., perm].contiguous()
+    v_mean_t = (
+        v_mean.float().reshape(b, h, d).contiguous()
+        if v_mean is not None
+        else torch.empty(0, dtype=torch.float32, device=q.device)
+    )
+    return KernelQKV(
+        pad_rows(q_hat, nq_pad),
+        pad_rows(q_scale.float(), nq_pad).reshape(b, h, nq_pad).contiguous(),
+        pad_rows(k_hat, nkv_pad),
+        k_groups.float().contiguous(),
+        vt,
+        v_scale.float().reshape(b, h, d).contiguous(),
+        v_mean_t,
+    )

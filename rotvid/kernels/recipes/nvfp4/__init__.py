@@ -8,21 +8,9 @@ from __future__ import annotations
 
 from functools import partial
 
-import torch
-
-from rotvid.kernels.quantize import quantize_nvfp4
 from rotvid.kernels.recipes.base import Recipe, RecipeLabels
+from rotvid.kernels.recipes.nvfp4.reference import block_pv, nvfp4_operands
 from rotvid.kernels.reference import DEFAULT_BLOCK_N, attention_blockwise
-
-
-def nvfp4_operands(q_s, k_s, v_s, valid, kv_lens):
-    """Q, K per 16 channels, V per 16 keys (masked keys zeroed first), all dequantized."""
-    return quantize_nvfp4(q_s, dim=-1), quantize_nvfp4(k_s, dim=-1), quantize_nvfp4(v_s * valid.to(v_s.dtype), dim=-2), None
-
-
-def block_pv(p: torch.Tensor, vb: torch.Tensor, v_div) -> torch.Tensor:
-    return torch.matmul(quantize_nvfp4(p, dim=-1), vb)
-
 
 RECIPE = Recipe(
     name="nvfp4",

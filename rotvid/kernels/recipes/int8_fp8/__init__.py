@@ -1,7 +1,7 @@
 """``int8-fp8`` (SageAttention2-8b): INT8 Q per token and K per group of 32 keys per 128-key block (the keys one
 kernel thread holds), P and V in FP8 e4m3 with V per channel and P scaled by 448, one FP32 buffer per key block.
 
-CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma, the default there): :mod:`rotvid.kernels.recipes.int8_fp8_ops`;
+CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma, the default there): :mod:`rotvid.kernels.recipes.int8_fp8.ops`;
 they do not smooth Q and use key blocks of 128 on every backend (the reference's default for this recipe too, so a
 fallback keeps their numerics). Their pre-processing can apply a RoPE·R table itself, and V's side of the online V/O
 Hadamard (``v_hadamard``, the block = head_dim; the dispatcher then undoes it on the output in one CUDA pass, as the
@@ -14,25 +14,17 @@ from __future__ import annotations
 
 from functools import partial
 
-import torch
-
 from rotvid.kernels import cuda_build, cuda_checks
-from rotvid.kernels.quantize import (
-    FP8_E4M3_MAX,
-    quant_p_fp8,
-    quantize_k_groups_int8,
-    quantize_per_channel_fp8,
-    quantize_per_token_int8,
-)
 from rotvid.kernels.recipes.base import KernelEntry, Recipe, RecipeLabels
-from rotvid.kernels.recipes.int8_fp8_ops import (
+from rotvid.kernels.recipes.int8_fp8.ops import (
     int8fp8_attention_cuda,
     int8fp8_device_problem,
     int8fp8_returns_lse,
     rope_fusion_unsupported,
     v_hadamard_fusion_unsupported,
 )
-from rotvid.kernels.reference import INT8FP8_BLOCK_N, attention_blockwise
+from rotvid.kernels.recipes.int8_fp8.reference import INT8FP8_BLOCK_N, fp8_block_pv, int8fp8_operands
+from rotvid.kernels.reference import attention_blockwise
 
 NAME = "int8-fp8"
 # Measured side by side on an H100 (benchmarks/kernel_bench.py, commit 20a09d3, pre-processing included, ratio to
@@ -43,25 +35,6 @@ HOPPER_REASON = (
     "no speed and gains 12-16 dB SQNR over int4 (accuracy study, benchmarks/RESULTS.md); it is also the faster "
     f"one there ({HOPPER_MEASURED})"
 )
-
-
-def fp8_v_operand(v_s, valid):
-    """V in FP8 e4m3 per channel over the valid keys: ``(values, scale)``."""
-    return quantize_per_channel_fp8(v_s, valid)
-
-
-def fp8_block_pv(p: torch.Tensor, vb: torch.Tensor, v_scale) -> torch.Tensor:
-    """FP8 P (scaled by 448) times FP8 V, an FP32 buffer for this block."""
-    return torch.matmul(quant_p_fp8(p), vb) * (v_scale / FP8_E4M3_MAX)
-
-
-def int8fp8_operands(q_s, k_s, v_s, valid, kv_lens):
-    """INT8 Q per token, K per group of 32 keys per 128-key block (dequantized), FP8 V per channel."""
-    dt = q_s.dtype
-    q_hat, q_sc = quantize_per_token_int8(q_s)
-    k_hat, k_sc, _ = quantize_k_groups_int8(k_s, kv_lens)
-    vd, v_sc = fp8_v_operand(v_s, valid)
-    return q_hat.to(dt) * q_sc, k_hat.to(dt) * k_sc, vd, v_sc
 
 
 # ---- the CUDA kernel ------------------------------------------------------------------------------------------
