@@ -4,11 +4,14 @@ Which recipe has a CUDA kernel, what it checks and how it runs is the recipe's
 (:attr:`rotvid.kernels.recipes.base.Recipe.kernels` ``["cuda"]``); this backend asks the registry. The parts of the
 CUDA side live by job:
 
-* :mod:`rotvid.kernels.cuda_build` — sources, the arch table, building and loading the extension;
-* :mod:`rotvid.kernels.cuda_layout` — the kernels' operand layout, shared input checks, packing for tests;
+* :mod:`rotvid.kernels.cuda_sources` — which files the extension is built from (the shared ``csrc/`` and each
+  recipe's ``csrc/``, found by folder);
+* :mod:`rotvid.kernels.cuda_build` — the arch table, building and loading the extension;
+* :mod:`rotvid.kernels.cuda_layout` — the operand layout the kernels share, shared input checks;
 * :mod:`rotvid.kernels.cuda_checks` — the support checks the recipes' kernel entries list;
 * :mod:`rotvid.kernels.recipes.int4.ops`, :mod:`rotvid.kernels.recipes.int8_fp8.ops` — each recipe's custom ops
-  (``rotvid::int4_*``, ``rotvid::int8fp8_*``) with their fake implementations, and the functions on them;
+  (``rotvid::int4_*``, ``rotvid::int8fp8_*``) with their fake implementations, the functions on them, its operands'
+  layout and the packing of the reference's operands into it (for tests); its sources are in its folder's ``csrc/``;
 * :mod:`rotvid.kernels.rope_op` — the RoPE·R op (``rotvid::generalized_rope``) and the CUDA / Triton / PyTorch
   choice for it.
 
@@ -20,8 +23,6 @@ from __future__ import annotations
 from rotvid.kernels.cuda_build import (  # noqa: F401 -- re-exports
     ARCH_TABLE,
     CSRC,
-    HEADERS,
-    SOURCES,
     ArchEntry,
     _nvcc,
     arch_entry,

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from rotvid.kernels.reference import to_bhnd
+from rotvid.kernels.reference import check_sm_scale, to_bhnd
 from rotvid.kernels.sparsity.block_map import BlockMap
 
 BLOCK_M = 128
@@ -48,6 +48,39 @@ class KernelQKV(NamedTuple):
 
 def pads(n_q: int, n_kv: int, block_n: int) -> tuple[int, int]:
     return -(-n_q // BLOCK_M) * BLOCK_M, -(-n_kv // block_n) * block_n
+
+
+def sizes_of(q: torch.Tensor, k: torch.Tensor, bnhd: bool) -> tuple[int, int, int, int, int]:
+    """``(B, H, Nq, D, Nkv)`` of ``q`` and ``k`` in their layout (``bnhd``: [B, N, H, D], else [B, H, N, D]); what a
+    pre-processing op's fake implementation shapes its operands by."""
+    if bnhd:
+        b, n_q, h, d = q.shape
+        n_kv = k.shape[1]
+    else:
+        b, h, n_q, d = q.shape
+        n_kv = k.shape[2]
+    return b, h, n_q, d, n_kv
+
+
+def empty_attention_output(q_hat: torch.Tensor, n_q: int, head_dim: int, out_bf16: bool, bnhd: bool) -> torch.Tensor:
+    """An unwritten attention output for operands ``q_hat`` [B, H, Nq_pad, DB]: [B, n_q, H, head_dim] (``bnhd``) or
+    [B, H, n_q, head_dim], bf16 or fp16 (what an attention op's fake implementation returns)."""
+    b, h = q_hat.shape[0], q_hat.shape[1]
+    shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
+    return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
+
+
+def scale_and_map_operands(qkv: KernelQKV, *, n_q: int, n_kv: int, head_dim: int, sm_scale: float | None,
+                           block_map) -> tuple[float, torch.Tensor | None, torch.Tensor | None]:
+    """``(sm_scale, map_index, map_count)`` of an attention call on pre-processed operands: the score scale checked
+    (:func:`rotvid.kernels.reference.check_sm_scale`; None: ``head_dim ** -0.5``) and the block map as the kernels
+    read it (:func:`block_map_operands`)."""
+    check_sm_scale(sm_scale)
+    sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    b, h = qkv.q_hat.shape[:2]
+    map_index, map_count = block_map_operands(block_map, batch=b, heads=h, n_q=n_q, n_kv=n_kv,
+                                              device=qkv.q_hat.device)
+    return sm_scale, map_index, map_count
 
 
 def check_inputs(q, k, v, layout, kv_lens, block_n):

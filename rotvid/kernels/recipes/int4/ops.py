@@ -53,9 +53,12 @@ from rotvid.kernels.cuda_layout import (
     block_map_operands,
     check_inputs,
     check_output_args,
+    empty_attention_output,
     kv_lens_int32,
     pad_rows,
     pads,
+    scale_and_map_operands,
+    sizes_of,
     vt_key_permutation,
 )
 from rotvid.kernels.recipes.int4.reference import QuantizedQKV
@@ -93,12 +96,7 @@ def _int4_preprocess_op(
 def _(q, k, v, kv_lens, bnhd, block_n, smooth_k, smooth_v, path, p_mode, smooth_q, qk_scale):
     kernel = _resolve_path(path, q.device)
     s4 = kernel == "s4"
-    if bnhd:
-        b, n_q, h, d = q.shape
-        n_kv = k.shape[1]
-    else:
-        b, h, n_q, d = q.shape
-        n_kv = k.shape[2]
+    b, h, n_q, d, n_kv = sizes_of(q, k, bnhd)
     nq_pad, nkv_pad = pads(n_q, n_kv, block_n)
     db = d // 2 if s4 else d
     i8, f32 = dict(dtype=torch.int8, device=q.device), dict(dtype=torch.float32, device=q.device)
@@ -149,9 +147,7 @@ def _int4_attention_op(
 @_int4_attention_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, vparams, v_mean, kv_lens, n_q, n_kv, head_dim, block_n, path, p_mode,
       qk_scale, out_bf16, bnhd, split_tail, k_bias, map_index=None, map_count=None):
-    b, h = q_hat.shape[0], q_hat.shape[1]
-    shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
-    return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
+    return empty_attention_output(q_hat, n_q, head_dim, out_bf16, bnhd)
 
 
 def default_block_n(device: torch.device | None = None) -> int:
@@ -267,11 +263,8 @@ def attention_int4_quantized(
         raise ValueError(f"qkv.vt: the {kernel!r} kernel takes {want} V^T bytes, got "
                          f"{qkv.vt.dtype}: pre-process for the same path (preprocess_int4_cuda / "
                          f"pack_reference_quantized with path={path!r})")
-    check_sm_scale(sm_scale)
-    sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
-    b, h = qkv.q_hat.shape[:2]
-    map_index, map_count = block_map_operands(block_map, batch=b, heads=h, n_q=n_q, n_kv=n_kv,
-                                              device=qkv.q_hat.device)
+    sm_scale, map_index, map_count = scale_and_map_operands(qkv, n_q=n_q, n_kv=n_kv, head_dim=head_dim,
+                                                            sm_scale=sm_scale, block_map=block_map)
     k_bias = qkv.k_bias if qkv.k_bias is not None else qkv.q_scale.new_empty((0,))
     args = (
         qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,

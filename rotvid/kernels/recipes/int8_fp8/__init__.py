@@ -19,6 +19,7 @@ from rotvid.kernels.recipes.base import KernelEntry, Recipe, RecipeLabels
 from rotvid.kernels.recipes.int8_fp8.ops import (
     int8fp8_attention_cuda,
     int8fp8_device_problem,
+    int8fp8_kernels,
     int8fp8_returns_lse,
     rope_fusion_unsupported,
     v_hadamard_fusion_unsupported,
@@ -74,9 +75,10 @@ def _run_cuda(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=T
 
 def _describe_cuda() -> str:
     entry = cuda_build.arch_entry()
-    if not entry.int8fp8:
+    kernels = int8fp8_kernels(entry)
+    if not kernels:
         return ""
-    text = f"int8-fp8 kernels {'/'.join(entry.int8fp8)} ({entry.int8fp8[0]} by default, block_n 128)"
+    text = f"int8-fp8 kernels {'/'.join(kernels)} ({kernels[0]} by default, block_n 128)"
     return text + ("" if entry.wgmma else ", the mma.sync kernel's speed on Ada unmeasured")
 
 

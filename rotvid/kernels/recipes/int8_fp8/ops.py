@@ -4,10 +4,11 @@ with their fake (shape-only) implementations, and the public functions on them.
 The ``int8-fp8`` recipe: INT8 Q per token and K per group of 32 keys per 128-key block (the keys one thread
 holds: one scale per thread and row), P and V in FP8 e4m3 (V one scale per channel, applied with 1/l in the
 epilogue), key blocks of 128; operands from :func:`preprocess_int8fp8_cuda` (``vt`` holds e4m3 bytes in the
-s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]). Two kernels of the same numerics (ArchEntry.int8fp8):
+s8 V^T layout, ``vparams`` is ``v_scale`` fp32 [B, H, D]). Two kernels of the same numerics (:func:`int8fp8_kernels`
+says where each runs; the sources are in ``csrc/`` beside this module):
 
-* ``"wgmma"`` (sm90, the default there; ``csrc/hopper_attention.cuh`` with the numerics of
-  ``csrc/hopper_int8fp8_numerics.cuh``): s8 and e4m3 wgmma, TMA.
+* ``"wgmma"`` (sm90, the default there; the shared Hopper skeleton ``rotvid/kernels/csrc/hopper/hopper_attention.cuh``
+  with the numerics of ``csrc/hopper_int8fp8_numerics.cuh``): s8 and e4m3 wgmma, TMA.
 * ``"mma"`` (sm89 and sm90; ``csrc/mma_numerics_int8fp8.cuh``): ``mma.sync.m16n8k32`` s8 for QKᵀ and e4m3 for
   P·V (e4m3 mma.sync needs sm89) -- the Ada kernel, testable on an H100 with ``path="mma"``. Its speed on Ada is
   unmeasured (no Ada GPU was available).
@@ -45,14 +46,17 @@ from rotvid.kernels.cuda_layout import (
     block_map_operands,
     check_inputs,
     check_output_args,
+    empty_attention_output,
     kv_lens_int32,
     pad_rows,
     pads,
+    scale_and_map_operands,
+    sizes_of,
     vt_key_permutation,
 )
 from rotvid.kernels.quantize import key_valid_mask, quantize_per_channel_fp8, quantize_per_token_int8
 from rotvid.kernels.recipes.int8_fp8.reference import INT8FP8_BLOCK_N, quantize_k_groups_int8
-from rotvid.kernels.reference import LOG2E, check_sm_scale, smooth_qkv, to_bhnd
+from rotvid.kernels.reference import LOG2E, smooth_qkv, to_bhnd
 from rotvid.kernels.rope_op import ROPE_HEAD_DIMS
 from rotvid.kernels.sparsity.block_map import BlockMap
 
@@ -60,6 +64,15 @@ if TYPE_CHECKING:
     from rotvid.rope.fused_table import GeneralizedRopeTable
 
 INT8FP8_PATHS = ("wgmma", "mma")
+
+
+def int8fp8_kernels(entry: cuda_build.ArchEntry | None) -> tuple[str, ...]:
+    """The int8-fp8 kernels that run on a GPU of arch-table row ``entry``, the default first: the wgmma kernel where
+    the Hopper kernel is built (sm90a), the mma.sync one where the GPU has e4m3 mma.sync (sm89 and later); none
+    elsewhere (``entry`` None: a GPU outside the arch table)."""
+    if entry is None:
+        return ()
+    return (("wgmma",) if entry.wgmma else ()) + (("mma",) if entry.fp8_mma else ())
 
 
 @torch.library.custom_op("rotvid::int8fp8_preprocess", mutates_args=())
@@ -86,12 +99,7 @@ def _int8fp8_preprocess_op(
 @_int8fp8_preprocess_op.register_fake
 def _(q, k, v, kv_lens, bnhd, smooth_k, smooth_v, rope_coef=None, rope_index=None, rope_hadamard=False,
       v_hadamard=False):
-    if bnhd:
-        b, n_q, h, d = q.shape
-        n_kv = k.shape[1]
-    else:
-        b, h, n_q, d = q.shape
-        n_kv = k.shape[2]
+    b, h, n_q, d, n_kv = sizes_of(q, k, bnhd)
     nq_pad, nkv_pad = pads(n_q, n_kv, INT8FP8_BLOCK_N)
     i8, f32 = dict(dtype=torch.int8, device=q.device), dict(dtype=torch.float32, device=q.device)
     return (
@@ -136,9 +144,7 @@ def _int8fp8_attention_op(
 @_int8fp8_attention_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
       path, split_tail, map_index=None, map_count=None):
-    b, h = q_hat.shape[0], q_hat.shape[1]
-    shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
-    return q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16)
+    return empty_attention_output(q_hat, n_q, head_dim, out_bf16, bnhd)
 
 
 @torch.library.custom_op("rotvid::int8fp8_attention_lse", mutates_args=())
@@ -175,10 +181,8 @@ def _int8fp8_attention_lse_op(
 @_int8fp8_attention_lse_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
       split_tail, map_index=None, map_count=None):
-    b, h = q_hat.shape[0], q_hat.shape[1]
-    shape = (b, n_q, h, head_dim) if bnhd else (b, h, n_q, head_dim)
-    return (q_hat.new_empty(shape, dtype=torch.bfloat16 if out_bf16 else torch.float16),
-            q_hat.new_empty((b, h, n_q), dtype=torch.float32))
+    return (empty_attention_output(q_hat, n_q, head_dim, out_bf16, bnhd),
+            q_hat.new_empty((q_hat.shape[0], q_hat.shape[1], n_q), dtype=torch.float32))
 
 
 def k_smoothing_shift(q: torch.Tensor, k: torch.Tensor, kv_lens: torch.Tensor | None, sm_scale: float) -> torch.Tensor:
@@ -202,8 +206,7 @@ def int8fp8_path_for(cap: tuple[int, int], path: str | None = None) -> str:
     there, ``None`` -> the arch table's default (``"wgmma"`` on sm90, ``"mma"`` on sm89); ValueError naming why not."""
     if path is not None and path not in INT8FP8_PATHS:
         raise ValueError(f"path: expected one of {INT8FP8_PATHS} or None (arch default) for int8-fp8, got {path!r}")
-    entry = cuda_build.ARCH_TABLE.get(cap)
-    kernels = entry.int8fp8 if entry is not None else ()
+    kernels = int8fp8_kernels(cuda_build.ARCH_TABLE.get(cap))
     where = f"sm{cap[0]}{cap[1]}"
     if not kernels:
         raise ValueError(
@@ -348,11 +351,8 @@ def attention_int8fp8_quantized(
     path = _check_int8fp8_device(qkv.q_hat.device, path)
     if return_lse and path != "wgmma":
         raise ValueError(f"return_lse: the int8-fp8 {path!r} kernel returns no log-sum-exp (the sm90 wgmma one does)")
-    check_sm_scale(sm_scale)
-    sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
-    b, h = qkv.q_hat.shape[:2]
-    map_index, map_count = block_map_operands(block_map, batch=b, heads=h, n_q=n_q, n_kv=n_kv,
-                                              device=qkv.q_hat.device)
+    sm_scale, map_index, map_count = scale_and_map_operands(qkv, n_q=n_q, n_kv=n_kv, head_dim=head_dim,
+                                                            sm_scale=sm_scale, block_map=block_map)
     args = (
         qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
         kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, float(sm_scale * LOG2E),
@@ -364,6 +364,7 @@ def attention_int8fp8_quantized(
         return _int8fp8_attention_op(*args, path, bool(split_tail), map_index, map_count)
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
+    b, h = qkv.q_hat.shape[:2]
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=out.device) if return_lse else None
     cuda_build.load_extension(qkv.q_hat.device).attention_int8fp8(*args, out, path == "mma", bool(split_tail),
                                                                   map_index, map_count, lse)
@@ -442,7 +443,7 @@ def int8fp8_device_problem(device_index: int) -> str:
     if problem:
         return problem
     device = torch.device("cuda", device_index)
-    if not cuda_build.arch_entry(device).int8fp8:
+    if not int8fp8_kernels(cuda_build.arch_entry(device)):
         cap = cuda_build.capability(device)
         return (
             f"recipe 'int8-fp8' has CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma) only, this is sm{cap[0]}{cap[1]}"

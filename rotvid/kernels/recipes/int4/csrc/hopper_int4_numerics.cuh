@@ -19,9 +19,9 @@
 #pragma once
 #include <cuda.h>
 
-#include "int4_common.cuh"
-#include "int4_rowmath.cuh"
-#include "sm90_ops.cuh"
+#include "int4_entry.cuh"
+#include "common/rowmath.cuh"
+#include "hopper/sm90_ops.cuh"
 
 namespace rotvid {
 namespace hopper {

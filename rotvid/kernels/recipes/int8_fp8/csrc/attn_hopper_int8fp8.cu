@@ -1,7 +1,8 @@
-// The int8-fp8 recipe on the Hopper attention kernel: launch_int8fp8_attention_wgmma (int4_common.cuh) runs
+// The int8-fp8 recipe on the Hopper attention kernel: launch_int8fp8_attention_wgmma (int8fp8_entry.cuh) runs
 // hopper_attention.cuh with the Int8Fp8Numerics policy at the schedule table's row.
 #include "hopper_int8fp8_numerics.cuh"
-#include "hopper_launch.cuh"
+#include "hopper/hopper_launch.cuh"
+#include "int8fp8_entry.cuh"
 
 namespace rotvid {
 namespace {

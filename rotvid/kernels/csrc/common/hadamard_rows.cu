@@ -1,5 +1,5 @@
 // One side of the online V/O Hadamard as one memory-bound pass over a tensor's rows (launch_hadamard_rows,
-// int4_common.cuh): each row of D = 64 or 128 fp16 / bf16 values is read once, transformed in registers by
+// attention_params.cuh): each row of D = 64 or 128 fp16 / bf16 values is read once, transformed in registers by
 // roperows::wht8 (rotvid.rope.hadamard.fwht's butterflies, stages 3+ by shuffles), multiplied by an exact power of two
 // and written once, rounded to its dtype: the bits of rotvid.rope.hadamard.unrotate_o_online (scale kVoScaleO) or
 // rotate_v_online (kVoScaleV). Its use: the inverse on the int8-fp8 attention output O' when the pre-processing
@@ -9,8 +9,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "int4_common.cuh"
-#include "rope_rows.cuh"
+#include "common/attention_params.cuh"
+#include "common/rope_rows.cuh"
 
 namespace rotvid {
 namespace hrows {

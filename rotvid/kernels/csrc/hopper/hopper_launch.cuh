@@ -8,9 +8,9 @@
 
 #include <type_traits>
 
-#include "hopper_attention.cuh"
-#include "hopper_schedule.cuh"
-#include "tma_map.cuh"
+#include "hopper/hopper_attention.cuh"
+#include "hopper/hopper_schedule.cuh"
+#include "hopper/tma_map.cuh"
 
 namespace rotvid {
 namespace hopper {

@@ -10,8 +10,9 @@
 //                               bias of the float conversion), then
 //   O = O*a + c*float(PV)*v_scale,  l = l*a + c*sum(P^) (both in units of P^ = P~ + 8 | P~)
 #pragma once
-#include "int4_rowmath.cuh"
-#include "mma_attention.cuh"
+#include "int4_entry.cuh"
+#include "common/rowmath.cuh"
+#include "mma/mma_attention.cuh"
 
 namespace rotvid {
 namespace mma {

@@ -18,8 +18,8 @@
 // store, so every lane takes part in the shuffles.
 #include <cstdint>
 
-#include "int4_common.cuh"
-#include "rope_rows.cuh"
+#include "common/attention_params.cuh"
+#include "common/rope_rows.cuh"
 
 namespace rotvid {
 namespace rope {

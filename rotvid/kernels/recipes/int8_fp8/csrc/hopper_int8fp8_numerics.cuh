@@ -17,16 +17,16 @@
 //   scores: the Python side adds K smoothing's shift sm_scale q.mean(k) (rotvid/kernels/recipes/int8_fp8_ops.py).
 //   With MAGIC the exponent's folded constant is rounded once per row and block: l moves by the same relative
 //   ~1e-5 (log2 units) as the P levels; the LSE by as much.
-// V8^T keys are permuted per 32 exactly as the s8 layout (int4_common.cuh), so that the S accumulator layout is the
-// e4m3 A-fragment layout.
+// V8^T keys are permuted per 32 exactly as the s8 layout (attention_params.cuh), so that the S accumulator layout is
+// the e4m3 A-fragment layout.
 #pragma once
 #include <cuda.h>
 
 #include <climits>
 
-#include "int4_common.cuh"
-#include "int4_rowmath.cuh"
-#include "sm90_ops.cuh"
+#include "common/attention_params.cuh"
+#include "common/rowmath.cuh"
+#include "hopper/sm90_ops.cuh"
 
 namespace rotvid {
 namespace hopper {

@@ -5,7 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "int4_common.cuh"
+#include "common/attention_params.cuh"
 
 namespace rotvid {
 namespace rowmath {

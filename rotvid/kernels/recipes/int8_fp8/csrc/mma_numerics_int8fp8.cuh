@@ -6,8 +6,8 @@
 //                         thread t of a quad holds columns 8j + 2t, 8j + 2t + 1 of the m16n8 accumulator, the keys of
 //                         K group t ((key mod 8) / 2), so one ks per thread and block; the max is taken on the integers;
 //   448 p = ex2(float(S) (sq ks) - (m_blk - log2 448)),  P8 = e4m3(448 p) packed straight from the accumulator: with
-//                         V8^T keys permuted per 32 as the s8 layout (int4_common.cuh), the m16n8 accumulator layout is
-//                         the m16n8k32 A-fragment layout (the same for s8 and e4m3);
+//                         V8^T keys permuted per 32 as the s8 layout (attention_params.cuh), the m16n8 accumulator
+//                         layout is the m16n8k32 A-fragment layout (the same for s8 and e4m3);
 //   pv = P8 V8            e4m3 mma.sync m16n8k32, a fresh fp32 accumulator per block;
 //   l_blk = rowsum(448 p) of the unquantized p; O = O a + c pv, l = l a + c l_blk (rowmath::online_combine);
 //   out = O / l * v_scale (+ v_mean)   (448 cancels in O / l; the per-channel V scale factors out of the key sum).
@@ -16,8 +16,8 @@
 #pragma once
 #include <climits>
 
-#include "int4_rowmath.cuh"
-#include "mma_attention.cuh"
+#include "common/rowmath.cuh"
+#include "mma/mma_attention.cuh"
 
 namespace rotvid {
 namespace mma {

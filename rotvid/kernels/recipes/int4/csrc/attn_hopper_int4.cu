@@ -1,7 +1,8 @@
-// The INT4-valued recipes on the Hopper attention kernel: launch_int4_attention_wgmma (int4_common.cuh) runs
+// The INT4-valued recipes on the Hopper attention kernel: launch_int4_attention_wgmma (int4_entry.cuh) runs
 // hopper_attention.cuh with the Int4ValuedNumerics policy at the schedule table's row.
 #include "hopper_int4_numerics.cuh"
-#include "hopper_launch.cuh"
+#include "hopper/hopper_launch.cuh"
+#include "int4_entry.cuh"
 
 namespace rotvid {
 namespace {

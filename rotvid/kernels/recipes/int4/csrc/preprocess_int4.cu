@@ -5,7 +5,7 @@
 //   quant_rows_int4   one grid over the rows of Q and K: per-token INT4 (after subtracting the mean; K's rows with
 //                     Q smoothing's per-key bias q_mean . k_s), kernel row layout
 //   quant_v_int4      per-group INT4 of V (per key block of BN tokens and channel), written
-//                     transposed and permuted (int4_common.cuh), plus v_scale and colsums; the bytes in
+//                     transposed and permuted (attention_params.cuh), plus v_scale and colsums; the bytes in
 //                     two's complement (s8), nibbles (s4) or sign-magnitude (the Hopper kernel's e4m3 P.V:
 //                     |v| | sign << 7 reads as the e4m3 value v 2^-9)
 // (the int8-fp8 recipe's pre-processing is preprocess_int8fp8.cu)
@@ -14,9 +14,9 @@
 
 #include <type_traits>
 
-#include "int4_common.cuh"
-#include "int4_rowmath.cuh"
-#include "rope_rows.cuh"
+#include "int4_entry.cuh"
+#include "common/rowmath.cuh"
+#include "common/rope_rows.cuh"
 
 namespace rotvid {
 namespace pre {

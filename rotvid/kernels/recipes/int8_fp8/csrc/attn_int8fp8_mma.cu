@@ -1,7 +1,9 @@
-// Host side of the int8-fp8 numerics on the mma.sync kernel (mma_numerics_int8fp8.cuh, schedule in mma_schedule.cuh).
+// Host side of the int8-fp8 numerics on the mma.sync kernel (mma_numerics_int8fp8.cuh, its schedule row in
+// mma_schedule_int8fp8.cuh).
 // The device code exists in sm89+ builds (Ada, and Hopper where it runs beside the wgmma kernel); elsewhere the
 // launch reports cudaErrorNotSupported.
-#include "mma_schedule.cuh"
+#include "mma_schedule_int8fp8.cuh"
+#include "int8fp8_entry.cuh"
 
 namespace rotvid {
 

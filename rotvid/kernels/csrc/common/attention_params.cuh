@@ -1,8 +1,13 @@
-// Shared definitions of rotvid's INT4 attention kernels (no torch headers: nvcc-only).
+// The parameter structs of rotvid's kernels and the host functions the recipes share (no torch headers: nvcc-only):
+// AttnParams, what every attention kernel reads (the Hopper and mma.sync skeletons, csrc/hopper/ and csrc/mma/);
+// PreprocessParams, one tensor of a pre-processing; the Hopper kernel's host functions (hopper/attn_hopper.cu); the
+// RoPE·R pass (rope_table.cu) and the online V/O Hadamard pass (hadamard_rows.cu). Each recipe declares its own entry
+// points in its folder (rotvid/kernels/recipes/<name>/csrc/*_entry.cuh).
 //
-// Kernel-side layouts ("kernel layout", produced by preprocess_int4.cu or packed from the
-// reference's quantized tensors by rotvid/kernels/cuda_backend.py). BH = batch*heads, rows
-// padded with zeros: Nq_pad = ceil(Nq / BM) * BM, Nkv_pad = ceil(Nkv / BN) * BN.
+// Kernel-side layouts ("kernel layout", the INT4 recipes' as written here, produced by their pre-processing or packed
+// from the reference's quantized tensors by rotvid/kernels/recipes/int4/ops.py; the int8-fp8 recipe's differences:
+// recipes/int8_fp8/csrc/int8fp8_entry.cuh). BH = batch*heads, rows padded with zeros: Nq_pad = ceil(Nq / BM) * BM,
+// Nkv_pad = ceil(Nkv / BN) * BN.
 //   q      int8 [BH, Nq_pad, DB]   DB = D (s8 path) or D/2 (s4 path: two values per byte,
 //                                  element 2c in the low nibble of byte c)
 //   k      int8 [BH, Nkv_pad, DB]
@@ -27,8 +32,6 @@ constexpr float kMagicF = 12582912.0f;
 
 // Padding granularity of the query rows (a multiple of every CTA's 16 * warps rows).
 constexpr int kBlockM = 128;
-
-enum PMode : int { kPRange = 0, kPSym = 1 };
 
 struct AttnParams {
   const int8_t* q;
@@ -77,13 +80,8 @@ __host__ __device__ constexpr int vt_key_of_position(int p, int chk) {
          2 * ((p % (chk / 2)) / (chk / 8)) + (((p % (chk / 2)) % (chk / 8)) & 1);
 }
 
-// Launchers (return cudaError_t of the launch).
-cudaError_t launch_int4_attention(const AttnParams& p, int head_dim, int block_n, bool s4, int p_mode,
-                                  cudaStream_t stream);
-// Hopper kernel (wgmma, TMA; block_n 64 or 128, s8 layout); cudaErrorNotSupported off sm90 or without the
-// driver's tensor-map entry point.
-cudaError_t launch_int4_attention_wgmma(const AttnParams& p, int head_dim, int block_n, int p_mode,
-                                        cudaStream_t stream);
+// The Hopper attention kernel's host functions (hopper/attn_hopper.cu): whether it can run on the current device
+// (sm90 and the driver's tensor-map entry point), and its tail split.
 bool wgmma_kernel_available();
 // The wgmma kernel's tail split for these sizes on `num_sms` SMs: returns the number of splits (1: none) and sets
 // *split_from; ws needs wgmma_split_ws_floats(...) floats.
@@ -106,54 +104,6 @@ struct PreprocessParams {
   float qk_scale;
 };
 
-// The smoothing means of up to three tensors (same B, H, D and dtype) in one launch: task t writes mean[bh, d] =
-// float32(sum_f64 / len) over the valid tokens of x (len = min(kv_lens[b], N), or N where x.kv_lens is nullptr);
-// its sum [BH, D] float64 and done [BH] uint32 counters zero on entry.
-struct TokenMeanTask {
-  PreprocessParams x;
-  double* sum;
-  unsigned int* done;
-  float* mean;            // [BH, D]
-};
-struct TokenMeanParams {
-  TokenMeanTask task[3];
-  int tasks;              // task[0 .. tasks - 1]
-};
-cudaError_t launch_token_means_f64(const TokenMeanParams& p, cudaStream_t stream);
-// The rows of Q and of K (same B, H, D and dtype) in one launch; a tensor with N_pad = 0 has none.
-cudaError_t launch_quant_rows_int4(const PreprocessParams& q, const PreprocessParams& k, bool s4, cudaStream_t stream);
-// V^T bytes: two's complement (the s8 mma.sync kernel), two values per byte (s4), or sign-magnitude |v| | sign << 7
-// (the Hopper kernel, whose P.V reads them as the e4m3 values v 2^-9)
-enum VFormat { kVTwosComplement = 0, kVNibbles = 1, kVSignMagnitude = 2 };
-cudaError_t launch_quant_v_int4(const PreprocessParams& p, int block_n, int v_format, int p_mode, cudaStream_t stream);
-
-// The int8-fp8 pre-processing (preprocess_int8fp8.cu; sm89 / sm90 kernels share its operands), equal to the reference
-// quantizers byte for byte: launch_int8fp8_stats (one launch over K and V; a second one when V is smoothed) after ONE
-// zeroing of the work words, then launch_int8fp8_quantize (one launch over the Q, K and V tiles of 128 rows).
-struct Int8Fp8PreParams {
-  PreprocessParams q;          // q.out = q_hat [BH, Nq_pad, D], q.scale = q_scale [BH, Nq_pad]; Nq_pad % 128 == 0
-  PreprocessParams k;          // k.out = k_hat [BH, Nkv_pad, D], k.scale = group scales [BH, Nkv_pad / 128, 4]
-  PreprocessParams v;          // v.out = V8^T [BH, D, Nkv_pad]; k.kv_lens == v.kv_lens, k.N_pad == v.N_pad
-  double* k_sum;               // [BH, D] zeroed float64 (K smoothed: mean = float32(k_sum / len)) or nullptr
-  double* v_sum;               // [BH, D] zeroed float64 (V smoothed) or nullptr
-  unsigned int* v_amax_bits;   // [BH, D] zeroed
-  float* v_mean;               // [BH, D] written when V is smoothed (v_sum), else nullptr
-  float* v_scale;              // [BH, D] = amax / 448, 1 where amax is 0
-  int q_done;                  // Q^ and its scales already written (launch_int8fp8_rope): no Q tiles
-};
-// v_hadamard (both launches alike, head_dim 64 or 128): V's rows rotated after their load by the online V/O
-// Hadamard's V side (roperows::vo_hadamard8 with kVoScaleV: rotvid.rope.hadamard.rotate_v_online's bits), so that the
-// operands are those of V' = rotate_v_online(v, D) and the attention output is O' (hadamard_rows undoes it).
-cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream);
-cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream);
-// Attention on those operands: AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
-// bytes, vparams = v_scale [BH, D], block_n 128. Every launcher (wgmma and mma.sync, INT4 ones too) runs the
-// block-sparse kernel when p.map_count is set (AttnParams.map_*).
-cudaError_t launch_int8fp8_attention_wgmma(const AttnParams& p, int head_dim, cudaStream_t stream);
-// The same numerics on mma.sync (s8 for Q^K^T, e4m3 for P.V; mma_numerics_int8fp8.cuh), same operands;
-// cudaErrorNotSupported where the build has no e4m3 mma.sync (below sm89).
-cudaError_t launch_int8fp8_attention_mma(const AttnParams& p, int head_dim, cudaStream_t stream);
-
 // RoPE·R by the generalized table shared by the heads (rope_table.cu): x, out [B, H, N, D] (strides in elements,
 // unit stride on D, 16-byte aligned rows), coef float32 [N, D, 4], index int32 [D, 4]; D 64 or 128. hadamard: then
 // the normalized Walsh-Hadamard transform over D (the full rotation; roperows::fwht8).
@@ -168,18 +118,6 @@ struct RopeTableParams {
   int hadamard;
 };
 cudaError_t launch_generalized_rope(const RopeTableParams& p, cudaStream_t stream);
-
-// RoPE·R inside the int8-fp8 pre-processing (preprocess_int8fp8.cu): Q rotated and quantized in one pass (INT8 per
-// token, Q^ and q_scale as the quantize launch writes them, padding rows zero), the same bits as
-// launch_generalized_rope followed by the pre-processing. Before launch_int8fp8_stats / _quantize with q_done set
-// (K goes through launch_generalized_rope into a scratch tensor that Int8Fp8PreParams.k reads).
-struct RopePreParams {
-  RopeTableParams q;   // q.x = Q [B, H, Nq, D] through strides, q.coef / q.index the table; q.out unused
-  int8_t* q_out;       // [BH, nq_pad, D]
-  float* q_scale;      // [BH, nq_pad]
-  int nq_pad;
-};
-cudaError_t launch_int8fp8_rope(const RopePreParams& p, cudaStream_t stream);
 
 // One side of the online V/O Hadamard over the rows of a tensor (hadamard_rows.cu): out row r = T(wht(x row r) *
 // scale) for the `rows` rows of D contiguous fp16 / bf16 values (roperows::wht8's butterflies, one rounding; scale an

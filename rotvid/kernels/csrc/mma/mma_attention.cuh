@@ -1,6 +1,7 @@
 // The mma.sync attention kernel (sm80/86/89, and sm90 beside the wgmma kernels): one CTA skeleton, the numerics a
-// policy (mma_numerics_int4.cuh: the INT4-valued recipes on the s4 or s8 instructions; mma_numerics_int8fp8.cuh: s8
-// Q^K^T and e4m3 P.V), the schedule per numerics in one table (mma_schedule.cuh).
+// policy in its recipe's folder (recipes/int4/csrc/mma_numerics_int4.cuh: the INT4-valued recipes on the s4 or s8
+// instructions; recipes/int8_fp8/csrc/mma_numerics_int8fp8.cuh: s8 Q^K^T and e4m3 P.V), the schedule per numerics
+// (mma_schedule.cuh, each numerics' row beside its policy).
 //
 // One CTA = 16*NW query rows of one (batch, head); NW warps x 16 rows, Q^ fragments in registers for the whole loop.
 // Key blocks of BN keys stream through STAGES shared-memory stages (cp.async): the K^ tile, the V^T tile and the
@@ -45,9 +46,9 @@
 
 #include <type_traits>
 
-#include "int4_common.cuh"
-#include "int4_rowmath.cuh"
-#include "key_blocks.cuh"
+#include "common/attention_params.cuh"
+#include "common/rowmath.cuh"
+#include "common/key_blocks.cuh"
 
 namespace rotvid {
 namespace mma {

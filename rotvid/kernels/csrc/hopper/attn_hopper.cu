@@ -2,8 +2,8 @@
 // it can run here, and the tail split's plan.
 #include <algorithm>
 
-#include "hopper_attention.cuh"
-#include "tma_map.cuh"
+#include "hopper/hopper_attention.cuh"
+#include "hopper/tma_map.cuh"
 
 namespace rotvid {
 

@@ -1,5 +1,6 @@
 // The Hopper attention kernel (sm90a: wgmma, TMA, mbarriers), one CTA skeleton for every numerics. The numerics
-// is a policy N (hopper_int4_numerics.cuh, hopper_int8fp8_numerics.cuh): what each stage brings besides the K^ and
+// is a policy N in its recipe's folder (recipes/int4/csrc/hopper_int4_numerics.cuh,
+// recipes/int8_fp8/csrc/hopper_int8fp8_numerics.cuh): what each stage brings besides the K^ and
 // V^T tiles, the scores' conversion, scaling and block max, P's quantization and the row sums, the O update and the
 // output's scaling. This file holds what does not depend on it:
 //
@@ -59,10 +60,10 @@
 
 #include <type_traits>
 
-#include "int4_common.cuh"
-#include "int4_rowmath.cuh"
-#include "key_blocks.cuh"
-#include "sm90_ops.cuh"
+#include "common/attention_params.cuh"
+#include "common/rowmath.cuh"
+#include "common/key_blocks.cuh"
+#include "hopper/sm90_ops.cuh"
 
 namespace rotvid {
 namespace hopper {

@@ -20,8 +20,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include "int4_common.cuh"
-#include "rope_rows.cuh"
+#include "int8fp8_entry.cuh"
+#include "common/rope_rows.cuh"
 
 namespace rotvid {
 namespace pre8 {

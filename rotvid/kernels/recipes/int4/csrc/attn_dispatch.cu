@@ -1,5 +1,5 @@
 // Picks the instantiation of the mma.sync attention kernel with INT4-valued numerics (instruction path, head_dim).
-#include "int4_common.cuh"
+#include "int4_entry.cuh"
 
 namespace rotvid {
 cudaError_t launch_attn_s8_d64(const AttnParams& p, int block_n, int p_mode, cudaStream_t stream);
