@@ -1,5 +1,5 @@
-"""Tuning aid: time the Hopper attention kernel under other schedules (stages, ping-pong, pipe) than the ones its
-table ships (rotvid/kernels/csrc/hopper_schedule.cuh), attention only (pre-processing excluded), against cuDNN bf16.
+"""Tuning aid: time the Hopper attention kernel under other schedules (stages, ping-pong, pipe) than the ones its table
+ships (rotvid/kernels/csrc/hopper/hopper_schedule.cuh), attention only (pre-processing excluded), against cuDNN bf16.
 
     python benchmarks/kernel_variants.py --recipe int4 --schedules table 3,2,1 4,1,1 --shapes wan1.3b-480p
     python benchmarks/kernel_variants.py --recipe int8-fp8 --schedules table 3,0,1 --shapes cogvideox5b
