@@ -6,7 +6,7 @@ its kernels, any device), its kernels per backend (each with a list of small nam
 ``attention_dispatch`` constraint style of diffusers: the first check that returns a reason refuses the call, and
 the dispatcher can say which one), and its rows of the per-GPU ``recipe="auto"`` table.
 
-The recipes themselves live one per module beside this one; :mod:`rotvid.kernels.recipes` is their registry.
+The recipes themselves live one per folder beside this one; :mod:`rotvid.kernels.recipes` is their registry.
 """
 
 from __future__ import annotations
