@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # the int8-fp8 operands look their quantizers up in their own module: R's names are the ones to replace
 import rotvid.kernels.recipes.int8_fp8.reference as R  # noqa: E402
 from rotvid.kernels.quantize import FP8_E4M3_MAX  # noqa: E402
+from rotvid.kernels.recipes import attention_reference  # noqa: E402
 
 
 def attention_fp64(q, k, v):
@@ -70,7 +71,7 @@ def main() -> None:
         truth = attention_fp64(qr, k, v)
 
         def run(recipe, smooth_v):
-            return cosine(truth, R.attention_reference(qr, k, v, recipe=recipe, block_n=128, smooth_v=smooth_v))
+            return cosine(truth, attention_reference(qr, k, v, recipe=recipe, block_n=128, smooth_v=smooth_v))
 
         cells = [run("int4", True), run("int4", False), run("int8-fp8", True), run("int8-fp8", False)]
         with exact("p", "v"):
