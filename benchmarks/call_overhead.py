@@ -132,7 +132,7 @@ def processor_rows(args) -> list[dict]:
 
 def cuda_rows(args) -> list[dict]:
     from rotvid.kernels import attention
-    from rotvid.kernels.recipes.int8_fp8_ops import attention_int8fp8_quantized, preprocess_int8fp8_cuda
+    from rotvid.kernels.recipes.int8_fp8.ops import attention_int8fp8_quantized, preprocess_int8fp8_cuda
 
     q, k, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     attention(q, k, v, recipe="int8-fp8", backend="cuda")  # builds / loads the extension

@@ -54,10 +54,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rotvid.kernels.cuda_build import arch_entry
 from rotvid.kernels.cuda_layout import SUPPORTED_BLOCK_N
-from rotvid.kernels.recipes.int4_ops import (
+from rotvid.kernels.recipes.int4.ops import (
     _resolve_path, attention_int4_quantized, default_block_n, int4_attention_cuda, preprocess_int4_cuda,
 )
-from rotvid.kernels.recipes.int8_fp8_ops import (
+from rotvid.kernels.recipes.int8_fp8.ops import (
     attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
 )
 from rotvid.kernels.sparsity import MAP_BLOCK, BlockMap, TokenGrid

@@ -1,5 +1,6 @@
 """A CUDA source's kernels as the compiler lists them, without a GPU: per kernel (by mangled name) its ptxas
-resources, its PTX instructions and, with ``cuobjdump``, its SASS instructions.
+resources, its PTX instructions and, with ``cuobjdump``, its SASS instructions; and a tree's CUDA sources
+(:class:`KernelTree`: this repository's layout and the flat ``csrc`` folder of before the recipe folders).
 
 Nothing here knows a kernel's name or template: ``kernel_ptx_diff.py`` pairs the kernels of two trees by what they
 compute and compares them.
@@ -19,7 +20,57 @@ from io import BytesIO
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+KERNELS = "rotvid/kernels"
 CSRC = "rotvid/kernels/csrc"
+
+
+@dataclass(frozen=True)
+class KernelTree:
+    """The CUDA sources of one tree: its ``.cu`` files and headers by file name (unique in a tree), and the include
+    folders its sources compile with.
+
+    Found by the rule of ``rotvid/kernels/cuda_sources.py``: the shared ``csrc/`` (also the one include folder) and
+    each recipe's ``recipes/<name>/csrc/`` of a kernels folder. A tree from before the recipe folders is its flat
+    ``csrc/``, which the same rule reads (no recipe folder holds sources there)."""
+
+    root: Path  # what was given: a repository root, a kernels folder or a csrc folder
+    units: dict[str, Path]
+    headers: dict[str, Path]
+    include_dirs: tuple[Path, ...]
+
+    def unit(self, name: str) -> Path:
+        """The source named ``name`` (e.g. ``attn_s8_d64.cu``); SystemExit naming the tree when it has none."""
+        if name not in self.units:
+            raise SystemExit(f"kernel_ptx_diff: no source {name!r} in {self.root}")
+        return self.units[name]
+
+    def header(self, name: str) -> Path:
+        if name not in self.headers:
+            raise SystemExit(f"kernel_ptx_diff: no header {name!r} in {self.root}")
+        return self.headers[name]
+
+
+def kernel_tree(path: Path) -> KernelTree:
+    """The CUDA sources under ``path``: a repository root (its ``rotvid/kernels``), a kernels folder (with ``csrc/``
+    and ``recipes/``) or a csrc folder on its own (a saved flat ``csrc`` of an old tree)."""
+    path = Path(path).resolve()
+    if (path / CSRC).is_dir():
+        kernels = path / KERNELS
+    elif (path / "csrc").is_dir():
+        kernels = path
+    elif path.is_dir():
+        return _tree(path, [path], path)
+    else:
+        raise SystemExit(f"kernel_ptx_diff: expected a repository root, a kernels folder or a csrc folder, got {path}")
+    folders = [kernels / "csrc", *sorted(p for p in (kernels / "recipes").glob("*/csrc") if p.is_dir())]
+    return _tree(path, folders, kernels / "csrc")
+
+
+def _tree(root: Path, folders: list[Path], include: Path) -> KernelTree:
+    files = sorted(f for d in folders for f in d.rglob("*") if f.is_file())
+    units = {f.name: f for f in files if f.suffix == ".cu"}
+    headers = {f.name: f for f in files if f.suffix in (".cuh", ".h")}
+    return KernelTree(root, units, headers, (include,))
 
 
 @dataclass
@@ -69,12 +120,13 @@ def is_git_revision(rev: str) -> bool:
     return res.returncode == 0
 
 
-def export_csrc(rev: str, dest: Path) -> Path:
-    """``rotvid/kernels/csrc`` of git revision ``rev`` under ``dest`` (``git archive``); returns the csrc folder."""
-    data = subprocess.run(["git", "archive", rev, CSRC], cwd=REPO, capture_output=True, check=True).stdout
+def export_kernels(rev: str, dest: Path) -> Path:
+    """``rotvid/kernels`` of git revision ``rev`` under ``dest`` (``git archive``: the shared ``csrc`` and the recipes'
+    folders, or the flat ``csrc`` of an old revision); returns the kernels folder (:func:`kernel_tree` reads it)."""
+    data = subprocess.run(["git", "archive", rev, KERNELS], cwd=REPO, capture_output=True, check=True).stdout
     with tarfile.open(fileobj=BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
-    return dest / CSRC
+    return dest / KERNELS
 
 
 def ptxas_resources(log: str) -> dict[str, dict[str, int]]:
@@ -161,11 +213,11 @@ def opcode_histogram(instructions: list[str]) -> collections.Counter:
 
 
 def compile_listing(src: Path, arch: str, work: Path, cuobjdump: str | None,
-                    include: Path | None = None) -> dict[str, KernelListing]:
+                    include: tuple[Path, ...] = ()) -> dict[str, KernelListing]:
     """Compile ``src`` for ``arch`` as the extension does, once to PTX and once to an object with ``-Xptxas -v``
-    (files under ``work``); every kernel by mangled name, with its SASS when ``cuobjdump`` is given. ``include``: an
-    extra ``-I`` folder."""
-    base = [nvcc(), *nvcc_flags(arch), *(["-I", str(include)] if include else []), str(src)]
+    (files under ``work``); every kernel by mangled name, with its SASS when ``cuobjdump`` is given. ``include``: the
+    ``-I`` folders (a tree's :attr:`KernelTree.include_dirs`)."""
+    base = [nvcc(), *nvcc_flags(arch), *(f"-I{d}" for d in include), str(src)]
     tag = work / f"{src.name}.{arch}"
     run([*base, "-ptx", "-o", f"{tag}.ptx"])
     obj = run([*base, "-Xptxas", "-v", "-c", "-o", f"{tag}.o"])

@@ -2,15 +2,18 @@
 shared memory and the PTX and SASS instructions of one kernel family.
 
     python -m benchmarks.kernel_ptx_diff --family hopper --old-rev aa5d692              # that commit vs this tree
-    python -m benchmarks.kernel_ptx_diff --family hopper --old OLD_CSRC --new NEW_CSRC  # two csrc folders
+    python -m benchmarks.kernel_ptx_diff --family hopper --old OLD_TREE --new NEW_TREE  # two saved trees
     python -m benchmarks.kernel_ptx_diff --family mma --old-rev aa5d692 [--new ROOT] [--archs 80,86,89,90a] [--sass]
     python -m benchmarks.kernel_ptx_diff --family pre --old-rev aa5d692 [--archs 90a] [--sass]   # the pre-processing
 
-``--old`` is a csrc folder or a git revision of this repository (its ``rotvid/kernels/csrc``, exported with ``git
-archive``; ``--old-rev`` names a revision only); ``--new`` a csrc folder or a repository root (default: this tree).
-Each launcher source is compiled with the flags of the extension and ``.ci/compile_cuda`` (``nvcc -std=c++17 -O3
--gencode=arch=compute_X,code=sm_X``; ``$NVCC`` or the nvcc on PATH), once with ``-ptx`` and once to an object with
-``-Xptxas -v``, so the kernels compared are exactly the instantiations the launchers ship. SASS comes from
+``--old`` is a saved tree or a git revision of this repository (its ``rotvid/kernels``, exported with ``git
+archive``; ``--old-rev`` names a revision only); ``--new`` a saved tree (default: this one). A tree is a repository
+root, a ``rotvid/kernels`` folder (the shared ``csrc/`` and each recipe's ``recipes/<name>/csrc/``) or a csrc folder on
+its own (the flat ``csrc`` of before the recipe folders); its sources are found by file name wherever they sit
+(:class:`benchmarks.kernel_listing.KernelTree`). Each launcher source is compiled with the flags and the include folder
+of the extension and ``.ci/compile_cuda`` (``nvcc -std=c++17 -O3 -gencode=arch=compute_X,code=sm_X -I
+rotvid/kernels/csrc``; ``$NVCC`` or the nvcc on PATH), once with ``-ptx`` and once to an object with ``-Xptxas -v``,
+so the kernels compared are exactly the instantiations the launchers ship. SASS comes from
 ``cuobjdump -sass`` (``$CUOBJDUMP``, on PATH, or the one triton ships).
 
 ``--family hopper``: the wgmma + TMA kernels, sm90a. The launchers are the ``.cu`` files of each tree that include
@@ -59,7 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.kernel_listing import (
-    CSRC, REPO, KernelListing, compile_listing, demangle, export_csrc, find_cuobjdump, is_git_revision, nvcc,
+    REPO, KernelListing, KernelTree, compile_listing, demangle, export_kernels, find_cuobjdump, is_git_revision,
+    kernel_tree, nvcc,
     nvcc_flags, opcode, opcode_histogram, run,
 )
 
@@ -68,7 +72,7 @@ DEFAULT_ARCHS = {"hopper": "90a", "mma": "80,86,89,90a", "pre": "90a"}
 
 # ---- hopper: the wgmma + TMA kernels -----------------------------------------------------------------------------
 
-HOPPER_LAUNCHER_INCLUDES = re.compile(r'#include "(tma_map|hopper_launch)\.cuh"')
+HOPPER_LAUNCHER_INCLUDES = re.compile(r'#include "(?:hopper/)?(tma_map|hopper_launch)\.cuh"')
 
 
 @dataclass(frozen=True)
@@ -151,19 +155,21 @@ def hopper_template(name: str) -> tuple[HopperTemplate, re.Match] | None:
     return None
 
 
-def hopper_tree(csrc: Path, units: list[str] | None, work: Path, cuobjdump: str | None) -> dict[str, HopperKernel]:
+def hopper_tree(tree: KernelTree, units: list[str] | None, work: Path, cuobjdump: str | None
+                ) -> dict[str, HopperKernel]:
     """Every kernel of the tree's Hopper launchers (``units``, or the sources including the launcher headers), keyed
     by what it computes."""
     if units is None:
-        sources = sorted(f for f in csrc.glob("*.cu") if HOPPER_LAUNCHER_INCLUDES.search(f.read_text()))
+        sources = sorted((f for f in tree.units.values() if HOPPER_LAUNCHER_INCLUDES.search(f.read_text())),
+                         key=lambda f: f.name)
         if not sources:
             raise SystemExit(f"kernel_ptx_diff: no Hopper launcher (.cu including tma_map.cuh / hopper_launch.cuh) "
-                             f"in {csrc}")
+                             f"in {tree.root}")
     else:
-        sources = [csrc / u for u in units]
+        sources = [tree.unit(u) for u in units]
     listings: dict[str, KernelListing] = {}
     for src in sources:
-        listings.update(compile_listing(src, "90a", work, cuobjdump))
+        listings.update(compile_listing(src, "90a", work, cuobjdump, tree.include_dirs))
     kernels: dict[str, HopperKernel] = {}
     smem_exprs = {}
     for mangled, pretty in demangle(sorted(listings)).items():
@@ -182,11 +188,12 @@ def hopper_tree(csrc: Path, units: list[str] | None, work: Path, cuobjdump: str 
     if smem_exprs:  # each kernel's dynamic shared memory, as the tree's own constant
         headers = list(dict.fromkeys(h for hs, _ in smem_exprs.values() for h in hs))
         prog = work / "smem.cu"
-        prog.write_text("#include <cstdio>\n" + "".join(f'#include "{h}"\n' for h in headers) + "int main() {\n"
+        prog.write_text("#include <cstdio>\n" + "".join(f'#include "{tree.header(h)}"\n' for h in headers)
+                        + "int main() {\n"
                         + "".join(f'  std::printf("%s\\t%d\\n", "{key}", (int)({expr}));\n'
                                   for key, (_, expr) in smem_exprs.items()) + "}\n")
         exe = work / "smem"
-        run([nvcc(), *nvcc_flags("90a"), "-I", str(csrc), str(prog), "-o", str(exe)])
+        run([nvcc(), *nvcc_flags("90a"), *(f"-I{d}" for d in tree.include_dirs), str(prog), "-o", str(exe)])
         for line in run([str(exe)]).stdout.splitlines():
             key, val = line.split("\t")
             kernels[key].smem = int(val)
@@ -198,13 +205,14 @@ def _count_delta(old: collections.Counter, new: collections.Counter) -> str:
     return ", ".join(f"{op}: {old[op]} -> {new[op]}" for op in ops if old[op] != new[op])
 
 
-def hopper_report(old_csrc: Path, new_csrc: Path, units: list[str] | None, cuobjdump: str | None, tmp: Path) -> int:
+def hopper_report(old_tree: KernelTree, new_tree: KernelTree, units: list[str] | None, cuobjdump: str | None,
+                  tmp: Path) -> int:
     """Build both trees, print the table and the opcode deltas; 1 when a kernel is missing or differs, else 0."""
     trees = {}
-    for label, csrc in (("old", old_csrc), ("new", new_csrc)):
+    for label, tree in (("old", old_tree), ("new", new_tree)):
         (tmp / label).mkdir()
-        print(f"building the {label} tree's Hopper launchers ({csrc}) ...", flush=True)
-        trees[label] = hopper_tree(csrc, units, tmp / label, cuobjdump)
+        print(f"building the {label} tree's Hopper launchers ({tree.root}) ...", flush=True)
+        trees[label] = hopper_tree(tree, units, tmp / label, cuobjdump)
     old, new = trees["old"], trees["new"]
     bad = False
     print("\n| kernel | schedule old / new | registers | spill st / ld | stack | barriers | dyn. smem B | "
@@ -355,13 +363,13 @@ def pre_key(mangled: str) -> tuple | None:
     return (kernel, dtype, *args)
 
 
-def mma_unit(csrc: Path, unit: str, arch: str, work: Path, cuobjdump: str | None, key_of=None
+def mma_unit(tree: KernelTree, unit: str, arch: str, work: Path, cuobjdump: str | None, key_of=None
              ) -> dict[tuple, KernelListing]:
     """The mma.sync kernels of one launcher source for ``arch``, by :func:`mma_key` (``key_of``: another family's
     key function); SASS with its guard predicates taken off (as the PTX's)."""
     work.mkdir(exist_ok=True)
     out = {}
-    for name, lst in compile_listing(csrc / unit, arch, work, cuobjdump).items():
+    for name, lst in compile_listing(tree.unit(unit), arch, work, cuobjdump, tree.include_dirs).items():
         key = (key_of or mma_key)(name)
         if key is None:
             continue
@@ -390,7 +398,7 @@ def _fmt_res(r: dict) -> str:
     return f"{r.get('registers', '?')}r/{r.get('spill_stores', '?')}s/{r.get('stack', '?')}st" if r else "-"
 
 
-def mma_report(old_csrc: Path, new_csrc: Path, archs: list[str], units: list[str], cuobjdump: str | None,
+def mma_report(old_tree: KernelTree, new_tree: KernelTree, archs: list[str], units: list[str], cuobjdump: str | None,
                tmp: Path, key_of=None) -> int:
     """Compile every unit of both trees per arch and print one row per kernel; 1 when a pair differs, else 0
     (``key_of``: the pairing of another family, :func:`pre_key`)."""
@@ -402,8 +410,8 @@ def mma_report(old_csrc: Path, new_csrc: Path, archs: list[str], units: list[str
     print("|" + "---|" * len(head))
     for arch in archs:
         for unit in units:
-            old = mma_unit(old_csrc, unit, arch, tmp / "build-old", cuobjdump, key_of)
-            new = mma_unit(new_csrc, unit, arch, tmp / "build-new", cuobjdump, key_of)
+            old = mma_unit(old_tree, unit, arch, tmp / "build-old", cuobjdump, key_of)
+            new = mma_unit(new_tree, unit, arch, tmp / "build-new", cuobjdump, key_of)
             for key in sorted(set(old) | set(new), key=str):
                 if key not in old and key[-1] in NEW_ONLY:  # a block-sparse or V-rotating kernel: nothing to compare
                     print(f"| sm_{arch} | {unit} | {key} | only in new | {_fmt_res(new[key].resources)} |")
@@ -426,24 +434,17 @@ def mma_report(old_csrc: Path, new_csrc: Path, archs: list[str], units: list[str
 # ---- command line ---------------------------------------------------------------------------------------------------
 
 
-def new_csrc_of(path: Path) -> Path:
-    """``--new``: a repository root (its ``rotvid/kernels/csrc``) or a csrc folder."""
-    if (path / CSRC).is_dir():
-        return path / CSRC
-    if path.is_dir():
-        return path
-    raise SystemExit(f"kernel_ptx_diff: --new: expected a csrc folder or a repository root, got {path}")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", required=True, choices=FAMILIES,
                     help="hopper: the wgmma + TMA kernels (sm90a); mma: the mma.sync kernels; pre: the pre-processing "
                          "kernels")
-    ap.add_argument("--old", help="the old kernels: a csrc folder, or a git revision of this repository")
-    ap.add_argument("--old-rev", help="the old kernels: a git revision of this repository (its csrc)")
+    ap.add_argument("--old", help="the old kernels: a saved tree (a repository root, a rotvid/kernels folder or a csrc "
+                                  "folder), or a git revision of this repository")
+    ap.add_argument("--old-rev", help="the old kernels: a git revision of this repository (its rotvid/kernels)")
     ap.add_argument("--new", type=Path, default=REPO,
-                    help="the new kernels: a csrc folder or a repository root (default: this tree)")
+                    help="the new kernels: a repository root, a rotvid/kernels folder or a csrc folder (default: this "
+                         "tree)")
     ap.add_argument("--archs", default=None,
                     help="comma-separated compute capabilities (default: hopper 90a, the only one it builds for; "
                          f"mma {DEFAULT_ARCHS['mma']})")
@@ -468,15 +469,15 @@ def main(argv: list[str] | None = None) -> int:
     old_rev = args.old_rev
     if args.old is not None and not Path(args.old).is_dir():
         if not is_git_revision(args.old):
-            ap.error(f"--old: expected a csrc folder or a git revision of this repository, got {args.old!r}")
+            ap.error(f"--old: expected a saved tree or a git revision of this repository, got {args.old!r}")
         old_rev = args.old
-    new_csrc = new_csrc_of(args.new).resolve()
+    new_tree = kernel_tree(args.new)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        old_csrc = export_csrc(old_rev, tmp / "old-tree") if old_rev else Path(args.old).resolve()
+        old_tree = kernel_tree(export_kernels(old_rev, tmp / "old-tree") if old_rev else Path(args.old))
         if args.family == "hopper":
-            return hopper_report(old_csrc, new_csrc, units, cuobjdump, tmp)
-        return mma_report(old_csrc, new_csrc, archs, units, cuobjdump, tmp,
+            return hopper_report(old_tree, new_tree, units, cuobjdump, tmp)
+        return mma_report(old_tree, new_tree, archs, units, cuobjdump, tmp,
                           pre_key if args.family == "pre" else None)
 
 

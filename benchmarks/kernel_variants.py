@@ -1,5 +1,5 @@
-"""Tuning aid: time the Hopper attention kernel under other schedules (stages, ping-pong, pipe) than the ones its
-table ships (rotvid/kernels/csrc/hopper_schedule.cuh), attention only (pre-processing excluded), against cuDNN bf16.
+"""Tuning aid: time the Hopper attention kernel under other schedules (stages, ping-pong, pipe) than the ones its table
+ships (rotvid/kernels/csrc/hopper/hopper_schedule.cuh), attention only (pre-processing excluded), against cuDNN bf16.
 
     python -m benchmarks.kernel_variants --recipe int4 --schedules table 3,2,1 4,1,1 --shapes wan1.3b-480p
     python -m benchmarks.kernel_variants --recipe int8-fp8 --schedules table 3,0,1 --shapes cogvideox5b
@@ -35,8 +35,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rotvid.kernels import cuda_build
 from rotvid.kernels.cuda_layout import SUPPORTED_BLOCK_N
-from rotvid.kernels.recipes.int4_ops import attention_int4_quantized, default_block_n, preprocess_int4_cuda
-from rotvid.kernels.recipes.int8_fp8_ops import attention_int8fp8_quantized, preprocess_int8fp8_cuda
+from rotvid.kernels.recipes.int4.ops import attention_int4_quantized, default_block_n, preprocess_int4_cuda
+from rotvid.kernels.recipes.int8_fp8.ops import attention_int8fp8_quantized, preprocess_int8fp8_cuda
 
 from benchmarks.kernel_bench import SHAPES, time_interleaved
 

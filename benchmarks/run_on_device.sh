@@ -19,11 +19,12 @@
 #             "--tools racecheck"; $COMPUTE_SANITIZER names the binary)
 #   ab        kernel-source A/B on this one machine: kernel_bench's rotvid rows (attention with pre-processing,
 #             KERNEL_ARGS, default --rotvid-only --no-sage --shapes wan1.3b-480p cogvideox5b) in AB_ROUNDS rounds
-#             (default 2) alternating the working tree and a copy whose rotvid/kernels/csrc is AB_CSRC (a saved
-#             csrc folder, e.g. `git archive OLD rotvid/kernels/csrc | tar -x -C build/ab_old`, then
-#             AB_CSRC=build/ab_old/rotvid/kernels/csrc), or AB_TREE (a saved rotvid/ of the old commit, for when the
-#             source lists differ; this tree's benchmarks/ is used with it); each tree has its own
-#             extension cache. Bits of every kernel configuration: benchmarks/skeleton_ab.py
+#             (default 2) alternating the working tree and a copy whose CUDA sources are AB_CSRC's: a saved
+#             rotvid/kernels folder (its csrc/ and each recipe's recipes/<name>/csrc/ replace the copy's; e.g.
+#             `git archive OLD rotvid/kernels | tar -x -C build/ab_old`, then AB_CSRC=build/ab_old/rotvid/kernels), or
+#             a saved flat csrc folder of before the recipe folders (it replaces them all); or AB_TREE (a saved
+#             rotvid/ of the old commit, for when the Python side differs too; this tree's benchmarks/ is used with
+#             it); each tree has its own extension cache. Bits of every kernel configuration: benchmarks/skeleton_ab.py
 #
 # Before the steps it installs the carried wheels (./.whl/*.whl, e.g. diffusers; git-ignored), unpacks the
 # SageAttention2 peer if one is carried (./.peers/sageattention2-*.tgz; git-ignored; never a dependency), prints
@@ -41,7 +42,7 @@ steps=("$@")
 for step in "${steps[@]}"; do  # bad input stops here, before any slow work
   case $step in
     tests|kernel|e2e|parallel|profile|power|sanitize) ;;
-    ab) [ -d "${AB_CSRC:-}" ] || [ -d "${AB_TREE:-}/rotvid" ] || { echo "run_on_device.sh: step ab needs AB_CSRC (a saved rotvid/kernels/csrc folder) or AB_TREE (a saved tree with rotvid/; got '${AB_CSRC:-}' / '${AB_TREE:-}')" >&2; exit 2; } ;;
+    ab) [ -d "${AB_CSRC:-}" ] || [ -d "${AB_TREE:-}/rotvid" ] || { echo "run_on_device.sh: step ab needs AB_CSRC (a saved rotvid/kernels folder or csrc folder) or AB_TREE (a saved tree with rotvid/; got '${AB_CSRC:-}' / '${AB_TREE:-}')" >&2; exit 2; } ;;
     *) echo "run_on_device.sh: unknown step '$step' (expected: tests, kernel, e2e, parallel, profile, power, sanitize, ab)" >&2; exit 2 ;;
   esac
 done
@@ -134,8 +135,18 @@ for step in "${steps[@]}"; do
       if [ -n "${AB_TREE:-}" ]; then
         cp -r "$AB_TREE"/rotvid benchmarks build/ab_tree/  # this tree's kernel_bench.py and the modules it imports
       else
-        cp -r rotvid benchmarks build/ab_tree/ && rm -rf build/ab_tree/rotvid/kernels/csrc \
-          && cp -r "$AB_CSRC" build/ab_tree/rotvid/kernels/csrc
+        kernels=build/ab_tree/rotvid/kernels
+        cp -r rotvid benchmarks build/ab_tree/ && rm -rf "$kernels"/csrc "$kernels"/recipes/*/csrc
+        if [ -d "$AB_CSRC/csrc" ]; then  # a saved kernels folder: the shared csrc/ and the recipes' csrc/
+          cp -r "$AB_CSRC/csrc" "$kernels/csrc"
+          for d in "$AB_CSRC"/recipes/*/csrc; do
+            [ -d "$d" ] || continue
+            r=$(basename "$(dirname "$d")")
+            mkdir -p "$kernels/recipes/$r" && cp -r "$d" "$kernels/recipes/$r/csrc"
+          done
+        else  # a flat csrc folder (before the recipe folders): the build finds its files there alone
+          cp -r "$AB_CSRC" "$kernels/csrc"
+        fi
       fi
       for round in $(seq "${AB_ROUNDS:-2}"); do
         for tree in work ab_tree; do

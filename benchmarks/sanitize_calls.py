@@ -60,8 +60,8 @@ def run_calls(match: str | None = None) -> int:
     import torch
 
     from rotvid.kernels.hadamard_op import vo_hadamard_cuda
-    from rotvid.kernels.recipes.int4_ops import attention_int4_quantized, preprocess_int4_cuda
-    from rotvid.kernels.recipes.int8_fp8_ops import attention_int8fp8_quantized, preprocess_int8fp8_cuda
+    from rotvid.kernels.recipes.int4.ops import attention_int4_quantized, preprocess_int4_cuda
+    from rotvid.kernels.recipes.int8_fp8.ops import attention_int8fp8_quantized, preprocess_int8fp8_cuda
 
     cap = torch.cuda.get_device_capability()
     hopper = cap[0] == 9

@@ -72,8 +72,8 @@ def hash_outputs() -> dict:
     """Every configuration's output record (sha256, NaN count, float64 sums; or the error a path refused it with)."""
     import torch
 
-    from rotvid.kernels.recipes.int4_ops import int4_attention_cuda
-    from rotvid.kernels.recipes.int8_fp8_ops import int8fp8_attention_cuda
+    from rotvid.kernels.recipes.int4.ops import int4_attention_cuda
+    from rotvid.kernels.recipes.int8_fp8.ops import int8fp8_attention_cuda
 
     records = {}
     for i, (recipe, opts, shape) in enumerate(configurations()):

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from rotvid.kernels.recipes.int4_ops import int4_attention_cuda
-from rotvid.kernels.recipes.int8_fp8_ops import (
+from rotvid.kernels.recipes.int4.ops import int4_attention_cuda
+from rotvid.kernels.recipes.int8_fp8.ops import (
     attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
 )
 

@@ -3,7 +3,7 @@
 The runtime hands the quantized call BHND views of BNHD memory; with ``vo_hadamard="online"`` the call is prepared
 with ``v_hadamard`` (:func:`rotvid.kernels.dispatch.prepare_attention`): on the int8-fp8 CUDA call the pre-processing
 rotates V as it reads it and one CUDA pass turns the output back (:func:`rotvid.kernels.dispatch.unrotate_output`,
-``csrc/hadamard_rows.cu``); elsewhere V and O are rotated by the PyTorch functions
+``csrc/common/hadamard_rows.cu``); elsewhere V and O are rotated by the PyTorch functions
 (:func:`rotvid.rope.hadamard.rotate_v_online`, :func:`~rotvid.rope.hadamard.unrotate_o_online`), with the same bits.
 This script times, per shape, in interleaved rounds on one GPU (same process, the order rotating per round):
 

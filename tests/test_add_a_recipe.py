@@ -1,6 +1,7 @@
-"""Adding a recipe is one module and one registry line: a toy recipe registered from this file runs through the
-kernel-level call, ``apply`` on a tiny pipeline with its run report, and ``rotvid eval --variants`` (CLI), with no
-other file touched. It rounds the smoothed Q and K to bf16 and keeps V and P in float32."""
+"""Adding a recipe is one folder (for a recipe without a kernel, its ``Recipe`` alone) and one registry line: a toy
+recipe registered from this file runs through the kernel-level call, ``apply`` on a tiny pipeline with its run report,
+and ``rotvid eval --variants`` (CLI), with no other file touched. It rounds the smoothed Q and K to bf16 and keeps V
+and P in float32. A recipe with a CUDA kernel: tests/kernels/test_cuda_sources.py adds a toy recipe's folder."""
 
 import json
 from functools import partial

@@ -4,11 +4,14 @@ Which recipe has a CUDA kernel, what it checks and how it runs is the recipe's
 (:attr:`rotvid.kernels.recipes.base.Recipe.kernels` ``["cuda"]``); this backend asks the registry. The parts of the
 CUDA side live by job:
 
-* :mod:`rotvid.kernels.cuda_build` — sources, the arch table, building and loading the extension;
-* :mod:`rotvid.kernels.cuda_layout` — the kernels' operand layout, shared input checks, packing for tests;
+* :mod:`rotvid.kernels.cuda_sources` — which files the extension is built from (the shared ``csrc/`` and each
+  recipe's ``csrc/``, found by folder);
+* :mod:`rotvid.kernels.cuda_build` — the arch table, building and loading the extension;
+* :mod:`rotvid.kernels.cuda_layout` — the operand layout the kernels share, shared input checks;
 * :mod:`rotvid.kernels.cuda_checks` — the support checks the recipes' kernel entries list;
-* :mod:`rotvid.kernels.recipes.int4_ops`, :mod:`rotvid.kernels.recipes.int8_fp8_ops` — each recipe's custom ops
-  (``rotvid::int4_*``, ``rotvid::int8fp8_*``) with their fake implementations, and the functions on them;
+* :mod:`rotvid.kernels.recipes.int4.ops`, :mod:`rotvid.kernels.recipes.int8_fp8.ops` — each recipe's custom ops
+  (``rotvid::int4_*``, ``rotvid::int8fp8_*``) with their fake implementations, the functions on them, its operands'
+  layout and the packing of the reference's operands into it (for tests); its sources are in its folder's ``csrc/``;
 * :mod:`rotvid.kernels.rope_op` — the RoPE·R op (``rotvid::generalized_rope``) and the CUDA / Triton / PyTorch
   choice for it.
 
@@ -20,8 +23,6 @@ from __future__ import annotations
 from rotvid.kernels.cuda_build import (  # noqa: F401 -- re-exports
     ARCH_TABLE,
     CSRC,
-    HEADERS,
-    SOURCES,
     ArchEntry,
     _nvcc,
     arch_entry,
@@ -33,33 +34,33 @@ from rotvid.kernels.cuda_build import (  # noqa: F401 -- re-exports
 from rotvid.kernels.cuda_layout import (  # noqa: F401 -- re-exports
     BLOCK_M,
     DEFAULT_BLOCK_N,
-    P_MODES,
-    PATHS,
     SUPPORTED_BLOCK_N,
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
     KernelQKV,
-    pack_reference_int8fp8,
-    pack_reference_quantized,
-    sign_magnitude_bytes,
-    vt_dtype,
     vt_key_permutation,
 )
 from rotvid.kernels.recipes import recipes
-from rotvid.kernels.recipes.int4_ops import (  # noqa: F401 -- re-exports
+from rotvid.kernels.recipes.int4.ops import (  # noqa: F401 -- re-exports
+    P_MODES,
+    PATHS,
     _resolve_path,
     attention_int4_quantized,
     default_block_n,
     int4_attention_cuda,
+    pack_reference_quantized,
     preprocess_int4_cuda,
+    sign_magnitude_bytes,
+    vt_dtype,
 )
-from rotvid.kernels.recipes.int8_fp8_ops import (  # noqa: F401 -- re-exports
+from rotvid.kernels.recipes.int8_fp8.ops import (  # noqa: F401 -- re-exports
     INT8FP8_PATHS,
     _int8fp8_attention_op,
     _int8fp8_preprocess_op,
     attention_int8fp8_quantized,
     int8fp8_attention_cuda,
     int8fp8_path_for,
+    pack_reference_int8fp8,
     preprocess_int8fp8_cuda,
     rope_fusion_unsupported,
     v_hadamard_fusion_unsupported,

@@ -1,7 +1,8 @@
-"""The CUDA extension: sources, the arch table, build and load.
+"""The CUDA extension: the arch table, build and load.
 
-The CUDA sources live in ``rotvid/kernels/csrc`` and are compiled at first use with
-``torch.utils.cpp_extension.load`` (ninja) into a cache directory (``$ROTVID_EXT_CACHE`` or
+The CUDA sources are found by folder (:mod:`rotvid.kernels.cuda_sources`: the shared skeletons in
+``rotvid/kernels/csrc`` and each recipe's ``rotvid/kernels/recipes/<name>/csrc``) and compiled at first use with
+``torch.utils.cpp_extension.load`` (ninja) into one extension in a cache directory (``$ROTVID_EXT_CACHE`` or
 ``~/.cache/rotvid/ext``), keyed by the sources, torch/CUDA versions and compute capability, and
 reused afterwards. The compiler is found by :mod:`rotvid.kernels.cuda_toolkit` (``$ROTVID_NVCC``, then the pip
 packages of ``pip install 'rotvid[cuda]'``, then ``$CUDA_HOME`` / ``nvcc`` on ``PATH`` / ``/usr/local/cuda``) and
@@ -10,14 +11,16 @@ is given its folders (``CUDA_HOME`` for cpp_extension, headers, ``libcudart``). 
 last one took; each build records its duration (``build.json`` in its folder, ``last_build.json`` in the cache), and
 ``rotvid build`` (:func:`build_extension`) runs it ahead of time. ``$ROTVID_EXT_CUDA_FLAGS`` adds nvcc flags (part of the cache key), a tuning aid: e.g.
 ``-DROTVID_HOPPER_STAGES=4 -DROTVID_HOPPER_PINGPONG=2 -DROTVID_HOPPER_PIPE=1`` builds the Hopper kernel with that
-schedule in place of its table's (``csrc/hopper_schedule.cuh``; ``benchmarks/kernel_variants.py`` builds and times one
-extension per setting), and ``-DROTVID_MMA_STAGES=3`` (``_NW``, ``_MINB``, ``_LEAN``) overrides the mma.sync kernel's
-table (``csrc/mma_schedule.cuh``). A release build reads no environment variable in its kernels.
+schedule in place of its table's (``csrc/hopper/hopper_schedule.cuh``; ``benchmarks/kernel_variants.py`` builds and
+times one extension per setting), and ``-DROTVID_MMA_STAGES=3`` (``_NW``, ``_MINB``, ``_LEAN``) overrides the mma.sync
+kernel's table (``csrc/mma/mma_schedule.cuh``). A release build reads no environment variable in its kernels.
 
-The arch table (:data:`ARCH_TABLE`, compute capability -> instruction path and nvcc target) says *how* a GPU runs
-the kernels (:mod:`rotvid.kernels.cuda_layout` describes the paths); which recipe ``auto`` picks on it is the
-recipes' table (:mod:`rotvid.kernels.recipes.auto`). Every path is compiled for every supported architecture, so
-the s4 path can be tested on an H100 (where it runs emulated, slowly) by passing ``path="s4"``.
+The arch table (:data:`ARCH_TABLE`, compute capability -> the GPU's instruction facts and nvcc target) says *how* a
+GPU builds and runs the kernels (:mod:`rotvid.kernels.recipes.int4.ops` describes the INT4 paths); it names no recipe:
+which kernels of a recipe run on a GPU is the recipe's, from these facts (e.g.
+:func:`rotvid.kernels.recipes.int8_fp8.ops.int8fp8_kernels`), and which recipe ``auto`` picks on it is the recipes'
+table (:mod:`rotvid.kernels.recipes.auto`). Every source is compiled for every supported architecture, so the s4 path
+can be tested on an H100 (where it runs emulated, slowly) by passing ``path="s4"``.
 """
 
 from __future__ import annotations
@@ -37,44 +40,11 @@ from typing import Callable
 
 import torch
 
-from rotvid.kernels import cuda_toolkit
+from rotvid.kernels import cuda_sources, cuda_toolkit
 
 logger = logging.getLogger(__name__)
 
-CSRC = Path(__file__).parent / "csrc"
-SOURCES = (
-    "binding.cpp",
-    "preprocess_int4.cu",
-    "preprocess_int8fp8.cu",
-    "attn_dispatch.cu",
-    "attn_s8_d64.cu",
-    "attn_s8_d128.cu",
-    "attn_s4_d64.cu",
-    "attn_s4_d128.cu",
-    "attn_hopper.cu",
-    "attn_hopper_int4.cu",
-    "attn_hopper_int8fp8.cu",
-    "attn_int8fp8_mma.cu",
-    "rope_table.cu",
-    "hadamard_rows.cu",
-)
-HEADERS = (
-    "int4_common.cuh",
-    "int4_rowmath.cuh",
-    "rope_rows.cuh",
-    "key_blocks.cuh",
-    "sm90_ops.cuh",
-    "hopper_attention.cuh",
-    "hopper_int4_numerics.cuh",
-    "hopper_int8fp8_numerics.cuh",
-    "hopper_schedule.cuh",
-    "hopper_launch.cuh",
-    "mma_attention.cuh",
-    "mma_numerics_int4.cuh",
-    "mma_numerics_int8fp8.cuh",
-    "mma_schedule.cuh",
-    "tma_map.cuh",
-)
+CSRC = cuda_sources.KERNELS / cuda_sources.SHARED  # the shared sources, and the include folder of every compile
 
 
 @dataclass(frozen=True)
@@ -84,7 +54,7 @@ class ArchEntry:
     path: str  # "s4" (native INT4 mma) or "s8" (INT4-valued numbers on INT8 mma)
     gencode: str
     wgmma: bool = False  # the Hopper kernel (wgmma + TMA) is built and is the default kernel
-    int8fp8: tuple[str, ...] = ()  # the int8-fp8 kernels that run here, the default first (empty: none)
+    fp8_mma: bool = False  # FP8 tensor cores: e4m3 mma.sync (sm89 and later)
 
 
 # One cached table: compute capability -> instruction path and nvcc target.
@@ -92,9 +62,10 @@ ARCH_TABLE: dict[tuple[int, int], ArchEntry] = {
     (8, 0): ArchEntry("s4", "-gencode=arch=compute_80,code=sm_80"),
     (8, 6): ArchEntry("s4", "-gencode=arch=compute_86,code=sm_86"),
     (8, 7): ArchEntry("s4", "-gencode=arch=compute_87,code=sm_87"),
-    (8, 9): ArchEntry("s4", "-gencode=arch=compute_89,code=sm_89", int8fp8=("mma",)),
-    (9, 0): ArchEntry("s8", "-gencode=arch=compute_90a,code=sm_90a", wgmma=True, int8fp8=("wgmma", "mma")),
+    (8, 9): ArchEntry("s4", "-gencode=arch=compute_89,code=sm_89", fp8_mma=True),
+    (9, 0): ArchEntry("s8", "-gencode=arch=compute_90a,code=sm_90a", wgmma=True, fp8_mma=True),
 }
+
 
 def capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
@@ -129,11 +100,14 @@ def _extra_cuda_flags() -> list[str]:
     return os.environ.get("ROTVID_EXT_CUDA_FLAGS", "").split()
 
 
-def _source_hash(nvcc_version: str = "") -> str:
+def _source_hash(nvcc_version: str = "", sources: cuda_sources.CudaSources | None = None) -> str:
+    """A hash of every source and header (their paths under ``rotvid/kernels`` and their bytes), torch's and the
+    compiler's versions and the extra flags."""
+    found = cuda_sources.find_sources() if sources is None else sources
     h = hashlib.sha256()
-    for name in (*SOURCES, *HEADERS):
-        h.update(name.encode())
-        h.update((CSRC / name).read_bytes())
+    for path in (*found.sources, *found.headers):
+        h.update(path.relative_to(found.kernels).as_posix().encode())
+        h.update(path.read_bytes())
     h.update(torch.__version__.encode())
     h.update(str(torch.version.cuda).encode())
     h.update(" ".join(_extra_cuda_flags()).encode())
@@ -146,9 +120,11 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def extension_name(cap: tuple[int, int], toolkit: cuda_toolkit.Toolkit) -> str:
-    """The extension's name, also its cache folder: arch and a hash of sources, torch, flags and compiler."""
-    return f"rotvid_cuda_sm{cap[0]}{cap[1]}_{_source_hash(toolkit.version)}"  # every recipe's kernels, one extension
+def extension_name(cap: tuple[int, int], toolkit: cuda_toolkit.Toolkit,
+                   sources: cuda_sources.CudaSources | None = None) -> str:
+    """The extension's name, also its cache folder: arch and a hash of sources (default: those found now), torch,
+    flags and compiler. Every recipe's kernels are in the one extension."""
+    return f"rotvid_cuda_sm{cap[0]}{cap[1]}_{_source_hash(toolkit.version, sources)}"
 
 
 LAST_BUILD = "last_build.json"
@@ -215,14 +191,28 @@ def _library_path(build: Path, name: str) -> Path:
     return build / f"{name}.so"
 
 
+def compile_args(cap: tuple[int, int], sources: cuda_sources.CudaSources | None = None) -> dict:
+    """What the build of ``cap``'s extension compiles and how, as ``torch.utils.cpp_extension.load`` arguments: every
+    source found (:func:`rotvid.kernels.cuda_sources.find_sources`, or ``sources``), the flags with the arch table's
+    nvcc target, and the include folders of the sources (the compiler's own are added by the build)."""
+    found = cuda_sources.find_sources() if sources is None else sources
+    return dict(
+        sources=[str(p) for p in found.sources],
+        extra_cflags=["-O3", "-std=c++17"],
+        extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo", ARCH_TABLE[cap].gencode, *_extra_cuda_flags()],
+        extra_include_paths=[str(p) for p in found.include_dirs],
+    )
+
+
 def _build(cap: tuple[int, int], *, announce: bool = True):
     """Build (when needed) and load the extension for ``cap``: (module, name, folder, seconds or None when it was
     built already, toolkit)."""
     from torch.utils import cpp_extension
 
-    entry = ARCH_TABLE[cap]
     toolkit = cuda_toolkit.find_toolkit(embeds_ptx=_embeds_ptx())  # the fit is checked before any compile
-    name = extension_name(cap, toolkit)
+    found = cuda_sources.find_sources()
+    name = extension_name(cap, toolkit, found)
+    args = compile_args(cap, found)
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
     fresh = not _library_path(build, name).exists()
@@ -234,10 +224,10 @@ def _build(cap: tuple[int, int], *, announce: bool = True):
     with _toolkit_for_build(toolkit):
         module = cpp_extension.load(
             name=name,
-            sources=[str(CSRC / s) for s in SOURCES],
-            extra_cflags=["-O3", "-std=c++17"],
-            extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo", entry.gencode, *_extra_cuda_flags()],
-            extra_include_paths=[str(p) for p in toolkit.include_dirs],
+            sources=args["sources"],
+            extra_cflags=args["extra_cflags"],
+            extra_cuda_cflags=args["extra_cuda_cflags"],
+            extra_include_paths=[*args["extra_include_paths"], *(str(p) for p in toolkit.include_dirs)],
             extra_ldflags=_link_dirs(toolkit),
             build_directory=str(build),
             verbose=os.environ.get("ROTVID_EXT_VERBOSE") == "1",
@@ -304,15 +294,16 @@ def build_extension(plan: BuildPlan, on_progress: Callable[[int, int], None] | N
     None when it was built already. ``on_progress(done, total)`` is called as the object files appear."""
     stop = threading.Event()
     watcher = None
+    total = len(cuda_sources.find_sources().sources)
     if on_progress is not None:
         start = time.time()
 
         def watch():
             while not stop.wait(0.5):
                 done = sum(1 for p in plan.folder.glob("*.o") if p.stat().st_mtime >= start)
-                on_progress(min(done, len(SOURCES)), len(SOURCES))
+                on_progress(min(done, total), total)
 
-        on_progress(0, len(SOURCES))
+        on_progress(0, total)
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
     try:
@@ -324,7 +315,7 @@ def build_extension(plan: BuildPlan, on_progress: Callable[[int, int], None] | N
     if name != plan.name:  # the sources changed while planning
         raise RuntimeError(f"rotvid build: built {name}, planned {plan.name} (the sources changed meanwhile)")
     if on_progress is not None:
-        on_progress(len(SOURCES), len(SOURCES))
+        on_progress(total, total)
     return seconds
 
 

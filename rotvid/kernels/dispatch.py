@@ -375,7 +375,7 @@ def attention(
         rope: a :class:`rotvid.rope.fused_table.GeneralizedRopeTable` (RoPE·R): q and k are
             un-rotated and the call attends ``apply_generalized_rope(q, rope)`` and ``(k, rope)``.
             The CUDA backend applies it inside the int8-fp8 pre-processing (same bits, no separate
-            pass, :func:`rotvid.kernels.recipes.int8_fp8_ops.rope_fusion_unsupported` says when);
+            pass, :func:`rotvid.kernels.recipes.int8_fp8.ops.rope_fusion_unsupported` says when);
             otherwise q and k are rotated here first (:func:`rotvid.kernels.rope_op.apply_generalized_rope`).
         block_map: a :class:`rotvid.kernels.sparsity.BlockMap` (the key blocks of 128 keys each query tile of 128
             rows visits; :func:`rotvid.kernels.sparsity.build_block_map` builds one from a spec), or None (all).

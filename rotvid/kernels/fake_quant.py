@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from rotvid.kernels.quantize import INT4_QMAX, P_RANGE_SCALE, P_SYM_SCALE, pad_to_blocks
+from rotvid.kernels.quantize import INT4_QMAX, pad_to_blocks
+from rotvid.kernels.recipes.int4.reference import P_RANGE_SCALE, P_SYM_SCALE
 
 
 def round_ste(x: torch.Tensor) -> torch.Tensor:

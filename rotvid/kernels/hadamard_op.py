@@ -1,5 +1,5 @@
-"""The online V/O Hadamard's CUDA pass: custom op ``rotvid::hadamard_rows`` (``csrc/hadamard_rows.cu``) with its fake
-(shape-only) implementation, and the function on it.
+"""The online V/O Hadamard's CUDA pass: custom op ``rotvid::hadamard_rows`` (``csrc/common/hadamard_rows.cu``) with its
+fake (shape-only) implementation, and the function on it.
 
 :func:`vo_hadamard_cuda` is one side of :func:`rotvid.rope.hadamard.rotate_v_online` /
 :func:`~rotvid.rope.hadamard.unrotate_o_online` with the block equal to the head_dim (64 or 128) on a fp16 / bf16 CUDA

@@ -1,8 +1,11 @@
-"""PyTorch reference of every rotvid attention recipe: the exact model of the kernels.
+"""PyTorch reference of every rotvid attention recipe: the steps they share and the contract of their kernels.
 
 Everything is computed block by block over keys with the same online softmax the kernels use,
 on any device. The INT4 recipe follows the contract below step by step (the CUDA kernels
-implement the same steps; their tests feed both the *same* quantized inputs).
+implement the same steps; their tests feed both the *same* quantized inputs). This module holds the steps every
+recipe shares (1, 3, 4 and 6, the walk over key blocks, block maps and the LSE); each recipe's own steps -- its
+quantizers and P·V, its *reference twin* -- live in its folder of :mod:`rotvid.kernels.recipes`
+(``recipes/<name>/reference.py``, beside its CUDA kernels).
 
 Per (batch b, head h), with ``kv_len = kv_lens[b]`` (keys ``j >= kv_len`` are masked), all
 arithmetic in float32 (float64 when the inputs are float64), ``rint`` = round half to even:
@@ -13,8 +16,9 @@ arithmetic in float32 (float64 when the inputs are float64), ``rint`` = round ha
    correction ``ΔS = mean(q)·k_sᵀ`` added to the scores (per head: one bias per key, which the
    kernels read like a key scale). V (optional):
    ``v_s = v - mean(v)``, the mean added to the output at the end (rows of P sum to 1).
-2. Per-token INT4 of Q, K (:func:`quantize_per_token_int4`); per-group INT4 of V, one scale per
-   channel per key block of ``block_n`` (:func:`quantize_v_per_group_int4`), masked keys zeroed.
+2. Per-token INT4 of Q, K (:func:`rotvid.kernels.quantize.quantize_per_token_int4`); per-group INT4 of V, one
+   scale per channel per key block of ``block_n``
+   (:func:`rotvid.kernels.recipes.int4.reference.quantize_v_per_group_int4`), masked keys zeroed.
 3. Scores in the log2 domain: ``s = (float(q̂·k̂) * (s_q * qk_scale)) * s_k`` with
    ``qk_scale = sm_scale * log2(e)``; masked keys get ``-inf``.
 4. Per key block: ``m_blk = rowmax(s)``, ``p = exp2(s - m_blk)`` ∈ (0, 1] (row max 1, so the P
@@ -30,14 +34,15 @@ arithmetic in float32 (float64 when the inputs are float64), ``rint`` = round ha
 6. Online combine: ``m_new = max(m, m_blk)``, ``O = O·exp2(m - m_new) + exp2(m_blk - m_new)·pv``,
    ``l`` likewise; ``out = O / l (+ mean(v))``.
 
-Each recipe's own numerics are in its module of :mod:`rotvid.kernels.recipes`, built from the steps here
-(:func:`attention_int4`, :func:`attention_blockwise`); :func:`rotvid.kernels.recipes.attention_reference` runs one
-by name. Other recipes share steps 1, 3, 4 and 6 (with ``l_blk = rowsum(p)`` of the unquantized p): ``fp16`` (no quantization), ``int8-fp8``
-(SageAttention2-8b: INT8 Q per token and K per group of 32 keys per 128-key block -- the keys one
-kernel thread holds --, P and V in FP8 e4m3 with V per channel and P scaled by 448, one FP32 buffer per
-key block), ``int4-fp8`` (SageAttention2-4b: INT4 Q/K, FP8 P/V) and
-``nvfp4`` (emulation: Q/K/P/V in e2m1 with 16-element e4m3 block scales; SageAttention3 /
-Attn-QAT).
+Each recipe's own numerics are in its folder of :mod:`rotvid.kernels.recipes`, built from the steps here
+(:func:`attend_key_blocks`, :func:`attention_blockwise`; the INT4 recipes:
+:func:`rotvid.kernels.recipes.int4.reference.attention_int4`); :func:`rotvid.kernels.recipes.attention_reference`
+runs one by name. Other recipes share steps 1, 3, 4 and 6 (with ``l_blk = rowsum(p)`` of the unquantized p):
+``fp16`` (no quantization), ``int8-fp8`` (SageAttention2-8b: INT8 Q per token and K per group of 32 keys per 128-key
+block -- the keys one kernel thread holds --, P and V in FP8 e4m3 with V per channel and P scaled by 448, one FP32
+buffer per key block; :mod:`rotvid.kernels.recipes.int8_fp8.reference`), ``int4-fp8`` (SageAttention2-4b: INT4
+Q/K, FP8 P/V) and ``nvfp4`` (emulation: Q/K/P/V in e2m1 with 16-element e4m3 block scales; SageAttention3 /
+Attn-QAT; :mod:`rotvid.kernels.recipes.nvfp4.reference`).
 
 Block maps (:class:`~rotvid.kernels.sparsity.BlockMap`, ``block_map=`` of every function here that attends):
 the key blocks a query tile skips are exactly blocks of ``-inf`` scores for its rows (masked after the scores, as
@@ -73,22 +78,10 @@ in (at least) the affected rows of that head's output, and other heads are unaff
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from rotvid.kernels.quantize import (
-    FP8_E4M3_MAX,
-    P_RANGE_SCALE,
-    P_RANGE_ZERO,
-    P_SYM_SCALE,
-    key_valid_mask,
-    quant_p_fp8,
-    quant_p_range_int4,
-    quant_p_sym_int4,
-    quantize_per_token_int4,
-    quantize_v_per_group_int4,
-)
+from rotvid.kernels.quantize import key_valid_mask
 from rotvid.kernels.sparsity.block_map import MAP_BLOCK, BlockMap
 
 LOG2E = 1.4426950408889634
@@ -97,7 +90,6 @@ LN2 = 0.6931471805599453
 LAYOUTS = ("BHND", "BNHD")
 DEFAULT_BLOCK_M = 128
 DEFAULT_BLOCK_N = 64
-INT8FP8_BLOCK_N = 128  # the int8-fp8 kernels' key block (part of the numerics): the reference's default for it
 
 
 def check_sm_scale(sm_scale) -> None:
@@ -141,38 +133,6 @@ def block_mean_rows(x: torch.Tensor, block_m: int) -> torch.Tensor:
     return out
 
 
-@dataclass
-class QuantizedQKV:
-    """The INT4 recipe's pre-processed operands, all in (B, H, N, D) order.
-
-    ``q_hat``/``k_hat`` int8 in [-7, 7] with per-token scales [B, H, N, 1]; ``v_hat`` int8
-    [B, H, N_kv padded to block_n, D] with per-block-per-channel ``v_scale`` and int32
-    ``v_colsum`` [B, H, n_blocks, D]. ``v_mean`` [B, H, 1, D] when V is smoothed.
-    ``q_block_mean``/``k_smoothed`` are kept only for Q smoothing's ΔS correction.
-    """
-
-    q_hat: torch.Tensor
-    q_scale: torch.Tensor
-    k_hat: torch.Tensor
-    k_scale: torch.Tensor
-    v_hat: torch.Tensor
-    v_scale: torch.Tensor
-    v_colsum: torch.Tensor
-    block_n: int
-    kv_lens: torch.Tensor | None = None
-    v_mean: torch.Tensor | None = None
-    q_block_mean: torch.Tensor | None = None
-    k_smoothed: torch.Tensor | None = None
-
-    @property
-    def head_dim(self) -> int:
-        return self.q_hat.shape[-1]
-
-    @property
-    def n_kv(self) -> int:
-        return self.k_hat.shape[2]
-
-
 def smooth_qkv(q, k, v, *, kv_lens, smooth_k, smooth_q, smooth_v, q_block=None):
     """Step 1 on (B, H, N, D) tensors: returns ``(q_s, k_s, v_s, q_block_mean, v_mean)`` in compute dtype.
 
@@ -191,45 +151,7 @@ def smooth_qkv(q, k, v, *, kv_lens, smooth_k, smooth_q, smooth_v, q_block=None):
     return q, k, v, q_mean, v_mean
 
 
-def preprocess_int4(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    layout: str = "BHND",
-    kv_lens: torch.Tensor | None = None,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
-    smooth_k: bool = True,
-    smooth_q: bool = False,
-    smooth_v: bool = False,
-    q_block: int | None = None,
-) -> QuantizedQKV:
-    """Steps 1-2 of the INT4 recipe: smoothing, per-token INT4 Q/K, per-group INT4 V."""
-    q, k, v = (to_bhnd(t, layout) for t in (q, k, v))
-    q_s, k_s, v_s, q_mean, v_mean = smooth_qkv(
-        q, k, v, kv_lens=kv_lens, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block
-    )
-    q_hat, q_scale = quantize_per_token_int4(q_s)
-    k_hat, k_scale = quantize_per_token_int4(k_s)
-    v_hat, v_scale, colsum = quantize_v_per_group_int4(v_s, block_n, kv_lens)
-    return QuantizedQKV(
-        q_hat=q_hat,
-        q_scale=q_scale,
-        k_hat=k_hat,
-        k_scale=k_scale,
-        v_hat=v_hat,
-        v_scale=v_scale,
-        v_colsum=colsum,
-        block_n=block_n,
-        kv_lens=kv_lens,
-        v_mean=v_mean,
-        q_block_mean=q_mean,
-        k_smoothed=k_s if smooth_q else None,
-    )
-
-
-def _int_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+def int_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     """Exact integer ``a @ b_tᵀ`` for small int8 values, via float64 (exact below 2^53)."""
     return torch.matmul(a.double(), b_t.double().transpose(-1, -2))
 
@@ -320,7 +242,7 @@ def _score_mask(s: torch.Tensor, start: int, kv_lens: torch.Tensor | None,
     return s
 
 
-def _qk_scale(sm_scale: float, dtype: torch.dtype) -> torch.Tensor:
+def log2_qk_scale(sm_scale: float, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(sm_scale * LOG2E, dtype=dtype)
 
 
@@ -329,20 +251,20 @@ def resolve_sm_scale(sm_scale: float | None, head_dim: int) -> float:
     return head_dim**-0.5 if sm_scale is None else sm_scale
 
 
-def _int_scores(q_hat: torch.Tensor, sq: torch.Tensor, k_hat: torch.Tensor, k_scale: torch.Tensor,
+def int_scores(q_hat: torch.Tensor, sq: torch.Tensor, k_hat: torch.Tensor, k_scale: torch.Tensor,
                 dtype: torch.dtype) -> torch.Tensor:
     """Step 3 on integer operands: ``(float(q̂·k̂) * sq) * s_kᵀ`` in ``dtype``, with ``sq = s_q * qk_scale``
     [B, H, Nq, 1] and one key block's ``k_hat`` and per-key ``k_scale`` [B, H, n, 1]."""
-    return (_int_matmul(q_hat, k_hat).to(dtype) * sq) * k_scale.transpose(-1, -2)
+    return (int_matmul(q_hat, k_hat).to(dtype) * sq) * k_scale.transpose(-1, -2)
 
 
-def _q_smoothing_correction(q_mean: torch.Tensor, k_s: torch.Tensor, qk_scale: torch.Tensor) -> torch.Tensor:
+def q_smoothing_correction(q_mean: torch.Tensor, k_s: torch.Tensor, qk_scale: torch.Tensor) -> torch.Tensor:
     """Step 1's ``ΔS = mean(q)·k_sᵀ`` over one key block's smoothed keys ``k_s``, in the log2 domain (times
     ``qk_scale``)."""
     return torch.matmul(q_mean, k_s.transpose(-1, -2)) * qk_scale
 
 
-def _attend_key_blocks(block_scores, block_pv_sum, *, shape_o, dtype: torch.dtype, device: torch.device, n_kv: int,
+def attend_key_blocks(block_scores, block_pv_sum, *, shape_o, dtype: torch.dtype, device: torch.device, n_kv: int,
                        block_n: int, kv_lens: torch.Tensor | None, block_map: BlockMap | None) -> _OnlineSoftmax:
     """Steps 3-6 over the key blocks of ``block_n`` keys, in ascending order: the walk every recipe shares.
 
@@ -361,109 +283,6 @@ def _attend_key_blocks(block_scores, block_pv_sum, *, shape_o, dtype: torch.dtyp
         pv, l_blk = block_pv_sum(t, start, stop, p, l_blk)
         state.update(m_blk, l_blk, pv)
     return state
-
-
-def attention_from_quantized(
-    qkv: QuantizedQKV,
-    *,
-    p_mode: str = "range",
-    sm_scale: float | None = None,
-    out_dtype: torch.dtype = torch.float32,
-    layout: str = "BHND",
-    block_map: BlockMap | None = None,
-    return_lse: bool = False,
-    lse_shift: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Steps 3-6 of the INT4 recipe on pre-processed operands; returns the output in ``layout``. ``block_map``: the
-    key blocks each query tile visits (module docstring; None: all). ``return_lse``: ``(out, lse)``, the LSE of the
-    scores computed here (of the smoothed keys) plus ``lse_shift`` [B, H, N_q, 1] when given
-    (:func:`k_smoothing_lse_shift`: then it is the LSE of the unsmoothed scores, module docstring)."""
-    if p_mode not in ("range", "sym"):
-        raise ValueError(f"p_mode must be 'range' or 'sym', got {p_mode!r}")
-    dt = qkv.q_scale.dtype
-    qk_scale = _qk_scale(resolve_sm_scale(sm_scale, qkv.head_dim), dt).to(qkv.q_scale.device)
-    sq = qkv.q_scale * qk_scale  # [B, H, Nq, 1]
-
-    def block_scores(start, stop):
-        s = _int_scores(qkv.q_hat, sq, qkv.k_hat[:, :, start:stop], qkv.k_scale[:, :, start:stop], dt)
-        if qkv.q_block_mean is not None:
-            s = s + _q_smoothing_correction(qkv.q_block_mean, qkv.k_smoothed[:, :, start:stop], qk_scale)
-        return s
-
-    def block_pv_sum(t, start, stop, p, _):
-        v_hat = qkv.v_hat[:, :, start:stop]
-        if p_mode == "range":
-            p_t = quant_p_range_int4(p)
-            pv_int = _int_matmul(p_t, v_hat.transpose(-1, -2)) + P_RANGE_ZERO * qkv.v_colsum[:, :, t : t + 1].double()
-            p_hat_sum = p_t.double().sum(dim=-1, keepdim=True) + P_RANGE_ZERO * p_t.shape[-1]  # rowsum(P̃ + 8)
-        else:
-            p_t = quant_p_sym_int4(p)
-            pv_int = _int_matmul(p_t, v_hat.transpose(-1, -2))
-            p_hat_sum = p_t.double().sum(dim=-1, keepdim=True)
-        pv = pv_int.to(dt) * qkv.v_scale[:, :, t : t + 1]  # in units of 1/L, like l_blk
-        return pv, p_hat_sum.to(dt)
-
-    b, h, nq, d = qkv.q_hat.shape
-    state = _attend_key_blocks(block_scores, block_pv_sum, shape_o=(b, h, nq, d), dtype=dt, device=qkv.q_hat.device,
-                               n_kv=qkv.n_kv, block_n=qkv.block_n, kv_lens=qkv.kv_lens, block_map=block_map)
-    out = from_bhnd(state.result(mean=qkv.v_mean).to(out_dtype), layout)
-    if not return_lse:
-        return out
-    lse = state.lse(P_RANGE_SCALE if p_mode == "range" else P_SYM_SCALE)  # l sums P̂, which stands for P̂ / L
-    return out, lse_in_layout(lse if lse_shift is None else lse + lse_shift, layout)
-
-
-def attention_int8fp8_from_quantized(
-    q_hat: torch.Tensor,
-    q_scale: torch.Tensor,
-    k_hat: torch.Tensor,
-    k_scale: torch.Tensor,
-    v8: torch.Tensor,
-    v_scale: torch.Tensor,
-    *,
-    v_mean: torch.Tensor | None = None,
-    kv_lens: torch.Tensor | None = None,
-    block_n: int = 128,
-    sm_scale: float | None = None,
-    block_map: BlockMap | None = None,
-    return_lse: bool = False,
-    lse_shift: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The int8-fp8 recipe from its quantized operands (the CUDA kernel's twin), all (B, H, N, D) order.
-
-    ``q_hat``/``k_hat`` int8 with per-token scales [B, H, N, 1]; ``v8`` the e4m3 values of V̂ (any float dtype)
-    [B, H, N_kv, D] with ``v_scale`` [B, H, 1, D]; ``v_mean`` [B, H, 1, D] or None. Per key block: exact integer
-    q̂·k̂, ``s = float(q̂·k̂) * (s_q * qk_scale) * s_k``, ``p = exp2(s - m_blk)``, ``pv = e4m3(448 p) · V̂``
-    (fresh FP32 sum per block), ``l_blk = rowsum(448 p)``, online combine; ``out = O / l * v_scale (+ v_mean)``;
-    ``block_map``: the key blocks each query tile visits (module docstring; None: all).
-    Equal to the ``int8-fp8`` branch of :func:`attention_reference` up to fp32 rounding (there Q̂/K̂ are
-    dequantized before the product and V's scale is applied per block). The kernel differs from this twin by fp32
-    rounding only: the order of its products, ``ex2.approx``, and at head_dim 64 one rounding per row and block
-    of the exponent's constant (``MAGIC`` in ``csrc/hopper_int8fp8_numerics.cuh``). Returns float32 (B, H, Nq, D);
-    with ``return_lse``, ``(out, lse)``: ``lse`` float32 [B, H, Nq], ``ln 2 · (m + log2(l / 448))`` of the scores
-    computed here (the operands' smoothed keys), plus ``lse_shift`` [B, H, Nq, 1] when given
-    (:func:`k_smoothing_lse_shift`; module docstring).
-    """
-    dt = torch.float32
-    b, h, nq, d = q_hat.shape
-    qk_scale = _qk_scale(resolve_sm_scale(sm_scale, d), dt).to(q_hat.device)
-    sq = q_scale.to(dt) * qk_scale
-    k_scale = k_scale.to(dt)
-
-    def block_scores(start, stop):
-        return _int_scores(q_hat, sq, k_hat[:, :, start:stop], k_scale[:, :, start:stop], dt)
-
-    def block_pv_sum(t, start, stop, p, _):
-        pv = torch.matmul(quant_p_fp8(p).double(), v8[:, :, start:stop].double()).to(dt)
-        return pv, (p * FP8_E4M3_MAX).sum(dim=-1, keepdim=True)
-
-    state = _attend_key_blocks(block_scores, block_pv_sum, shape_o=(b, h, nq, d), dtype=dt, device=q_hat.device,
-                               n_kv=k_hat.shape[2], block_n=block_n, kv_lens=kv_lens, block_map=block_map)
-    out = state.result(v_scale.to(dt), None if v_mean is None else v_mean.to(dt))
-    if not return_lse:
-        return out
-    lse = state.lse(FP8_E4M3_MAX)  # l sums 448 p
-    return out, lse_in_layout(lse if lse_shift is None else lse + lse_shift.to(dt), "BHND")
 
 
 def attention_blockwise(
@@ -504,20 +323,20 @@ def attention_blockwise(
         q, k, v, kv_lens=kv_lens, smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block
     )
     dt = q_s.dtype
-    qk_scale = _qk_scale(resolve_sm_scale(sm_scale, d), dt).to(q.device)
+    qk_scale = log2_qk_scale(resolve_sm_scale(sm_scale, d), dt).to(q.device)
     valid = key_valid_mask(n_kv, kv_lens, b, q.device)
     qd, kd, vd, v_div = operands(q_s, k_s, v_s, valid, kv_lens)
 
     def block_scores(start, stop):
         s = torch.matmul(qd, kd[:, :, start:stop].transpose(-1, -2)) * qk_scale
         if q_mean is not None:
-            s = s + _q_smoothing_correction(q_mean, k_s[:, :, start:stop], qk_scale)
+            s = s + q_smoothing_correction(q_mean, k_s[:, :, start:stop], qk_scale)
         return s
 
     def block_pv_sum(t, start, stop, p, l_blk):
         return block_pv(p, vd[:, :, start:stop], v_div), l_blk
 
-    state = _attend_key_blocks(block_scores, block_pv_sum, shape_o=(b, h, nq, d), dtype=dt, device=q.device,
+    state = attend_key_blocks(block_scores, block_pv_sum, shape_o=(b, h, nq, d), dtype=dt, device=q.device,
                                n_kv=n_kv, block_n=block_n, kv_lens=kv_lens, block_map=block_map)
     out = from_bhnd(state.result(mean=v_mean).to(out_dtype), layout)
     if not return_lse:
@@ -528,34 +347,3 @@ def attention_blockwise(
     return out, lse_in_layout(lse, layout)
 
 
-def attention_int4(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    p_mode: str = "range",
-    layout: str = "BHND",
-    kv_lens: torch.Tensor | None = None,
-    sm_scale: float | None = None,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
-    smooth_k: bool = True,
-    smooth_q: bool = False,
-    smooth_v: bool = False,
-    q_block: int | None = None,
-    block_map: BlockMap | None = None,
-    return_lse: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The INT4 recipes end to end (steps 1-6): ``p_mode`` ``"range"`` (``int4``) or ``"sym"`` (``int4-sym-p``).
-    Output in q's shape, layout and dtype; ``block_map`` as :func:`attention_from_quantized`'s; ``return_lse``:
-    ``(out, lse)``, the LSE of the unsmoothed scores (module docstring)."""
-    qkv = preprocess_int4(
-        q, k, v, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
-        smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, q_block=q_block,
-    )
-    shift = None
-    if return_lse and smooth_k:  # the scores are of k - mean(k): the LSE adds the shift back (module docstring)
-        qb, kb = to_bhnd(q, layout), to_bhnd(k, layout)
-        shift = k_smoothing_lse_shift(qb, kb, kv_lens, resolve_sm_scale(sm_scale, qb.shape[-1]))
-    return attention_from_quantized(qkv, p_mode=p_mode, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout,
-                                    block_map=block_map, return_lse=return_lse, lse_shift=shift)

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from rotvid.cli import app
-from rotvid.kernels import cuda_build, cuda_toolkit
+from rotvid.kernels import cuda_build, cuda_sources, cuda_toolkit
 
 
 def fake_nvcc(home: Path, version: str) -> Path:
@@ -240,10 +240,11 @@ def test_the_first_build_says_so_with_the_last_build_s_duration_and_records_its_
     pip_tree(machine.site(), "13.0.88")
     seen = {}
 
-    def fake_load(name, build_directory, extra_ldflags, extra_include_paths, **kw):
+    def fake_load(name, build_directory, extra_ldflags, extra_include_paths, sources, extra_cuda_cflags, **kw):
         from torch.utils import cpp_extension
 
-        seen.update(home=cpp_extension.CUDA_HOME, ldflags=extra_ldflags, includes=extra_include_paths)
+        seen.update(home=cpp_extension.CUDA_HOME, ldflags=extra_ldflags, includes=extra_include_paths,
+                    sources=sources, cuda_flags=extra_cuda_cflags)
         Path(build_directory, f"{name}.so").write_text("")
         return "module"
 
@@ -255,7 +256,9 @@ def test_the_first_build_says_so_with_the_last_build_s_duration_and_records_its_
     module, name, folder, seconds, tk = cuda_build._build((9, 0))
     assert module == "module" and seconds is not None and folder == cuda_build.cache_dir() / name
     assert seen["home"] == str(tk.home) and cpp_extension.CUDA_HOME == before  # set for the build only
-    assert seen["ldflags"][0].startswith("-L") and seen["includes"] == []
+    assert seen["ldflags"][0].startswith("-L") and seen["includes"] == [str(cuda_build.CSRC)]  # (no toolkit folders)
+    assert seen["sources"] == [str(p) for p in cuda_sources.find_sources().sources]  # found by folder
+    assert "-gencode=arch=compute_90a,code=sm_90a" in seen["cuda_flags"]
     first = [r.getMessage() for r in caplog.records if r.getMessage().startswith("building")]
     assert len(first) == 1 and "a first build takes about a minute" in first[0] and str(folder) in first[0]
     assert "nvcc 13.0.88" in first[0] and "rotvid build" in first[0]

@@ -16,12 +16,12 @@ import torch
 
 from rotvid.kernels import attention, metrics
 from rotvid.kernels.cuda_build import arch_entry
-from rotvid.kernels.cuda_layout import pack_reference_quantized, sign_magnitude_bytes
 from rotvid.kernels.recipes import attention_reference
-from rotvid.kernels.recipes.int4_ops import (
-    attention_int4_quantized, default_block_n, int4_attention_cuda, preprocess_int4_cuda,
+from rotvid.kernels.recipes.int4.ops import (
+    attention_int4_quantized, default_block_n, int4_attention_cuda, pack_reference_quantized, preprocess_int4_cuda,
+    sign_magnitude_bytes,
 )
-from rotvid.kernels.reference import attention_from_quantized, preprocess_int4
+from rotvid.kernels.recipes.int4.reference import attention_from_quantized, preprocess_int4
 from tests.kernels.helpers import attention_fp64, cuda_qkv
 
 pytestmark = pytest.mark.gpu

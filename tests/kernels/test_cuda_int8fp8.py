@@ -2,8 +2,8 @@
 
 Bounds: the pre-processing equals the reference's quantizers bit for bit (INT8 Q/K, per-token scales, the e4m3
 bytes of V̂ and its per-channel scale, the smoothing means). On the SAME quantized inputs the kernel differs
-from :func:`rotvid.kernels.reference.attention_int8fp8_from_quantized` only by fp32 summation order,
-ex2.approx, 448·p formed as exp2(x - m + log2 448) (rare one-step flips of an e4m3 P) and the FP8 tensor
+from :func:`rotvid.kernels.recipes.int8_fp8.reference.attention_int8fp8_from_quantized` only by fp32 summation
+order, ex2.approx, 448·p formed as exp2(x - m + log2 448) (rare one-step flips of an e4m3 P) and the FP8 tensor
 cores' accumulation: relative L2 <= 2e-3, cosine >= 0.99999. Against float64 attention: an SQNR floor.
 """
 
@@ -12,13 +12,12 @@ import torch
 
 from rotvid.kernels import attention, metrics
 from rotvid.kernels.cuda_backend import CudaBackend
-from rotvid.kernels.cuda_layout import pack_reference_int8fp8, vt_key_permutation
-from rotvid.kernels.quantize import k_group_of_key
+from rotvid.kernels.cuda_layout import vt_key_permutation
 from rotvid.kernels.recipes import attention_reference
-from rotvid.kernels.recipes.int8_fp8_ops import (
-    attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
+from rotvid.kernels.recipes.int8_fp8.ops import (
+    attention_int8fp8_quantized, int8fp8_attention_cuda, pack_reference_int8fp8, preprocess_int8fp8_cuda,
 )
-from rotvid.kernels.reference import attention_int8fp8_from_quantized
+from rotvid.kernels.recipes.int8_fp8.reference import attention_int8fp8_from_quantized, k_group_of_key
 from tests.kernels.helpers import attention_fp64, cuda_qkv
 
 pytestmark = pytest.mark.gpu

@@ -2,8 +2,8 @@
 
 The kernel writes ``ln 2 · (m + log2(l) - log2 448)`` per row from its online softmax (``l`` sums ``448 p`` of the
 unquantized p, as the twin's), in the whole tile's epilogue or in the tail split's combine. On the SAME quantized
-inputs it differs from :func:`rotvid.kernels.reference.attention_int8fp8_from_quantized`'s LSE by fp32 summation
-order, ``ex2.approx`` and, at head_dim 64 (MAGIC scores), one rounding of the exponent's constant per row and block
+inputs it differs from :func:`rotvid.kernels.recipes.int8_fp8.reference.attention_int8fp8_from_quantized`'s LSE by
+fp32 summation order, ``ex2.approx`` and, at head_dim 64 (MAGIC scores), one rounding of the exponent's constant per row and block
 (~1e-5 in log2 units): ``|Δ lse| <= 2e-4 + 1e-5 |lse|``. The output is the same bits with and without the LSE.
 End to end (``int8fp8_attention_cuda``: pre-processing, kernel, K smoothing's shift added in torch) the LSE is the
 reference recipe's on the same inputs (the pre-processing is bit-equal to the reference quantizers; the shift's
@@ -17,7 +17,7 @@ import torch
 
 from rotvid.kernels import attention, metrics
 from rotvid.kernels.recipes import attention_reference
-from rotvid.kernels.recipes.int8_fp8_ops import (
+from rotvid.kernels.recipes.int8_fp8.ops import (
     attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
 )
 from rotvid.kernels.sparsity import BlockMap
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.gpu
 
 
 def twin_lse(kq, n_q, n_kv, kv_lens, block_map=None):
-    from rotvid.kernels.reference import attention_int8fp8_from_quantized
+    from rotvid.kernels.recipes.int8_fp8.reference import attention_int8fp8_from_quantized
 
     return attention_int8fp8_from_quantized(
         kq.q_hat[:, :, :n_q], kq.q_scale[:, :, :n_q, None], kq.k_hat[:, :, :n_kv], key_scales(kq.k_scale, n_kv),

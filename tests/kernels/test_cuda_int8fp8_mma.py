@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rotvid.kernels import metrics
-from rotvid.kernels.recipes.int8_fp8_ops import (
+from rotvid.kernels.recipes.int8_fp8.ops import (
     attention_int8fp8_quantized, int8fp8_attention_cuda, int8fp8_path_for, preprocess_int8fp8_cuda,
 )
 from tests.kernels.helpers import cuda_qkv

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rotvid.kernels import attention
-from rotvid.kernels.recipes.int8_fp8_ops import preprocess_int8fp8_cuda, rope_fusion_unsupported
+from rotvid.kernels.recipes.int8_fp8.ops import preprocess_int8fp8_cuda, rope_fusion_unsupported
 from rotvid.kernels.rope_op import apply_generalized_rope
 from tests.kernels.helpers import cuda_qkv
 from tests.kernels.test_cuda_int8fp8 import needs_sm90

@@ -16,7 +16,7 @@ from rotvid.kernels import attention, metrics
 from rotvid.kernels.cuda_backend import CudaBackend
 from rotvid.kernels.dispatch import prepare_attention
 from rotvid.kernels.recipes import attention_reference
-from rotvid.kernels.recipes.int8_fp8_ops import (
+from rotvid.kernels.recipes.int8_fp8.ops import (
     attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
 )
 from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rotvid.kernels import cuda_build, cuda_layout
-from rotvid.kernels.recipes import int4_ops, int8_fp8_ops
+from rotvid.kernels.recipes.int4 import ops as int4_ops
+from rotvid.kernels.recipes.int8_fp8 import ops as int8_fp8_ops
 
 
 @pytest.fixture
@@ -81,7 +82,7 @@ def test_int8fp8_device_problem_and_preprocessing_check(gpu_of, monkeypatch, cap
     assert cuda_build.device_problem(0) == ""
     if ok:
         assert problem == ""
-        assert int8_fp8_ops._check_int8fp8_device(dev) == cuda_build.ARCH_TABLE[cap].int8fp8[0]
+        assert int8_fp8_ops._check_int8fp8_device(dev) == int8_fp8_ops.int8fp8_kernels(cuda_build.ARCH_TABLE[cap])[0]
     else:
         assert "sm89 (mma.sync e4m3) and sm90 (wgmma) only, this is sm86" in problem
         with pytest.raises(ValueError, match="this is sm86"):
@@ -93,7 +94,7 @@ def test_int8fp8_p_fragment_positions_are_the_score_accumulator_columns():
     A-fragment k positions 4t..4t+3 (a0/a1) and 16+4t..16+4t+3 (a2/a3) of each 32-key step, packed from its score
     accumulator columns (2t, 2t+1) of n-tiles 4s, 4s+1 and 4s+2, 4s+3; V^T must hold those keys there. The keys of
     thread t are K group t ((key mod 8) / 2): one K scale per thread and block."""
-    from rotvid.kernels.quantize import k_group_of_key
+    from rotvid.kernels.recipes.int8_fp8.reference import k_group_of_key
 
     perm = cuda_layout.vt_key_permutation(256, "s8")
     for s in range(8):
@@ -107,10 +108,29 @@ def test_int8fp8_p_fragment_positions_are_the_score_accumulator_columns():
                     assert int(k_group_of_key(torch.tensor(key % 128))) == t
 
 
-def test_extension_hash_covers_every_source_and_header():
-    """A change to any file under csrc rebuilds the extension: every .cu / .cpp is compiled and every .cuh is hashed
-    (rope_rows.cuh was once missing from the hash, so an edit to it alone reused a stale build)."""
-    on_disk = {p.name for p in cuda_build.CSRC.iterdir() if p.suffix in (".cu", ".cpp", ".cuh")}
-    assert set(cuda_build.SOURCES) | set(cuda_build.HEADERS) == on_disk
-    assert all(name.endswith((".cu", ".cpp")) for name in cuda_build.SOURCES)
-    assert all(name.endswith(".cuh") for name in cuda_build.HEADERS)
+
+@pytest.mark.parametrize("bnhd", [False, True])
+def test_the_ops_fake_implementations_give_the_kernel_layout(bnhd):
+    """The custom ops' fake (shape-only) implementations on meta tensors, as torch.compile traces them: the padded
+    operand shapes and dtypes of the kernel layout (cuda_layout.py, the recipes' ops.py), the output in q's layout."""
+    ops, meta = torch.ops.rotvid, dict(device="meta")
+    q = torch.empty((2, 100, 3, 64) if bnhd else (2, 3, 100, 64), dtype=torch.bfloat16, **meta)
+    k = torch.empty((2, 200, 3, 64) if bnhd else (2, 3, 200, 64), dtype=torch.bfloat16, **meta)
+    i8, f32, u8 = torch.int8, torch.float32, torch.uint8
+    for path, db, vrow, vt in (("s8", 64, 256, i8), ("s4", 32, 128, i8), ("wgmma", 64, 256, u8)):
+        got = int4_ops._int4_preprocess_op(q, k, k, None, bnhd, 64, True, True, path, 0, True, 0.1)
+        assert [(tuple(t.shape), t.dtype) for t in got] == [
+            ((2, 3, 128, db), i8), ((2, 3, 128), f32), ((2, 3, 256, db), i8), ((2, 3, 256), f32),
+            ((2, 3, 64, vrow), vt), ((2, 3, 4, 64, 2), f32), ((2, 3, 64), f32), ((2, 3, 256), f32)]
+    got = ops.int8fp8_preprocess(q, k, k, None, bnhd, True, False)
+    assert [(tuple(t.shape), t.dtype) for t in got] == [
+        ((2, 3, 128, 64), i8), ((2, 3, 128), f32), ((2, 3, 256, 64), i8), ((2, 3, 2, 4), f32),
+        ((2, 3, 64, 256), i8), ((2, 3, 64), f32), ((0,), f32)]
+    q_hat, s = torch.empty((2, 3, 128, 64), dtype=i8, **meta), torch.empty((2, 3, 128), **meta)
+    out_shape = (2, 100, 3, 64) if bnhd else (2, 3, 100, 64)
+    out = ops.int4_attention(q_hat, s, q_hat, s, q_hat, s, s, None, 100, 200, 64, 64, "s8", 0, 0.1, True, bnhd, True, s)
+    assert (tuple(out.shape), out.dtype) == (out_shape, torch.bfloat16)
+    out = ops.int8fp8_attention(q_hat, s, q_hat, s, q_hat, s, s, None, 100, 200, 64, 0.1, False, bnhd, "wgmma", True)
+    assert (tuple(out.shape), out.dtype) == (out_shape, torch.float16)
+    out, lse = ops.int8fp8_attention_lse(q_hat, s, q_hat, s, q_hat, s, s, None, 100, 200, 64, 0.1, True, bnhd, True)
+    assert (tuple(out.shape), out.dtype, tuple(lse.shape), lse.dtype) == (out_shape, torch.bfloat16, (2, 3, 100), f32)

@@ -2,16 +2,16 @@
 
 What must hold (issue 34):
 
-* the Hopper kernels -- int8-fp8 and INT4 wgmma (block_n 128 and 64: a map block walked as two kernel blocks) --
-  and the mma.sync kernels -- int8-fp8 ``"mma"`` (sm89, sm90) and INT4 ``"s8"`` / ``"s4"`` (the s4 path emulated on
-  Hopper: correctness only), whose CTAs of 64 query rows read the map row of their 128-row tile -- equal
-  :func:`rotvid.kernels.reference.attention_int8fp8_from_quantized` / :func:`attention_from_quantized` under the
-  same map within the dense kernels' bounds (test_cuda_int8fp8.py, test_cuda_int4.py), on random maps with every
-  edge case: a row that keeps nothing (its output exactly 0, no V mean), a full row, a single block, the last,
-  partial key block, ``kv_lens`` cutting a kept block, a row whose kept blocks all lie past ``kv_lens``; per-(batch,
-  head) maps and broadcast ones; both head dims and layouts; with the wgmma kernels' tail split (most of these small
-  grids split their tiles over the keys, so empty splits and all-empty split rows go through the combine kernel) and
-  without (the mma.sync kernel has no split);
+* the Hopper kernels -- int8-fp8 and INT4 wgmma (block_n 128 and 64: a map block walked as two kernel blocks) -- and
+  the mma.sync kernels -- int8-fp8 ``"mma"`` (sm89, sm90) and INT4 ``"s8"`` / ``"s4"`` (the s4 path emulated on Hopper:
+  correctness only), whose CTAs of 64 query rows read the map row of their 128-row tile -- equal
+  :func:`rotvid.kernels.recipes.int8_fp8.reference.attention_int8fp8_from_quantized` /
+  :func:`rotvid.kernels.recipes.int4.reference.attention_from_quantized` under the same map within the dense kernels'
+  bounds (test_cuda_int8fp8.py, test_cuda_int4.py), on random maps with every edge case: a row that keeps nothing (its
+  output exactly 0, no V mean), a full row, a single block, the last, partial key block, ``kv_lens`` cutting a kept
+  block, a row whose kept blocks all lie past ``kv_lens``; per-(batch, head) maps and broadcast ones; both head dims and
+  layouts; with the wgmma kernels' tail split (most of these small grids split their tiles over the keys, so empty
+  splits and all-empty split rows go through the combine kernel) and without (the mma.sync kernel has no split);
 * a map of density 1 gives the dense kernel's bits;
 * the fused RoPE·R pre-processing, the dispatcher (eager and compiled) and ``kv_lens`` combine with a map;
 * every output is NaN-poisoned before the run and NaN fails.
@@ -23,17 +23,15 @@ import pytest
 import torch
 
 from rotvid.kernels import attention, metrics, select_backend
-from rotvid.kernels.cuda_layout import pack_reference_quantized
 from rotvid.kernels.recipes import attention_reference
-from rotvid.kernels.recipes.int4_ops import attention_int4_quantized, int4_attention_cuda, preprocess_int4_cuda
-from rotvid.kernels.recipes.int8_fp8_ops import (
+from rotvid.kernels.recipes.int4.ops import (
+    attention_int4_quantized, int4_attention_cuda, pack_reference_quantized, preprocess_int4_cuda,
+)
+from rotvid.kernels.recipes.int4.reference import attention_from_quantized, preprocess_int4
+from rotvid.kernels.recipes.int8_fp8.ops import (
     attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
 )
-from rotvid.kernels.reference import (
-    attention_from_quantized,
-    attention_int8fp8_from_quantized,
-    preprocess_int4,
-)
+from rotvid.kernels.recipes.int8_fp8.reference import attention_int8fp8_from_quantized
 from rotvid.kernels.rope_op import apply_generalized_rope
 from rotvid.kernels.sparsity import MAP_BLOCK, BlockMap
 from tests.kernels.helpers import cuda_qkv

@@ -137,10 +137,40 @@ def test_text_diff_tells_names_order_and_code_apart():
     (["--family", "hopper"], "exactly one of --old, --old-rev"),
     (["--family", "hopper", "--old-rev", "HEAD", "--old", "x"], "exactly one of --old, --old-rev"),
     (["--family", "hopper", "--old-rev", "HEAD", "--archs", "89"], "sm90a only"),
-    (["--family", "mma", "--old", "no-such-folder-or-revision"], "--old: expected a csrc folder or a git revision"),
+    (["--family", "mma", "--old", "no-such-folder-or-revision"], "--old: expected a saved tree or a git revision"),
     (["--old-rev", "HEAD"], "--family"),
 ])
 def test_bad_command_lines_stop_before_compiling(argv, words, capsys):
     with pytest.raises(SystemExit):
         pd.main(argv)
     assert words in capsys.readouterr().err
+
+
+def test_a_tree_s_sources_are_the_build_s_in_either_layout(tmp_path):
+    """This tree (recipe folders) gives the sources and the include folder the extension build takes
+    (rotvid/kernels/cuda_sources.py), from its root or its kernels folder; a flat csrc folder of before the recipe
+    folders gives its own files and includes itself."""
+    from rotvid.kernels import cuda_sources
+
+    found = cuda_sources.find_sources()
+    for given in (kl.REPO, kl.REPO / "rotvid" / "kernels"):
+        tree = kl.kernel_tree(given)
+        assert sorted(tree.units.values()) == sorted(found.cuda_sources())
+        assert sorted(tree.headers.values()) == sorted(found.headers) and tree.include_dirs == found.include_dirs
+    assert {"attn_s8_d64.cu", "attn_int8fp8_mma.cu", "preprocess_int4.cu", "rope_table.cu"} <= set(tree.units)
+    flat = tmp_path / "csrc"
+    flat.mkdir()
+    for name in ("attn_s8_d64.cu", "int4_common.cuh", "binding.cpp"):
+        (flat / name).write_text("")
+    old = kl.kernel_tree(flat)
+    assert set(old.units) == {"attn_s8_d64.cu"} and set(old.headers) == {"int4_common.cuh"}
+    assert old.include_dirs == (flat.resolve(),) and old.unit("attn_s8_d64.cu") == (flat / "attn_s8_d64.cu").resolve()
+    with pytest.raises(SystemExit, match="no source 'attn_s4_d64.cu'"):
+        old.unit("attn_s4_d64.cu")
+
+
+def test_the_hopper_launchers_are_found_in_either_layout():
+    tree = kl.kernel_tree(kl.REPO)
+    found = sorted(f.name for f in tree.units.values() if pd.HOPPER_LAUNCHER_INCLUDES.search(f.read_text()))
+    assert found == ["attn_hopper.cu", "attn_hopper_int4.cu", "attn_hopper_int8fp8.cu"]
+    assert pd.HOPPER_LAUNCHER_INCLUDES.search('#include "hopper_launch.cuh"')  # a flat tree's spelling

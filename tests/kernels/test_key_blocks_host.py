@@ -1,6 +1,6 @@
-"""The block-sparse key walk (csrc/key_blocks.cuh, MapKeyBlocks) on the host, against a brute-force rule: compiled
-with the host C++ compiler (the device qualifiers and __ldg shimmed), over random map rows, kv_lens, key counts,
-kernel blocks of 64 and 128 and 1-4 splits.
+"""The block-sparse key walk (csrc/common/key_blocks.cuh, MapKeyBlocks) on the host, against a brute-force rule:
+compiled with the host C++ compiler (the device qualifiers and __ldg shimmed), over random map rows, kv_lens, key
+counts, kernel blocks of 64 and 128 and 1-4 splits.
 
 What must hold: for a valid row, the splits together visit, in ascending order and once each, exactly the kernel
 blocks of the row's kept map blocks that hold a key before kv_len, every position of a split's share is valid (the
@@ -31,7 +31,7 @@ PROGRAM = r"""
 #define __ldg(p) (*(p))
 using std::max;
 using std::min;
-#include "key_blocks.cuh"
+#include "common/key_blocks.cuh"
 using namespace rotvid;
 
 // One row through every split: the blocks visited in walk order (splits in part order) and the partial marks.

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from rotvid.kernels import attention, metrics
-from rotvid.kernels.quantize import (
+from rotvid.kernels.quantize import quantize_per_token_int4
+from rotvid.kernels.recipes import attention_reference
+from rotvid.kernels.recipes.int4.reference import (
+    preprocess_int4,
     quant_p_range_int4,
     quant_p_sym_int4,
-    quantize_per_token_int4,
     quantize_v_per_group_int4,
 )
-from rotvid.kernels.recipes import attention_reference
-from rotvid.kernels.reference import preprocess_int4
 from tests.kernels.helpers import attention_fp64, random_qkv
 
 
@@ -175,7 +175,7 @@ def test_low_precision_inputs_keep_dtype(dtype):
 def test_preprocess_then_attention_equals_one_call():
     q, k, v = random_qkv(1, 2, 130, 64, bias=1.0)
     qkv = preprocess_int4(q, k, v, block_n=64, smooth_v=True)
-    from rotvid.kernels.reference import attention_from_quantized
+    from rotvid.kernels.recipes.int4.reference import attention_from_quantized
 
     a = attention_from_quantized(qkv, p_mode="range", out_dtype=q.dtype)
     b = attention_reference(q, k, v, recipe="int4", block_n=64, smooth_v=True)
@@ -205,11 +205,11 @@ def test_quantizer_divisions_are_ieee_like_the_kernels():
     """inv = 7 / amax and scale = amax / 7 are single IEEE float32 divisions (numpy's)."""
     import numpy as np
 
-    from rotvid.kernels.quantize import _symmetric_quantize
+    from rotvid.kernels.quantize import symmetric_quantize
 
     amax = torch.rand(4096, 1) * 10 + 1e-3
     x = (torch.rand(4096, 8) * 2 - 1) * amax
-    x_hat, scale = _symmetric_quantize(x, amax, 7)
+    x_hat, scale = symmetric_quantize(x, amax, 7)
     a = amax.numpy()
     inv = np.float32(7) / a
     assert np.array_equal(scale.numpy(), a / np.float32(7))

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from rotvid.kernels import attention, cuda_checks, dispatch, metrics, prepare_attention, run_attention
+from rotvid.kernels.quantize import quantize_per_channel_fp8, quantize_per_token_int8
 from rotvid.kernels.recipes import get_recipe, recipe_names
-from rotvid.kernels.reference import attention_int8fp8_from_quantized, to_bhnd
-from rotvid.kernels.quantize import quantize_k_groups_int8, quantize_per_channel_fp8, quantize_per_token_int8
+from rotvid.kernels.recipes.int8_fp8.reference import attention_int8fp8_from_quantized, quantize_k_groups_int8
+from rotvid.kernels.reference import to_bhnd
 from rotvid.kernels.sparsity import BlockMap
 from tests.kernels.helpers import attention_fp64, random_qkv
 from tests.kernels.test_reference import FLOORS_DB

@@ -165,7 +165,7 @@ def test_backends_that_return_no_lse_refuse_the_call():
 def test_the_cuda_paths_k_smoothing_shift_is_the_references():
     """int8fp8_attention_cuda adds K smoothing's shift in torch (fp32 sums, no float64 copy of k): the reference's to
     fp32 rounding, in either layout's views."""
-    from rotvid.kernels.recipes.int8_fp8_ops import k_smoothing_shift
+    from rotvid.kernels.recipes.int8_fp8.ops import k_smoothing_shift
     from rotvid.kernels.reference import k_smoothing_lse_shift
 
     q, k, _ = biased(7, torch.float32)

@@ -13,7 +13,7 @@ import torch
 from rotvid.kernels import dispatch
 from rotvid.kernels.cuda_backend import CudaBackend
 from rotvid.kernels.dispatch import ReferenceBackend, prepare_attention, run_attention, unrotate_output
-from rotvid.kernels.recipes.int8_fp8_ops import v_hadamard_fusion_unsupported
+from rotvid.kernels.recipes.int8_fp8.ops import v_hadamard_fusion_unsupported
 from rotvid.pipelines.config import RotvidConfig
 from rotvid.pipelines.report import RunReport
 from rotvid.pipelines.runtime import AttentionSite, Runtime

@@ -25,11 +25,11 @@ maps, the softmax. The only thing that sees H is how the work is scheduled:
   head) for H or H/P heads. **The difference must be exactly 0** (asserted bit-equal): any non-zero difference
   means the exchange moved a value to the wrong place (a wrong head, token or key length) -- a logic error.
 * **GPU, CUDA kernels, bf16** (NCCL test): the Hopper kernels' *tail split*
-  (``rotvid/kernels/csrc/attn_hopper.cu``, ``wgmma_split_plan``) runs the query tiles of the last, partial wave of
-  SMs split over the keys in 2-4 parts, merged by ``combine_splits_kernel``. Which tiles split, and in how many
+  (``rotvid/kernels/csrc/hopper/attn_hopper.cu``, ``wgmma_split_plan``) runs the query tiles of the last, partial wave
+  of SMs split over the keys in 2-4 parts, merged by ``combine_splits_kernel``. Which tiles split, and in how many
   parts, depends on the tile count ``B · H · ⌈N/128⌉`` modulo the SM count, so it differs between H and H/P heads.
   A split changes nothing but the fp32 summation order of O and l: the quantized P̂ of every recipe is taken
-  relative to the *block* maximum (``int4_rowmath.cuh``, ``online_combine``: "P depends on m_blk only"; the
+  relative to the *block* maximum (``csrc/common/rowmath.cuh``, ``online_combine``: "P depends on m_blk only"; the
   int8-fp8 numerics' ``p_fragments`` likewise), not the running one, and the lazy rescaling factors cancel in
   O / l. The pre-processing is per (batch, head) too: the smoothing means are float64 sums of bf16 values, exact
   in any order (``colsum_f64_kernel``), and quantization is per token. So the two fp32 results differ by the

@@ -29,7 +29,7 @@ def test_tiny_pipeline_on_cuda_kernel_matches_reference_backend(tmp_path, family
 
     # the key-block size is part of the numerics: the reference models the kernel at the kernel's block size
     # (128 with the wgmma kernel on Hopper, 64 elsewhere; the reference's own default is 64)
-    from rotvid.kernels.recipes.int4_ops import default_block_n
+    from rotvid.kernels.recipes.int4.ops import default_block_n
 
     bn = default_block_n(torch.device("cuda"))
 

@@ -1,4 +1,4 @@
-"""The attention recipes rotvid runs, one module each, and their registry.
+"""The attention recipes rotvid runs, one folder each, and their registry.
 
 =================  ==========================================================================  ==================
 recipe             numerics                                                                    CUDA kernel
@@ -11,11 +11,13 @@ recipe             numerics                                                     
 ``nvfp4``          e2m1 Q/K/P/V with e4m3 block scales (emulation)                             —
 =================  ==========================================================================  ==================
 
-Each module defines a frozen :class:`~rotvid.kernels.recipes.base.Recipe`; the lines at the end of this file
-register them. Add a recipe: write its module (name, labels, default smoothing, reference function, optionally
-kernels per backend and ``auto`` rows) and register it — here for a built-in one, or with :func:`register_recipe`
-from anywhere. Config validation, the CLI, ``rotvid eval --variants``, the reports, the dispatcher and calibration
-all ask the registry.
+A recipe is one folder, ``recipes/<name>/``: its ``__init__`` defines a frozen
+:class:`~rotvid.kernels.recipes.base.Recipe`, beside it its reference twin (``reference.py``), and for a CUDA kernel
+its custom ops (``ops.py``) and its sources (``csrc/``, found by the build: :mod:`rotvid.kernels.cuda_sources`); the
+lines at the end of this file register them. Add a recipe: write its folder (name, labels, default smoothing,
+reference function, optionally kernels per backend and ``auto`` rows) and register it — here for a built-in one, or
+with :func:`register_recipe` from anywhere. Config validation, the CLI, ``rotvid eval --variants``, the reports, the
+dispatcher and calibration all ask the registry.
 """
 
 from __future__ import annotations

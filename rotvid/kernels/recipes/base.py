@@ -6,7 +6,7 @@ its kernels, any device), its kernels per backend (each with a list of small nam
 ``attention_dispatch`` constraint style of diffusers: the first check that returns a reason refuses the call, and
 the dispatcher can say which one), and its rows of the per-GPU ``recipe="auto"`` table.
 
-The recipes themselves live one per module beside this one; :mod:`rotvid.kernels.recipes` is their registry.
+The recipes themselves live one per folder beside this one; :mod:`rotvid.kernels.recipes` is their registry.
 """
 
 from __future__ import annotations
@@ -103,8 +103,9 @@ class Recipe:
             ``return_lse=True`` likewise, only when a call asks: it then returns ``(out, lse)``, the per-row
             log-sum-exp of the unsmoothed scores (:mod:`rotvid.kernels.reference`; ring attention merges by it).
         reference_lse: whether ``reference`` takes ``return_lse`` (True for every reference built on
-            :func:`~rotvid.kernels.reference.attention_blockwise` or :func:`~rotvid.kernels.reference.attention_int4`;
-            False: the reference backend refuses calls that ask for the LSE).
+            :func:`~rotvid.kernels.reference.attention_blockwise` or
+            :func:`~rotvid.kernels.recipes.int4.reference.attention_int4`; False: the reference backend refuses calls
+            that ask for the LSE).
         reference_block_n: the key-block size of the reference backend when a call gives none.
         kernels: backend name -> :class:`KernelEntry` (``"cuda"``: rotvid's CUDA kernels).
         auto_on: compute capability -> why ``recipe="auto"`` picks this recipe on that GPU.

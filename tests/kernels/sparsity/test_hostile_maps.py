@@ -309,9 +309,9 @@ def test_cuda_kernels_give_the_defined_result_of_an_unchecked_malformed_map(case
     """Every kernel (Hopper wgmma int8-fp8 and INT4 at block_n 128 and 64, with and without the tail split; the
     mma.sync int8-fp8 and INT4 s8 kernels) on an unchecked malformed map: a finite output within the kernels' bound
     of the reference twin on the same map (its defined result), rows that keep nothing exactly 0."""
-    from rotvid.kernels.cuda_layout import pack_reference_quantized
-    from rotvid.kernels.recipes.int8_fp8_ops import preprocess_int8fp8_cuda
-    from rotvid.kernels.reference import attention_from_quantized, preprocess_int4
+    from rotvid.kernels.recipes.int4.ops import pack_reference_quantized
+    from rotvid.kernels.recipes.int4.reference import attention_from_quantized, preprocess_int4
+    from rotvid.kernels.recipes.int8_fp8.ops import preprocess_int8fp8_cuda
     from tests.kernels import test_cuda_sparse as ts
     from tests.kernels.test_cuda_int8fp8 import needs_sm90
     from tests.kernels.test_cuda_int8fp8_mma import needs_e4m3_mma
@@ -371,8 +371,8 @@ def test_cuda_compiled_call_with_a_malformed_map_gives_the_defined_result(recipe
 
 @pytest.mark.gpu
 def test_cuda_entry_points_refuse_a_map_on_another_device():
-    from rotvid.kernels.recipes.int4_ops import int4_attention_cuda
-    from rotvid.kernels.recipes.int8_fp8_ops import int8fp8_attention_cuda
+    from rotvid.kernels.recipes.int4.ops import int4_attention_cuda
+    from rotvid.kernels.recipes.int8_fp8.ops import int8fp8_attention_cuda
     from tests.kernels.test_cuda_int8fp8 import needs_sm90
 
     needs_sm90()

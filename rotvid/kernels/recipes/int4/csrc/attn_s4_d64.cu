@@ -1,0 +1,8 @@
+// Instantiations of the mma.sync attention kernel, INT4-valued numerics: s4 instruction path, head_dim 64.
+#include "mma_schedule_int4.cuh"
+
+namespace rotvid {
+cudaError_t launch_attn_s4_d64(const AttnParams& p, int block_n, int p_mode, cudaStream_t stream) {
+  return mma::launch_int4<64, true>(p, block_n, p_mode, stream);
+}
+}  // namespace rotvid
