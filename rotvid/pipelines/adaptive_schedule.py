@@ -356,10 +356,10 @@ def choose_sparse_schedule(dense_tables: dict[str, AccuracyTable], sparse_tables
        :mod:`rotvid.kernels.sparsity.cost`).
 
     The choice: of the counts that meet the floor, the one of highest expected speed-up (ties: the fewest dense
-    steps). A floor the sparse calls meet from step 0 so gets no dense step (a dense step only costs time); a floor
-    the first steps' sparse calls miss gets the fewest dense first steps that leave the later calls their maps
-    (rather than every block dense). When no count meets the floor: the count whose worst step is best (ties: the
-    fewest), ``floor_met`` False -- the FP16 cells then take the calls below the floor.
+    steps). So a floor the sparsest maps reach from step 0 gets no dense step (a dense step then only costs time),
+    and a floor the first steps' sparse calls miss gets dense first steps where they let the later calls keep
+    sparser maps (rather than every block dense). When no count meets the floor: the count whose worst step is best
+    (ties: the fewest), ``floor_met`` False -- the FP16 cells then take the calls below the floor.
     """
     counts = sorted(set(dense_first_steps))
     if not counts or min(counts) < 0:
