@@ -3,6 +3,9 @@ eval's sparse variants against FP16 and their dense twin, calibrate's tau per bl
 
 import json
 
+import pytest
+
+from rotvid.kernels.sparsity.cost import relative_attention_time
 from tests.test_cli import TINY, assert_fails, run, tiny_wan  # noqa: F401  (fixture)
 
 # 9 frames of 128x128: 3 latent frames of 64 tokens, two 128-token map blocks
@@ -74,15 +77,23 @@ def test_eval_compares_a_sparse_variant_with_fp16_and_with_its_dense_twin(tiny_w
     assert side["sparsity"] == BAND_ONLY and side["eval_variant"] == "int8-fp8_half_radial+band=0+window=0"
 
 
-def test_calibrate_chooses_a_tau_per_block_that_generate_then_runs(tiny_wan, tmp_path):  # noqa: F811
+def calibrate_big(model, tmp_path, *options, env=None):
+    """``rotvid calibrate`` on one prompt at the BIG size, int8-fp8 on the reference: (result, output folder)."""
     prompts = tmp_path / "p.txt"
     prompts.write_text("a red cat\n")
     out = tmp_path / "calib"
-    r = run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, *BIG, "--out", out, "--iters", "2",
-            "--max-tokens", "64", "--recipe", "int8-fp8", "--backend", "reference", "--sparsity", "topp:0.5,sim=-1",
-            "--cosine-floor", "-1", "--dense-first-steps", "1")
+    r = run("calibrate", "--prompt-file", prompts, "--model", model, *BIG, "--out", out, "--iters", "2",
+            "--max-tokens", "64", "--recipe", "int8-fp8", "--backend", "reference", *options, env=env)
     assert r.exit_code == 0, r.output
-    assert "block maps: 0: topp:0.5,sim=-1.0, 1: topp:0.5,sim=-1.0" in " ".join(r.stdout.split())
+    return r, out
+
+
+def test_calibrate_chooses_a_tau_per_block_that_generate_then_runs(tiny_wan, tmp_path):  # noqa: F811
+    r, out = calibrate_big(tiny_wan, tmp_path, "--sparsity", "topp:0.5,sim=-1", "--cosine-floor", "-1",
+                           "--dense-first-steps", "1")
+    text = " ".join(r.stdout.split())
+    assert "block maps: 0: topp:0.5,sim=-1.0, 1: topp:0.5,sim=-1.0" in text
+    assert "dense first steps: 1 (given)" in text
     schedule = json.loads((out / "schedule.json").read_text())["schedule"]
     assert schedule["block_sparsity"] == [[0, "topp:0.5,sim=-1.0"], [1, "topp:0.5,sim=-1.0"]]
     video = tmp_path / "v.mp4"
@@ -93,9 +104,26 @@ def test_calibrate_chooses_a_tau_per_block_that_generate_then_runs(tiny_wan, tmp
     sparsity = json.loads(video.with_suffix(".json").read_text())["run_report"]["sparsity"]
     assert sparsity["spec"] == "none" and sparsity["rules"]["block_sparsity"][0] == [0, "topp:0.5,sim=-1.0"]
     assert sparsity["sparse_calls"] == 4 and sparsity["mean_dropped_mass"] is not None
-    r = run("calibrate", "--prompt-file", prompts, "--model", tiny_wan, *TINY, "--out", tmp_path / "c2",
+    r = run("calibrate", "--prompt-file", tmp_path / "p.txt", "--model", tiny_wan, *TINY, "--out", tmp_path / "c2",
             "--dense-blocks", "0")
     assert_fails(r, "--dense-blocks: sparsity rules without a block map")
+
+
+def test_calibrate_summary_shows_kept_mass_dense_first_steps_and_the_expected_speedup(tiny_wan, tmp_path):  # noqa: F811
+    r, out = calibrate_big(tiny_wan, tmp_path, "--sparsity", "oracle:0.5", "--cosine-floor", "-1",
+                           env={"COLUMNS": "200"})
+    summary = json.loads((out / "summary.json").read_text())
+    kept, speedup = summary["mean_kept_mass"], summary["expected_speedup"]
+    assert 0 < kept < 1 and kept == pytest.approx(summary["mean_oracle_kept_mass"], abs=1e-6)
+    text = " ".join(r.stdout.split())
+    assert "block maps: attention mass kept" in text
+    assert f"│ 0 │ oracle:0.5 │ 0.500 │ {summary['block_map_measures']['0']['kept_mass']:.4f} │" in text
+    assert f"kept mass: {kept:.4f} (oracle at the same block counts {kept:.4f})" in text
+    assert "dense first steps: 0 (chosen among 0..1: every step's sparse calls reach the cosine floor -1.0)" in text
+    assert f"expected attention speed-up: {speedup:.2f}x (estimate from the int8-fp8 block-sparse (Hopper) kernel's " \
+           "time-vs-density line measured on an NVIDIA H200" in text
+    assert speedup == pytest.approx(1 / relative_attention_time(0.5))  # every call at density 0.5
+    assert json.loads((out / "schedule.json").read_text())["schedule"]["dense_first_steps"] == 0
 
 
 def test_generate_with_the_oracle_writes_kept_mass_to_the_sidecar(tiny_wan, tmp_path):  # noqa: F811

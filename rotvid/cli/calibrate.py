@@ -12,7 +12,7 @@ import rotvid.cli.pipeline as pipeline
 from rotvid.cli.app import DEFAULT_MODEL, app
 from rotvid.cli.errors import user_errors
 from rotvid.cli.options import (
-    BackendOpt, DenseBlocksOpt, DenseFirstStepsOpt, DeviceOpt, DtypeOpt, FramesOpt, GuidanceOpt, HeightOpt,
+    BackendOpt, DenseBlocksOpt, DeviceOpt, DtypeOpt, FramesOpt, GuidanceOpt, HeightOpt,
     ImageOpt, MaxSeqOpt, ModelOpt, NegOpt, OverwriteOpt, QuietOpt, SeedOpt, StepsOpt, WidthOpt, check_backend,
     check_dtype_device, check_model, check_positive, dense_rules,
 )
@@ -45,7 +45,8 @@ def calibrate(
                                                           "cosine vs FP16 is below this; with --sparsity topp:TAU, "
                                                           "also choose each block's tau (the lowest, from TAU up a "
                                                           "ladder, whose mean cosine reaches it; dense when none "
-                                                          "does).")] = None,
+                                                          "does) and, with any --sparsity, the dense first steps "
+                                                          "(see --dense-first-steps).")] = None,
     target_quantized: Annotated[Optional[float], typer.Option(
         "--target-quantized", help="Keep the worst cells FP16 until at most this fraction runs the quantized "
         "recipe (default 0.8 unless --cosine-floor is given).")] = None,
@@ -70,7 +71,10 @@ def calibrate(
                                                     "(none, radial[:...], topp:TAU[,sim=FLOAT]): the probe measures "
                                                     "the quantized calls under it, and schedule.json records the "
                                                     "map of each block.")] = None,
-    dense_first_steps: DenseFirstStepsOpt = None,
+    dense_first_steps: Annotated[Optional[int], typer.Option(
+        "--dense-first-steps", help="With a block map: the first N denoising steps run dense (no map). Default: "
+        "chosen with --cosine-floor (from 0 up to a quarter of the steps: the count whose sparse calls reach the "
+        "floor at every step with the highest expected speed-up), else 0.")] = None,
     dense_blocks: DenseBlocksOpt = None,
 ) -> None:
     """Learn per-block rotations and an adaptive FP16 schedule from a few prompts.
@@ -214,3 +218,24 @@ def _print_calibration(result) -> None:
     if result.block_sparsity:
         maps = ", ".join(f"{b}: {spec}" for b, spec in sorted(result.block_sparsity.items()))
         console.print(f"block maps: {maps}")
+        _print_block_maps(console, result)
+
+
+def _print_block_maps(console, result) -> None:
+    """The chosen maps' density and kept mass against the oracle's, the dense first steps and the speed-up."""
+    from rich.table import Table
+
+    from rotvid.kernels.sparsity.cost import ESTIMATE_BASIS
+
+    if result.block_map_measures:
+        table = Table(title="block maps: attention mass kept (oracle: the most a map with the same block counts keeps)")
+        for col in ("block", "map", "density", "kept mass", "oracle kept mass"):
+            table.add_column(col, justify="right")
+        for b, row in sorted(result.block_map_measures.items()):
+            table.add_row(str(b), result.block_sparsity.get(b, ""), f"{row['density']:.3f}", f"{row['kept_mass']:.4f}",
+                          f"{row['oracle_kept_mass']:.4f}")
+        console.print(table)
+        console.print(f"kept mass: {result.mean_kept_mass:.4f} (oracle at the same block counts "
+                      f"{result.mean_oracle_kept_mass:.4f}), mean over the blocks with a map")
+    console.print(f"dense first steps: {result.dense_first_steps} ({result.dense_first_steps_rule})")
+    console.print(f"expected attention speed-up: {result.expected_speedup:.2f}x ({ESTIMATE_BASIS})")

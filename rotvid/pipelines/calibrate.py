@@ -19,9 +19,17 @@ probe also measures the quantized attention under the map wherever the rules lea
 records the map of each measured block in ``block_sparsity``. For a top-p map with a ``cosine_floor``, the map of
 each block is chosen: the lowest ``tau`` among the given one and the ladder above it
 (:data:`~rotvid.pipelines.adaptive_schedule.TAU_LADDER`) whose mean cosine over the block's cells reaches the
-floor, or dense when none does. The FP16 cells are then chosen from the accuracy of what each cell will run (its
-block's map where the rules leave it sparse, dense elsewhere). A block index with two experts (Wan2.2) gets the
-denser of their two choices.
+floor, or dense when none does. With a ``cosine_floor`` and ``dense_first_steps`` not given, the dense first steps
+are chosen with the maps (:func:`~rotvid.pipelines.adaptive_schedule.choose_sparse_schedule`: the probe then
+measures the maps from step 0; of the counts 0 .. ``max_dense_first_steps`` whose sparse calls reach the floor at
+every step, the one of highest expected speed-up). The FP16 cells are then chosen from the accuracy of what each cell
+will run (its block's map where the rules leave it sparse, dense elsewhere). A block index with two experts (Wan2.2)
+gets the denser of their two choices.
+
+Per block the result reports the chosen map's density, the attention mass it keeps and the oracle's at the same
+per-row block counts (exact block masses from full-precision scores, one pass per probed call), and for the whole
+schedule the expected attention speed-up of the maps -- an estimate from the block-sparse kernel's time-vs-density
+line measured on an NVIDIA H200 (:mod:`rotvid.kernels.sparsity.cost`), every call without a map counted dense.
 
 ``rotvid generate --rotation learned:calib/rotations.safetensors --schedule calib/schedule.json``
 then uses both. The step indices in the schedule refer to a run with the same number of steps.
@@ -41,9 +49,10 @@ import torch
 
 from rotvid.kernels.recipes import fp16
 from rotvid.kernels.recipes.auto import resolve_recipe
-from rotvid.kernels.sparsity import SparsitySpec, parse_sparsity
+from rotvid.kernels.sparsity import SparsitySpec, cost, parse_sparsity
 from rotvid.pipelines.adaptive_schedule import (
-    UNSET, AccuracyTable, block_sparsity_report, choose_block_sparsity, choose_fp16_cells, effective_table,
+    UNSET, AccuracyTable, SparseChoice, block_map_measures, block_sparsity_report, choose_fp16_cells,
+    choose_sparse_schedule, dense_first_steps_candidates, effective_table, expected_speedup,
     renamed_target_fraction, tau_candidates, write_schedule,
 )
 from rotvid.pipelines.attach import _execution_device, apply, find_transformers, remove
@@ -78,6 +87,8 @@ class CalibrationOptions:
             for ``benchmarks/accuracy_study.py --dump``; needs ``video_size``.
         sparsity: the block map the schedule is chosen for (a spec or its text; ``none``: dense), with the
             schedule's sparsity rules ``dense_first_steps`` and ``dense_blocks`` (module docstring).
+            ``dense_first_steps`` None: chosen with a map and a ``cosine_floor`` (from 0 up to
+            ``max_dense_first_steps``, None: a quarter of the run's steps rounded up), else 0.
     """
 
     pairing: str = "half"
@@ -97,8 +108,9 @@ class CalibrationOptions:
     model_name: str = ""
     video_size: tuple[int, int, int] | None = None  # (height, width, frames), needed for dumps
     sparsity: SparsitySpec | str = "none"
-    dense_first_steps: int = 0
+    dense_first_steps: int | None = None  # None: chosen with a map and a cosine floor, else 0
     dense_blocks: tuple[int, ...] = ()
+    max_dense_first_steps: int | None = None  # None: a quarter of the run's steps (rounded up)
     target_int4_fraction: InitVar[float | None] = UNSET  # the old name, accepted for one version
 
     def __post_init__(self, target_int4_fraction) -> None:
@@ -106,11 +118,21 @@ class CalibrationOptions:
         target = renamed_target_fraction(self.target_quantized_fraction, target_int4_fraction, stacklevel=4)
         self.target_quantized_fraction = 0.8 if target is UNSET else target
         self.sparsity = parse_sparsity(self.sparsity)
-        Schedule(dense_first_steps=self.dense_first_steps, dense_blocks=self.dense_blocks)  # ValueError naming them
+        Schedule(dense_first_steps=self.dense_first_steps or 0, dense_blocks=self.dense_blocks)  # (checks them)
+        if self.max_dense_first_steps is not None:
+            dense_first_steps_candidates(1, self.max_dense_first_steps)  # ValueError naming it
 
-    def sparsity_schedule(self, **fields) -> Schedule:
-        """A schedule with the sparsity rules of these options (and ``fields``)."""
-        return Schedule(dense_first_steps=self.dense_first_steps, dense_blocks=tuple(self.dense_blocks), **fields)
+    @property
+    def chooses_dense_first_steps(self) -> bool:
+        """The dense first steps are chosen (a block map, a cosine floor, ``dense_first_steps`` not given)."""
+        return self.dense_first_steps is None and self.sparsity.enabled and self.cosine_floor is not None
+
+    def sparsity_schedule(self, dense_first_steps: int | None = None, **fields) -> Schedule:
+        """A schedule with the sparsity rules of these options (``dense_first_steps`` given: that count, else the
+        options', 0 when they leave it to the choice) and ``fields``."""
+        if dense_first_steps is None:
+            dense_first_steps = self.dense_first_steps or 0
+        return Schedule(dense_first_steps=dense_first_steps, dense_blocks=tuple(self.dense_blocks), **fields)
 
     @property
     def taus(self) -> tuple[float, ...]:
@@ -144,6 +166,22 @@ class CalibrationResult:
     recipe_reason: str = ""
     block_sparsity: dict[int, str] = field(default_factory=dict)  # the map of each measured block ("none": dense)
     block_cosines: dict[int, dict[str, float]] = field(default_factory=dict)  # {block: {candidate spec: cosine}}
+    # {block: {"density", "kept_mass", "oracle_kept_mass"}} of each block's chosen map (blocks with a map)
+    block_map_measures: dict[int, dict[str, float]] = field(default_factory=dict)
+    dense_first_steps: int = 0  # the schedule's
+    dense_first_steps_rule: str = ""  # how it was set: "given", or the choice and the counts tried
+    step_cosines: dict[int, float] = field(default_factory=dict)  # {step: mean cosine of its sparse calls}
+    expected_speedup: float = math.nan  # of the block maps over the measured calls (cost line); NaN: no sparsity
+
+    @property
+    def mean_kept_mass(self) -> float:
+        """Mean over the blocks with a map of the attention mass their map keeps (NaN: none)."""
+        return _mean(row["kept_mass"] for row in self.block_map_measures.values())
+
+    @property
+    def mean_oracle_kept_mass(self) -> float:
+        """Mean over the blocks with a map of the oracle's kept mass at the map's block counts (NaN: none)."""
+        return _mean(row["oracle_kept_mass"] for row in self.block_map_measures.values())
 
     @property
     def int4_fraction(self) -> float:
@@ -158,6 +196,16 @@ class CalibrationResult:
              "objective_learned": b.objective_final}
             for b in self.blocks
         ]
+
+
+def _finite(value: float) -> float | None:
+    """``value``, or None for NaN (JSON has no NaN)."""
+    return None if math.isnan(value) else value
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else math.nan
 
 
 def _segments_of(pipe, transformer_name: str) -> tuple[int, ...] | None:
@@ -254,13 +302,21 @@ def calibrate(
         say(f"probe block map: {opts.sparsity}{taus}")
     _run_observed(pipe, config, probe, prompts, call, say, "probe")
 
-    block_maps, block_cosines = _choose_block_maps(probe, opts)
+    choice, rule = _choose_sparse_schedule(probe, opts)
+    block_maps, dense_first = choice.block_maps, choice.dense_first_steps
+    block_cosines: dict[int, dict[str, float]] = {}
+    for candidates in probe.sparse_tables.values():
+        for block, row in block_sparsity_report(candidates, from_step=dense_first).items():
+            block_cosines.setdefault(block, {}).update(row)
+    if opts.sparsity.enabled:
+        say(f"dense first steps: {dense_first} ({rule})")
     cells: dict[str, list[tuple[int, int]]] = {}
     merged_cells: list[tuple[int, int]] = []
     effective: dict[str, AccuracyTable] = {}
     total = quant = 0
     for tname, table in probe.tables.items():
-        table = effective[tname] = effective_table(table, probe.sparse_tables.get(tname, {}), block_maps)
+        table = effective[tname] = effective_table(table, probe.sparse_tables.get(tname, {}), block_maps,
+                                                     from_step=dense_first)
         chosen = choose_fp16_cells(table, cosine_floor=opts.cosine_floor, target_quantized_fraction=opts.target_quantized_fraction)
         cells[tname] = chosen
         merged_cells.extend(chosen)
@@ -268,8 +324,8 @@ def calibrate(
         total, quant = total + n, quant + n - len(chosen)
     block_sparsity = tuple((b, spec if spec is not None else SparsitySpec()) for b, spec in sorted(block_maps.items()))
     accuracy = _merge_tables(effective)
-    schedule = opts.sparsity_schedule(fp16_cells=tuple(sorted(set(merged_cells))), block_sparsity=block_sparsity,
-                                      name="calibrated",
+    schedule = opts.sparsity_schedule(dense_first, fp16_cells=tuple(sorted(set(merged_cells))),
+                                      block_sparsity=block_sparsity, name="calibrated",
                                       num_steps=accuracy.num_steps if accuracy is not None else None)  # its cells are of this run
     sched_path = write_schedule(schedule, out / "schedule.json", accuracy=accuracy)
     result = CalibrationResult(
@@ -278,31 +334,34 @@ def calibrate(
         recipe=recipe, recipe_reason=recipe_reason, block_sparsity={b: str(spec) for b, spec in block_sparsity},
         block_cosines=block_cosines,
     )
+    if opts.sparsity.enabled:
+        result.block_map_measures = block_map_measures(probe.sparse_tables, block_maps, dense_first)
+        result.dense_first_steps, result.dense_first_steps_rule = dense_first, rule
+        result.step_cosines = choice.step_cosines
+        result.expected_speedup = expected_speedup(probe.tables, probe.sparse_tables, block_maps, dense_first,
+                                                   fp16_cells=merged_cells)
     _write_summary(out, result, opts)
     return result
 
 
-def _choose_block_maps(probe: AccuracyProbe, opts: CalibrationOptions):
-    """``({block: spec or None (dense)}, {block: {candidate: cosine}})`` for the blocks measured under a map: the
-    lowest tau reaching the floor (top-p with a cosine floor), else the one spec measured. Two experts: the denser
-    choice per block (a higher tau; dense above all)."""
-    chosen: dict[int, SparsitySpec | None] = {}
-    cosines: dict[int, dict[str, float]] = {}
-    for candidates in probe.sparse_tables.values():
-        if opts.taus:
-            mine = choose_block_sparsity(candidates, opts.cosine_floor)
-        else:
-            mine = {b: spec for spec, table in candidates.items() for (_, b) in table.cells}
-        for block, spec in mine.items():
-            if block not in chosen or _denseness(spec) > _denseness(chosen[block]):
-                chosen[block] = spec
-        for block, row in block_sparsity_report(candidates).items():
-            cosines.setdefault(block, {}).update(row)
-    return chosen, cosines
-
-
-def _denseness(spec: SparsitySpec | None) -> float:
-    return 2.0 if spec is None else spec.options.get("tau", 1.0)
+def _choose_sparse_schedule(probe: AccuracyProbe, opts: CalibrationOptions) -> tuple[SparseChoice, str]:
+    """The dense first steps and block maps (:func:`~rotvid.pipelines.adaptive_schedule.choose_sparse_schedule`),
+    with a line saying how the dense first steps were set."""
+    tau_ladder = bool(opts.taus)
+    if not opts.chooses_dense_first_steps:
+        given = opts.dense_first_steps or 0
+        choice = choose_sparse_schedule(probe.tables, probe.sparse_tables, cosine_floor=opts.cosine_floor,
+                                        dense_first_steps=(given,), tau_ladder=tau_ladder)
+        return choice, "given" if opts.dense_first_steps is not None else "not chosen: no cosine floor"
+    num_steps = max((t.num_steps for t in probe.tables.values()), default=1)
+    counts = dense_first_steps_candidates(num_steps, opts.max_dense_first_steps)
+    choice = choose_sparse_schedule(probe.tables, probe.sparse_tables, cosine_floor=opts.cosine_floor,
+                                    dense_first_steps=counts, tau_ladder=tau_ladder)
+    if choice.floor_met:
+        how = f"every step's sparse calls reach the cosine floor {opts.cosine_floor}"
+    else:
+        how = f"no count reaches the cosine floor {opts.cosine_floor} at every step: the best worst step"
+    return choice, f"chosen among {counts.start}..{counts.stop - 1}: {how}"
 
 
 def _run_observed(pipe, config: RotvidConfig, observer, prompts, call, say, label: str) -> None:
@@ -340,10 +399,7 @@ def _merge_tables(tables: dict[str, AccuracyTable]) -> AccuracyTable | None:
     merged = AccuracyTable(num_steps=first.num_steps, num_blocks=first.num_blocks)
     for table in tables.values():
         for key, acc in table.cells.items():
-            cell = merged.cells.setdefault(key, type(acc)())
-            cell.cosine_sum += acc.cosine_sum
-            cell.rel_l2_sum += acc.rel_l2_sum
-            cell.count += acc.count
+            merged.cells.setdefault(key, type(acc)()).merge(acc)
     return merged
 
 
@@ -361,6 +417,15 @@ def _write_summary(out: Path, result: CalibrationResult, opts: CalibrationOption
         "recipe_reason": result.recipe_reason,
         "block_sparsity": {str(b): spec for b, spec in result.block_sparsity.items()},
         "block_cosines": {str(b): row for b, row in result.block_cosines.items()},
+        "block_map_measures": {str(b): {k: _finite(v) for k, v in row.items()}
+                               for b, row in result.block_map_measures.items()},
+        "mean_kept_mass": _finite(result.mean_kept_mass),
+        "mean_oracle_kept_mass": _finite(result.mean_oracle_kept_mass),
+        "dense_first_steps": result.dense_first_steps,
+        "dense_first_steps_rule": result.dense_first_steps_rule,
+        "step_cosines": {str(s): c for s, c in result.step_cosines.items()},
+        "expected_speedup": _finite(result.expected_speedup),
+        "expected_speedup_basis": cost.ESTIMATE_BASIS,
     }
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(payload, indent=2, default=str))

@@ -27,6 +27,7 @@ from rotvid.kernels import metrics
 from rotvid.pipelines.adaptive_schedule import AccuracyTable
 from rotvid.kernels.recipes import get_recipe, int4
 from rotvid.kernels.sparsity import SparsitySpec
+from rotvid.kernels.sparsity.oracle import block_attention_mass, kept_mass, oracle_kept_mass
 from rotvid.pipelines.runtime import AttentionSite
 from rotvid.pipelines.token_grid import patch_sizes
 from rotvid.rope.hadamard import vo_hadamard_block
@@ -159,7 +160,10 @@ class AccuracyProbe:
     schedule's sparsity rules), every call the rules leave sparse is also measured under the map, one
     :class:`AccuracyTable` per transformer and candidate spec in ``sparse_tables``: the config's spec, or for a
     top-p map one spec per ``taus`` entry (the config's ``tau`` when empty). A static map is the forward's
-    (:meth:`~rotvid.pipelines.runtime.Runtime.begin_forward`), a top-p map is built from the call's Q and K.
+    (:meth:`~rotvid.pipelines.runtime.Runtime.begin_forward`), a top-p map is built from the call's Q and K. Each
+    such cell also holds the map's density and, with ``measure_kept_mass`` (the default), the attention mass it
+    keeps and the oracle's at the same per-row block counts, from the call's exact block masses (one
+    full-precision pass per call, shared by the candidates: :mod:`rotvid.kernels.sparsity.oracle`).
     """
 
     recipe: str = int4.RECIPE.name
@@ -172,6 +176,7 @@ class AccuracyProbe:
     tables: dict[str, AccuracyTable] = field(default_factory=dict)
     taus: tuple[float, ...] = ()
     runtime: object = None  # a rotvid.pipelines.runtime.Runtime, set once rotvid is applied
+    measure_kept_mass: bool = True  # under a map: the kept mass and the oracle's (a full-precision pass per call)
     sparse_tables: dict[str, dict[SparsitySpec, AccuracyTable]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -207,10 +212,27 @@ class AccuracyProbe:
         if spec is None:
             return
         per = self.sparse_tables.setdefault(site.transformer, {})
+        mass = None  # the exact block masses, computed once for every candidate of the call
         for candidate in self.candidates(spec):
             sparse, problem, *_ = runtime.block_map_for_call(site, candidate, q, k, None, kv_lens)
             if problem is not None:
                 raise ValueError(problem)
             out = self._attend(q, k, v, kv_lens, sparse.block_map)
+            measures = {"density": float(sparse.block_map.density())}
+            if self.measure_kept_mass:
+                if mass is None:
+                    mass = sparse.block_mass
+                if mass is None:
+                    mass = block_attention_mass(q, k, kv_lens=kv_lens, sm_scale=runtime.call_options["sm_scale"])
+                measures.update(_kept_masses(mass, sparse.block_map))
             sparse_table = per.setdefault(candidate, AccuracyTable(num_steps=num_steps, num_blocks=site.num_blocks))
-            sparse_table.add(step, site.block, metrics.cosine_similarity(ref, out), metrics.relative_l2(ref, out))
+            sparse_table.add(step, site.block, metrics.cosine_similarity(ref, out), metrics.relative_l2(ref, out),
+                             **measures)
+
+
+def _kept_masses(mass: torch.Tensor, block_map) -> dict[str, float]:
+    """The attention mass ``block_map`` keeps and the oracle's at its per-row block counts (``mass``: the call's
+    exact block masses, :func:`~rotvid.kernels.sparsity.oracle.block_attention_mass`)."""
+    visits = block_map.to_dense_mask()
+    return {"kept_mass": float(kept_mass(mass, visits, block_map.n_q)),
+            "oracle_kept_mass": float(oracle_kept_mass(mass, visits.sum(dim=-1), block_map.n_q))}

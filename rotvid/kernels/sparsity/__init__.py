@@ -18,7 +18,8 @@ kind       when     what it keeps
 :class:`SparsityKind` with its parameters and builder) and register it -- here for a built-in one, or with
 :func:`register_sparsity_kind` from anywhere. :mod:`rotvid.kernels.sparsity.density` matches the kinds whose
 density is not their parameter to a density (radial's band and window from the grid, top-p's tau from some calls'
-estimates), so that kinds are compared at equal density.
+estimates), so that kinds are compared at equal density; :mod:`rotvid.kernels.sparsity.cost` estimates the
+block-sparse kernel's time at a density (a line fitted to its measured times).
 """
 
 from __future__ import annotations
