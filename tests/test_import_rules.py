@@ -125,20 +125,8 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-# Circles left to the work that owns rotvid/kernels/ (its modules import siblings through the package's face,
-# ``from rotvid.kernels import cuda_build``, and ``rotvid/kernels/__init__`` imports them): remove once they are gone.
-PENDING_CIRCLES_UNDER = "rotvid.kernels"
-
-
 def test_no_import_circle_among_rotvid_modules():
-    circles = strongly_connected(import_graph())
-    assert [c for c in circles if not all(within(m, PENDING_CIRCLES_UNDER) for m in c)] == []
-
-
-@pytest.mark.xfail(strict=True, reason=f"pending: circles inside {PENDING_CIRCLES_UNDER} (strict: passing means "
-                                       "PENDING_CIRCLES_UNDER can go)")
-def test_no_import_circle_inside_the_pending_package():
-    assert [c for c in strongly_connected(import_graph()) if all(within(m, PENDING_CIRCLES_UNDER) for m in c)] == []
+    assert strongly_connected(import_graph()) == []
 
 
 def test_the_circle_finder_finds_a_circle():
