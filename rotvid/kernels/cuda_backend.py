@@ -154,8 +154,9 @@ class CudaBackend:
         unchecked body (:attr:`~rotvid.kernels.recipes.base.KernelEntry.run_unchecked`), no lookup and no check
         again. ``rope``: a table the entry applies itself (the dispatcher decided it, once), or None; ``overrides``:
         options replacing the prepared ones (``layout``, ``kv_lens``, ``block_map``, ``v_hadamard``)."""
-        entry = call.kernel
-        return _run_entry(entry.run_unchecked or entry.run, q, k, v, rope, {**call.opts, **overrides})
+        entry, opts = call.kernel, call.opts.copy()
+        opts.update(overrides)
+        return _run_entry(entry.run_unchecked or entry.run, q, k, v, rope, opts)
 
 
 def _run_entry(run, q, k, v, rope, opts):

