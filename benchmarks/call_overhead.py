@@ -13,9 +13,10 @@ Rows (median µs per call over ``--rounds`` rounds of ``--calls`` calls each, af
   (``diffusers``: its own processor, SDPA), with rotvid applied (``reference``: the recipe computed by the PyTorch
   reference) and with rotvid's reference backend replaced by one that computes nothing (``null backend``: what
   rotvid's processor and runtime cost per call around the attention);
-* on a CUDA GPU, ``attention() [cuda]`` against ``kernels only [cuda]`` -- one head of 128 tokens, so that the GPU
-  waits on the host: the wall time per call of the public entry point against the extension's pre-processing and
-  attention functions called directly (the floor of the same work).
+* on a CUDA GPU, ``attention() [cuda]`` and ``run_attention [cuda]`` (a call prepared once, as the pipelines run
+  it) against ``kernels only [cuda]`` -- one head of 128 tokens, so that the GPU waits on the host: the wall time per
+  call of the public entry point against the extension's pre-processing and attention functions called directly
+  (the floor of the same work).
 
 Numbers for decisions (the per-call overhead before and after a change of the dispatch), not a product figure.
 """
@@ -131,7 +132,7 @@ def processor_rows(args) -> list[dict]:
 
 
 def cuda_rows(args) -> list[dict]:
-    from rotvid.kernels import attention
+    from rotvid.kernels import attention, prepare_attention, run_attention
     from rotvid.kernels.recipes.int8_fp8.ops import attention_int8fp8_quantized, preprocess_int8fp8_cuda
 
     q, k, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -141,10 +142,13 @@ def cuda_rows(args) -> list[dict]:
         kq = preprocess_int8fp8_cuda(q, k, v)
         return attention_int8fp8_quantized(kq, n_q=128, n_kv=128, head_dim=128)
 
+    call = prepare_attention(q, k, v, recipe="int8-fp8", backend="cuda")
     sync = torch.cuda.synchronize
     return [
         {"row": "attention() [cuda]", "recipe": "int8-fp8", "device": torch.cuda.get_device_name(),
          "us": per_call_us(lambda: attention(q, k, v, recipe="int8-fp8", backend="cuda"), args.calls, args.rounds, sync)},
+        {"row": "run_attention [cuda]", "recipe": "int8-fp8", "device": torch.cuda.get_device_name(),
+         "us": per_call_us(lambda: run_attention(call, q, k, v), args.calls, args.rounds, sync)},
         {"row": "kernels only [cuda]", "recipe": "int8-fp8", "device": torch.cuda.get_device_name(),
          "us": per_call_us(direct, args.calls, args.rounds, sync)},
     ]

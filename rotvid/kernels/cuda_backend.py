@@ -114,36 +114,57 @@ class CudaBackend:
         """True when :meth:`run` applies ``rope`` (RoPE·R) inside the recipe's pre-processing (the int8-fp8 recipe
         with a table its pre-processing accepts); the dispatcher rotates q and k first otherwise."""
         entry = get_recipe(recipe).kernel(NAME)
-        return entry is not None and entry.fuses_rope is not None and not entry.fuses_rope(q, k, rope, layout=layout)
+        return entry is not None and entry.applies_rope(q, k, rope, layout=layout)
 
     def fuses_v_hadamard(self, q, k, v, block, *, recipe, layout="BHND") -> bool:
         """True when :meth:`run` applies V's side of the online V/O Hadamard of ``block`` inside the recipe's
         pre-processing (``v_hadamard=block``; the int8-fp8 recipe with the block = head_dim); the dispatcher rotates V
         in PyTorch first otherwise."""
         entry = get_recipe(recipe).kernel(NAME)
-        return (entry is not None and entry.fuses_v_hadamard is not None
-                and not entry.fuses_v_hadamard(q, k, v, block, layout=layout))
+        return entry is not None and entry.applies_v_hadamard(q, k, v, block, layout=layout)
 
     def run(self, q, k, v, *, recipe, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_q=False,
             smooth_v=False, block_m=None, block_n=None, q_block=None, rope=None, block_map=None, return_lse=False,
             v_hadamard=1):
+        """Run a call given by its options, checked here (the recipe's CUDA kernel's checks, then its kernel-level
+        entry point's); :func:`rotvid.kernels.dispatch.run_attention` runs a prepared call by :meth:`execute`."""
         why = self.unsupported_reason(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, smooth_q=smooth_q,
                                       block_m=block_m, block_n=block_n, q_block=q_block, block_map=block_map,
                                       return_lse=return_lse)
         if why is not None:
             raise ValueError(f"backend: 'cuda' cannot run this call: {why}")
-        if rope is not None and not self.fuses_rope(q, k, rope, recipe=recipe, layout=layout):
+        entry = get_recipe(recipe).kernel(NAME)
+        if rope is not None and not entry.applies_rope(q, k, rope, layout=layout):
             raise ValueError(f"rope: the CUDA backend cannot apply it in the pre-processing of recipe {recipe!r} "
                              "(rotate q and k first: rotvid.kernels.rope_op.apply_generalized_rope)")
-        if v_hadamard != 1 and not self.fuses_v_hadamard(q, k, v, v_hadamard, recipe=recipe, layout=layout):
+        if v_hadamard != 1 and not entry.applies_v_hadamard(q, k, v, v_hadamard, layout=layout):
             raise ValueError(f"v_hadamard: the CUDA backend cannot rotate V in the pre-processing of recipe {recipe!r} "
                              f"with block {v_hadamard} (rotate V first: rotvid.rope.hadamard.rotate_v_online)")
-        extra = {"return_lse": True} if return_lse else {}  # (only when asked: a kernel without an LSE never sees it)
+        opts = dict(layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k, smooth_q=smooth_q,
+                    smooth_v=smooth_v, block_m=block_m, block_n=block_n, q_block=q_block, block_map=block_map)
+        if return_lse:  # (only when asked: a kernel without an LSE never sees it)
+            opts["return_lse"] = True
         if v_hadamard != 1:  # (likewise: a kernel that never rotates V never sees the option)
-            extra["v_hadamard"] = v_hadamard
-        return get_recipe(recipe).kernel(NAME).run(
-            q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k, smooth_q=smooth_q,
-            smooth_v=smooth_v, block_m=block_m, block_n=block_n, q_block=q_block, rope=rope, block_map=block_map,
-            **extra,
-        )
+            opts["v_hadamard"] = v_hadamard
+        return _run_entry(entry.run, q, k, v, rope, opts)
 
+    def execute(self, call, q, k, v, *, rope=None, **overrides):
+        """Run a call :func:`rotvid.kernels.dispatch.prepare_attention` prepared for this backend, as decided there:
+        its kernel entry (:attr:`~rotvid.kernels.dispatch.AttentionCall.kernel`), checked there once, runs its
+        unchecked body (:attr:`~rotvid.kernels.recipes.base.KernelEntry.run_unchecked`), no lookup and no check
+        again. ``rope``: a table the entry applies itself (the dispatcher decided it, once), or None; ``overrides``:
+        options replacing the prepared ones (``layout``, ``kv_lens``, ``block_map``, ``v_hadamard``)."""
+        entry, opts = call.kernel, call.opts.copy()
+        opts.update(overrides)
+        return _run_entry(entry.run_unchecked or entry.run, q, k, v, rope, opts)
+
+
+def _run_entry(run, q, k, v, rope, opts):
+    """A kernel entry's ``run`` with the call's options as :meth:`CudaBackend.run` has always given them (``q_block``
+    and ``block_map`` always, ``return_lse`` and ``v_hadamard`` only when set)."""
+    extra = {name: opts[name] for name in ("return_lse", "v_hadamard") if name in opts}
+    return run(
+        q, k, v, layout=opts["layout"], kv_lens=opts["kv_lens"], sm_scale=opts["sm_scale"], smooth_k=opts["smooth_k"],
+        smooth_q=opts["smooth_q"], smooth_v=opts["smooth_v"], block_m=opts["block_m"], block_n=opts["block_n"],
+        q_block=opts.get("q_block"), rope=rope, block_map=opts.get("block_map"), **extra,
+    )

@@ -6,9 +6,14 @@ the call) and ``run(q, k, v, **opts) -> Tensor``; ``reference`` and ``cuda`` are
 to the reference, logging why. Which recipes a backend runs, and with which checks, is the recipes'
 (:mod:`rotvid.kernels.recipes`).
 
-A call is validated and its backend chosen once: :func:`prepare_attention` returns an :class:`AttentionCall`,
-:func:`run_attention` runs it (the pipelines' runtime decides between the two whether the call falls back);
-:func:`attention` is the two in one.
+A call is decided once: :func:`prepare_attention` validates it, resolves its recipe, chooses its backend (running the
+backend's checks) and returns an :class:`AttentionCall` -- the :class:`~rotvid.kernels.recipes.base.Recipe`, the
+backend's :class:`~rotvid.kernels.recipes.base.KernelEntry` for it, the options frozen, the block map --;
+:func:`run_attention` runs it (the pipelines' runtime decides between the two whether the call falls back):
+a built-in backend executes the prepared call (``execute(call, q, k, v, *, rope=None, **overrides)``) without
+looking anything up or checking it again, and a CUDA kernel then runs its unchecked body (the C++ side's checks
+still run); a backend registered with :func:`register_backend` gets ``run(q, k, v, **opts)``. :func:`attention` is the
+two in one.
 
 ``return_lse=True`` (of :func:`attention` and :func:`prepare_attention`) asks a backend for the per-row
 log-sum-exp as well (:mod:`rotvid.kernels.reference` defines it); the option reaches a backend only when asked, and
@@ -27,7 +32,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from types import MappingProxyType
+from typing import Mapping, Protocol
 
 import torch
 
@@ -36,6 +42,7 @@ from rotvid.kernels.cuda_backend import CudaBackend
 from rotvid.kernels.hadamard_op import vo_hadamard_cuda, vo_hadamard_cuda_unsupported
 from rotvid.kernels.recipes import AUTO, get_recipe, int4
 from rotvid.kernels.recipes.auto import resolve_recipe
+from rotvid.kernels.recipes.base import KernelEntry, Recipe
 from rotvid.kernels.rope_op import apply_generalized_rope
 from rotvid.kernels.sparsity import BlockMap
 from rotvid.rope.fused_table import GeneralizedRopeTable
@@ -71,7 +78,19 @@ class ReferenceBackend:
 
     def run(self, q, k, v, **opts) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         opts = dict(opts)
-        recipe = get_recipe(opts.pop("recipe"))
+        return self._run(get_recipe(opts.pop("recipe")), q, k, v, opts)
+
+    def execute(self, call: AttentionCall, q, k, v, *, rope=None,
+                **overrides) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run a prepared call with its resolved recipe (``overrides``: options replacing the prepared ones). ``rope``
+        is always None here: the reference applies no table itself, :func:`run_attention` rotates q and k first."""
+        opts = call.opts.copy()  # (a dict: copying a read-only mapping's dict is ~5x faster than unpacking it)
+        opts.update(overrides)
+        del opts["recipe"]
+        return self._run(call.recipe, q, k, v, opts)
+
+    @staticmethod
+    def _run(recipe: Recipe, q, k, v, opts: dict):
         opts["block_m"] = opts.get("block_m") or reference.DEFAULT_BLOCK_M
         # (the recipe's reference key block: int8-fp8's is its kernels' 128, so a fallback keeps their numerics)
         opts["block_n"] = opts.get("block_n") or recipe.reference_block_n
@@ -92,10 +111,10 @@ def registered_backends() -> dict[str, AttentionBackend]:
 
 
 def validate_attention_inputs(q, k, v, *, recipe, layout, kv_lens, block_m=None, block_n=None, sm_scale=None,
-                              switches: dict | None = None) -> None:
+                              switches: dict | None = None) -> Recipe:
     """Raise ``ValueError`` naming the argument and what was expected, for any bad input (``switches``: the
-    smoothing flags by name, each a bool)."""
-    get_recipe(recipe)  # ValueError naming the registered recipes
+    smoothing flags by name, each a bool). Returns the recipe ``recipe`` names."""
+    resolved = get_recipe(recipe)  # ValueError naming the registered recipes
     if layout not in reference.LAYOUTS:
         raise ValueError(f"layout: expected 'BHND' or 'BNHD', got {layout!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -140,6 +159,7 @@ def validate_attention_inputs(q, k, v, *, recipe, layout, kv_lens, block_m=None,
     for name, val in (switches or {}).items():
         if not isinstance(val, bool):
             raise ValueError(f"{name}: expected True or False, got {val!r}")
+    return resolved
 
 
 def refusing_check(backend: str, q, k, v, **opts) -> tuple[str, str] | None:
@@ -180,26 +200,40 @@ def select_backend(q, k, v, *, backend: str = "auto", **opts) -> tuple[Attention
 
 @dataclass(frozen=True)
 class AttentionCall:
-    """A validated call and the backend chosen for it (:func:`prepare_attention`): run it with
-    :func:`run_attention`.
+    """A call decided once (:func:`prepare_attention`): validated, its recipe resolved, its backend chosen and its
+    kernel entry's checks run; run it with :func:`run_attention`.
 
     Attributes:
         backend: the backend object; reason: why it was chosen (``"cuda (auto)"``, ``"reference (auto; cuda: ...)"``).
-        opts: the call's options as the backend takes them (recipe, layout, kv_lens, sm_scale, smoothing, tiles).
+        opts: the call's options as the backend takes them (recipe -- by name --, layout, kv_lens, sm_scale,
+            smoothing, tiles; block_map and return_lse when given), read-only.
         v_hadamard: the block of the online V/O Hadamard the call attends V rotated by (1: none).
         v_hadamard_fused: True when the backend rotates V itself (:func:`run_attention` then hands it
             ``v_hadamard``).
         v_hadamard_cuda: True when the sides that run outside the backend's kernel (O's, and V's too where the
             backend does not rotate it) take the one-pass CUDA transform (the CUDA backend, block = head_dim 64 /
             128, fp16 / bf16); False: PyTorch. The same bits either way.
+        recipe: the resolved :class:`~rotvid.kernels.recipes.base.Recipe`.
+        kernel: the recipe's :class:`~rotvid.kernels.recipes.base.KernelEntry` on the backend, for a built-in
+            backend that runs kernel entries (``cuda``); None elsewhere.
     """
 
     backend: AttentionBackend
     reason: str
-    opts: dict
+    opts: Mapping
     v_hadamard: int = 1
     v_hadamard_fused: bool = False
     v_hadamard_cuda: bool = False
+    recipe: Recipe | None = None
+    kernel: KernelEntry | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "opts", MappingProxyType(dict(self.opts)))
+
+    @property
+    def block_map(self) -> BlockMap | None:
+        """The block map the call was prepared with (None: all key blocks)."""
+        return self.opts.get("block_map")
 
 
 def prepare_attention(
@@ -234,9 +268,9 @@ def prepare_attention(
     :func:`unrotate_output` turns back -- and whether the backend rotates V itself (the module docstring) is decided
     here, once: :attr:`AttentionCall.v_hadamard_fused`. It never refuses a call.
     """
-    validate_attention_inputs(q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n,
-                              sm_scale=sm_scale, switches=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v,
-                                                               return_lse=return_lse))
+    resolved = validate_attention_inputs(
+        q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n, sm_scale=sm_scale,
+        switches=dict(smooth_k=smooth_k, smooth_q=smooth_q, smooth_v=smooth_v, return_lse=return_lse))
     opts = dict(
         recipe=recipe, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
         smooth_q=smooth_q, smooth_v=smooth_v, block_m=block_m, block_n=block_n,
@@ -257,12 +291,17 @@ def prepare_attention(
         raise ValueError(f"v_hadamard: expected a power of two dividing head_dim {q.shape[-1]} (1: none), "
                          f"got {v_hadamard!r}")
     chosen, reason = select_backend(q, k, v, backend=backend, **opts)
+    # a built-in backend (it executes prepared calls) runs the recipe's kernel entry on it, if any
+    kernel = resolved.kernel(chosen.name) if hasattr(chosen, "execute") else None
     fused = cuda_pass = False
     if v_hadamard > 1:
-        fuses = getattr(chosen, "fuses_v_hadamard", None)
-        fused = fuses is not None and fuses(q, k, v, v_hadamard, recipe=recipe, layout=layout)
+        if kernel is not None:
+            fused = kernel.applies_v_hadamard(q, k, v, v_hadamard, layout=layout)
+        else:
+            fuses = getattr(chosen, "fuses_v_hadamard", None)
+            fused = fuses is not None and fuses(q, k, v, v_hadamard, recipe=recipe, layout=layout)
         cuda_pass = fused or (chosen.name == "cuda" and not vo_hadamard_cuda_unsupported(v, v_hadamard))
-    return AttentionCall(chosen, reason, opts, v_hadamard, fused, cuda_pass)
+    return AttentionCall(chosen, reason, opts, v_hadamard, fused, cuda_pass, resolved, kernel)
 
 
 def check_block_map(block_map, q: torch.Tensor, k: torch.Tensor, layout: str) -> None:
@@ -283,28 +322,47 @@ def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
     ``block_map`` the prepared map, e.g. one built per call: the backend refuses it if it takes no maps).
     ``rope``: as :func:`attention`'s. Returns ``(out, lse)`` for a call prepared with ``return_lse=True``. A call
     prepared with ``v_hadamard`` attends the rotated V (inside the backend's pre-processing, or rotated here first)
-    and returns that attention, still rotated: :func:`unrotate_output` turns it back."""
-    opts = dict(call.opts)
+    and returns that attention, still rotated: :func:`unrotate_output` turns it back.
+
+    Nothing prepared is looked up or checked again: a built-in backend executes the call as prepared (its kernel
+    entry's unchecked body); what arrives here is checked here, once (a new ``block_map``, ``rope``, and whether the
+    backend applies ``rope`` itself)."""
+    overrides = {}
     if layout is not None:
-        opts["layout"] = layout
+        overrides["layout"] = layout
+    layout = call.opts["layout"] if layout is None else layout
     if kv_lens is not None:
-        opts["kv_lens"] = kv_lens
+        overrides["kv_lens"] = kv_lens
     if block_map is not None:
-        check_block_map(block_map, q, k, opts["layout"])
-        opts["block_map"] = block_map
+        check_block_map(block_map, q, k, layout)
+        overrides["block_map"] = block_map
     if not torch.compiler.is_compiling():  # a logging call would break a compiled graph
         logger.debug("attention backend: %s", call.reason)
     if call.v_hadamard_fused:
-        opts["v_hadamard"] = call.v_hadamard
+        overrides["v_hadamard"] = call.v_hadamard
     elif call.v_hadamard > 1:
         v = _vo_side(call, v, "v")  # (a view's layout kept: a BHND view of BNHD memory stays one)
     if rope is not None:
-        _check_rope(rope, q, k, opts["layout"])
-        fuses = getattr(call.backend, "fuses_rope", None)
-        if fuses is not None and fuses(q, k, rope, recipe=opts["recipe"], layout=opts["layout"]):
-            return call.backend.run(q, k, v, rope=rope, **opts)
-        q, k = _rotate(q, rope, opts["layout"]), _rotate(k, rope, opts["layout"])
+        _check_rope(rope, q, k, layout)
+        if not _fuses_rope(call, q, k, rope, layout):
+            q, k, rope = _rotate(q, rope, layout), _rotate(k, rope, layout), None
+    execute = getattr(call.backend, "execute", None) if call.recipe is not None else None
+    if execute is not None:  # (a built-in backend, the call prepared by prepare_attention)
+        return execute(call, q, k, v, rope=rope, **overrides)
+    opts = call.opts.copy()
+    opts.update(overrides)
+    if rope is not None:
+        opts["rope"] = rope
     return call.backend.run(q, k, v, **opts)
+
+
+def _fuses_rope(call: AttentionCall, q, k, rope, layout: str) -> bool:
+    """Whether the call's backend applies ``rope`` itself (decided once per run, with the table): the prepared kernel
+    entry's answer, or a registered backend's ``fuses_rope``."""
+    if call.kernel is not None:
+        return call.kernel.applies_rope(q, k, rope, layout=layout)
+    fuses = getattr(call.backend, "fuses_rope", None)
+    return fuses is not None and fuses(q, k, rope, recipe=call.opts["recipe"], layout=layout)
 
 
 def unrotate_output(call: AttentionCall, out: torch.Tensor) -> torch.Tensor:

@@ -56,6 +56,10 @@ class KernelEntry:
             :func:`rotvid.rope.hadamard.rotate_v_online` and returns that attention, still rotated), else why not;
             None: it never does (the dispatcher rotates V in PyTorch first). Either way
             :func:`rotvid.kernels.dispatch.unrotate_output` undoes the rotation on the output.
+        run_unchecked: ``run`` without the kernel-level entry point's input checks, what a prepared call runs
+            (:meth:`rotvid.kernels.cuda_backend.CudaBackend.execute`: :func:`rotvid.kernels.dispatch.prepare_attention`
+            checked the inputs and ran ``checks`` once; ``rope`` only a table ``fuses_rope`` accepted). The same
+            bits as ``run``. None: the prepared call runs ``run``.
     """
 
     run: Callable[..., torch.Tensor]
@@ -65,10 +69,19 @@ class KernelEntry:
     describe: Callable[[], str] | None = None
     returns_lse: bool = False
     fuses_v_hadamard: Callable[..., str] | None = None
+    run_unchecked: Callable[..., torch.Tensor] | None = None
 
     def refusal(self, q, k, v, **opts) -> tuple[str, str] | None:
         """``(check name, reason)`` when this kernel cannot take the call, else None."""
         return first_refusal(self.checks, q, k, v, **opts)
+
+    def applies_rope(self, q, k, rope, *, layout: str = "BHND") -> bool:
+        """True when ``run`` applies the RoPE·R table ``rope`` itself (:attr:`fuses_rope` accepts it)."""
+        return self.fuses_rope is not None and not self.fuses_rope(q, k, rope, layout=layout)
+
+    def applies_v_hadamard(self, q, k, v, block: int, *, layout: str = "BHND") -> bool:
+        """True when ``run`` rotates V by the online V/O Hadamard of ``block`` itself (:attr:`fuses_v_hadamard`)."""
+        return self.fuses_v_hadamard is not None and not self.fuses_v_hadamard(q, k, v, block, layout=layout)
 
 
 @dataclass(frozen=True)

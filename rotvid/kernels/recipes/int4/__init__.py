@@ -13,7 +13,7 @@ from functools import partial
 
 from rotvid.kernels import cuda_build, cuda_checks
 from rotvid.kernels.recipes.base import KernelEntry, Recipe, RecipeLabels
-from rotvid.kernels.recipes.int4.ops import default_block_n, int4_attention_cuda
+from rotvid.kernels.recipes.int4.ops import default_block_n, int4_attention_cuda, int4_attention_unchecked
 from rotvid.kernels.recipes.int4.reference import attention_int4
 from rotvid.kernels.recipes.int8_fp8 import HOPPER_MEASURED
 from rotvid.kernels.reference import DEFAULT_BLOCK_N
@@ -46,17 +46,21 @@ SMOOTHING = dict(smooth_q=True, smooth_v=True)
 
 
 def _cuda_kernel(p_mode: str) -> KernelEntry:
-    def run(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_q=False, smooth_v=False,
-            block_n=None, block_map=None, **_):
-        return int4_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
-                                   smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n, smooth_q=smooth_q,
-                                   block_map=block_map)
+    def runner(attention):  # (the checked public function or its unchecked body)
+        def run(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_q=False,
+                smooth_v=False, block_n=None, block_map=None, **_):
+            return attention(q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
+                             smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n, smooth_q=smooth_q,
+                             block_map=block_map)
+
+        return run
 
     return KernelEntry(
-        run=run,
+        run=runner(int4_attention_cuda),
         checks=(*cuda_checks.FIRST_CHECKS, *cuda_checks.LAST_CHECKS),
         block_n=default_block_n,
         describe=_describe_cuda,
+        run_unchecked=runner(int4_attention_unchecked),
     )
 
 

@@ -212,6 +212,12 @@ def preprocess_int4_cuda(
         raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
     path = _check_path(path, q.device)
     check_sm_scale(sm_scale)
+    return _preprocess_int4(q, k, v, layout, kv_lens, block_n, smooth_k, smooth_v, p_mode, path, smooth_q, sm_scale)
+
+
+def _preprocess_int4(q, k, v, layout, kv_lens, block_n: int, smooth_k, smooth_v, p_mode, path: str, smooth_q,
+                     sm_scale) -> KernelQKV:
+    """:func:`preprocess_int4_cuda` without its checks (``block_n`` and ``path`` resolved, inputs checked)."""
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     out = _int4_preprocess_op(
         q, k, v, kv_lens_int32(kv_lens, q.device), layout == "BNHD", block_n, smooth_k, smooth_v, path,
@@ -265,12 +271,8 @@ def attention_int4_quantized(
                          f"pack_reference_quantized with path={path!r})")
     sm_scale, map_index, map_count = scale_and_map_operands(qkv, n_q=n_q, n_kv=n_kv, head_dim=head_dim,
                                                             sm_scale=sm_scale, block_map=block_map)
-    k_bias = qkv.k_bias if qkv.k_bias is not None else qkv.q_scale.new_empty((0,))
-    args = (
-        qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
-        kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, block_n, path, P_MODES[p_mode],
-        float(sm_scale * LOG2E), out_dtype == torch.bfloat16, layout == "BNHD",
-    )
+    k_bias = _k_bias(qkv)
+    args = _attention_args(qkv, n_q, n_kv, head_dim, block_n, kv_lens, sm_scale, p_mode, path, out_dtype, layout)
     if out is None:
         return _int4_attention_op(*args, bool(split_tail), k_bias, map_index, map_count)
     # Writing into a caller's tensor (tests poison it first): the raw extension, outside the custom op.
@@ -303,13 +305,43 @@ def int4_attention_cuda(
     block_n = default_block_n(q.device) if block_n is None else block_n
     qb, qh, qn, qd, kn = check_inputs(q, k, v, layout, kv_lens, block_n)
     block_map_operands(block_map, batch=qb, heads=qh, n_q=qn, n_kv=kn, device=q.device)  # (before the pre-processing)
-    qkv = preprocess_int4_cuda(
-        q, k, v, layout=layout, kv_lens=kv_lens, block_n=block_n, smooth_k=smooth_k, smooth_v=smooth_v,
-        p_mode=p_mode, path=path, smooth_q=smooth_q, sm_scale=sm_scale,
-    )
-    return attention_int4_quantized(
-        qkv, n_q=qn, n_kv=kn, head_dim=qd, block_n=block_n, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
-        path=path, out_dtype=q.dtype, layout=layout, block_map=block_map,
+    if p_mode not in P_MODES:
+        raise ValueError(f"p_mode: expected 'range' or 'sym', got {p_mode!r}")
+    path = _check_path(path, q.device)
+    check_sm_scale(sm_scale)
+    return int4_attention_unchecked(q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, p_mode=p_mode,
+                                    smooth_k=smooth_k, smooth_v=smooth_v, block_n=block_n, path=path,
+                                    smooth_q=smooth_q, block_map=block_map)
+
+
+def int4_attention_unchecked(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, p_mode="range", smooth_k=True,
+                             smooth_v=False, block_n=None, path="auto", smooth_q=False, block_map=None):
+    """:func:`int4_attention_cuda` without its checks, the body a prepared call runs
+    (:func:`rotvid.kernels.dispatch.prepare_attention` checked the inputs, the block map's values and the kernel
+    entry's support checks once; the C++ side's TORCH_CHECKs still run): the same ops with the same arguments, so the
+    same bits. ``path``: ``"auto"`` (the arch default) or a checked path."""
+    block_n = default_block_n(q.device) if block_n is None else block_n
+    bhnd = layout == "BHND"
+    qn, qd, kn = q.shape[2 if bhnd else 1], q.shape[3], k.shape[2 if bhnd else 1]
+    qkv = _preprocess_int4(q, k, v, layout, kv_lens, block_n, smooth_k, smooth_v, p_mode, path, smooth_q, sm_scale)
+    sm_scale = qd**-0.5 if sm_scale is None else sm_scale
+    map_index, map_count = (None, None) if block_map is None else (block_map.indices.contiguous(),
+                                                                   block_map.counts.contiguous())
+    args = _attention_args(qkv, qn, kn, qd, block_n, kv_lens, sm_scale, p_mode, path, q.dtype, layout)
+    return _int4_attention_op(*args, True, _k_bias(qkv), map_index, map_count)
+
+
+def _k_bias(qkv: KernelQKV) -> torch.Tensor:
+    return qkv.k_bias if qkv.k_bias is not None else qkv.q_scale.new_empty((0,))
+
+
+def _attention_args(qkv: KernelQKV, n_q, n_kv, head_dim, block_n, kv_lens, sm_scale: float, p_mode, path, out_dtype,
+                    layout) -> tuple:
+    """``rotvid::int4_attention``'s arguments up to ``bnhd`` (``sm_scale`` resolved)."""
+    return (
+        qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
+        kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, block_n, path, P_MODES[p_mode],
+        float(sm_scale * LOG2E), out_dtype == torch.bfloat16, layout == "BNHD",
     )
 
 

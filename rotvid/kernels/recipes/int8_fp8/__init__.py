@@ -18,6 +18,7 @@ from rotvid.kernels import cuda_build, cuda_checks
 from rotvid.kernels.recipes.base import KernelEntry, Recipe, RecipeLabels
 from rotvid.kernels.recipes.int8_fp8.ops import (
     int8fp8_attention_cuda,
+    int8fp8_attention_unchecked,
     int8fp8_device_problem,
     int8fp8_kernels,
     int8fp8_returns_lse,
@@ -66,11 +67,16 @@ def key_block_128(q, k, v, **opts) -> str | None:
     return None
 
 
-def _run_cuda(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_v=False, rope=None,
-              block_map=None, return_lse=False, v_hadamard=1, **_):
-    return int8fp8_attention_cuda(q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
-                                  smooth_v=smooth_v, rope=rope, block_map=block_map, return_lse=return_lse,
-                                  v_hadamard=v_hadamard > 1)
+def _cuda_runner(attention):
+    """The kernel entry's ``run`` on ``attention`` (the checked public function or its unchecked body)."""
+
+    def run(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_v=False, rope=None,
+            block_map=None, return_lse=False, v_hadamard=1, **_):
+        return attention(q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
+                         smooth_v=smooth_v, rope=rope, block_map=block_map, return_lse=return_lse,
+                         v_hadamard=v_hadamard > 1)
+
+    return run
 
 
 def _describe_cuda() -> str:
@@ -83,7 +89,7 @@ def _describe_cuda() -> str:
 
 
 CUDA_KERNEL = KernelEntry(
-    run=_run_cuda,
+    run=_cuda_runner(int8fp8_attention_cuda),
     checks=(
         *cuda_checks.FIRST_CHECKS, int8fp8_gpu, cuda_checks.dtype, cuda_checks.head_dim, no_q_smoothing,
         cuda_checks.q_block, cuda_checks.block_m, cuda_checks.block_n, key_block_128, cuda_checks.strides,
@@ -94,6 +100,7 @@ CUDA_KERNEL = KernelEntry(
     fuses_v_hadamard=v_hadamard_fusion_unsupported,
     describe=_describe_cuda,
     returns_lse=True,
+    run_unchecked=_cuda_runner(int8fp8_attention_unchecked),
 )
 
 RECIPE = Recipe(

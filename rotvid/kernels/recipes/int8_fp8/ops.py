@@ -56,7 +56,7 @@ from rotvid.kernels.cuda_layout import (
 )
 from rotvid.kernels.quantize import key_valid_mask, quantize_per_channel_fp8, quantize_per_token_int8
 from rotvid.kernels.recipes.int8_fp8.reference import INT8FP8_BLOCK_N, quantize_k_groups_int8
-from rotvid.kernels.reference import LOG2E, smooth_qkv, to_bhnd
+from rotvid.kernels.reference import LOG2E, check_sm_scale, smooth_qkv, to_bhnd
 from rotvid.kernels.rope_op import ROPE_HEAD_DIMS
 from rotvid.kernels.sparsity.block_map import BlockMap
 
@@ -267,11 +267,21 @@ def preprocess_int8fp8_cuda(
     """
     check_inputs(q, k, v, layout, kv_lens, INT8FP8_BLOCK_N)
     _check_int8fp8_device(q.device)
-    coef = index = None
+    _check_rope_fusion(q, k, rope, layout)
+    return _preprocess_int8fp8(q, k, v, layout, kv_lens, smooth_k, smooth_v, rope, v_hadamard)
+
+
+def _check_rope_fusion(q, k, rope, layout: str) -> None:
     if rope is not None:
         reason = rope_fusion_unsupported(q, k, rope, layout=layout)
         if reason:
             raise ValueError(f"rope: {reason}")
+
+
+def _preprocess_int8fp8(q, k, v, layout, kv_lens, smooth_k, smooth_v, rope, v_hadamard) -> KernelQKV:
+    """:func:`preprocess_int8fp8_cuda` without its checks (inputs checked, ``rope`` one it fuses, or None)."""
+    coef = index = None
+    if rope is not None:
         coef = rope.coef.to(device=q.device, dtype=torch.float32).contiguous()
         index = rope.index.to(device=q.device, dtype=torch.int32).contiguous()
     out = _int8fp8_preprocess_op(
@@ -353,15 +363,9 @@ def attention_int8fp8_quantized(
         raise ValueError(f"return_lse: the int8-fp8 {path!r} kernel returns no log-sum-exp (the sm90 wgmma one does)")
     sm_scale, map_index, map_count = scale_and_map_operands(qkv, n_q=n_q, n_kv=n_kv, head_dim=head_dim,
                                                             sm_scale=sm_scale, block_map=block_map)
-    args = (
-        qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
-        kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, float(sm_scale * LOG2E),
-        out_dtype == torch.bfloat16, layout == "BNHD",
-    )
+    args = _attention_args(qkv, n_q, n_kv, head_dim, kv_lens, sm_scale, out_dtype, layout)
     if out is None:
-        if return_lse:
-            return _int8fp8_attention_lse_op(*args, bool(split_tail), map_index, map_count)
-        return _int8fp8_attention_op(*args, path, bool(split_tail), map_index, map_count)
+        return _attend_int8fp8(args, path, split_tail, map_index, map_count, return_lse)
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
     b, h = qkv.q_hat.shape[:2]
@@ -402,6 +406,24 @@ def int8fp8_attention_cuda(
     if return_lse and path != "wgmma":
         raise ValueError(f"return_lse: the int8-fp8 {path!r} kernel returns no log-sum-exp (the sm90 wgmma one does)")
     block_map_operands(block_map, batch=qb, heads=qh, n_q=qn, n_kv=kn, device=q.device)  # (before the pre-processing)
+    if not return_lse:  # (with the LSE, q and k are rotated first: the pre-processing never sees the table)
+        _check_rope_fusion(q, k, rope, layout)
+    check_sm_scale(sm_scale)
+    return int8fp8_attention_unchecked(q, k, v, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale, smooth_k=smooth_k,
+                                       smooth_v=smooth_v, path=path, rope=rope, block_map=block_map,
+                                       return_lse=return_lse, v_hadamard=v_hadamard)
+
+
+def int8fp8_attention_unchecked(q, k, v, *, layout="BHND", kv_lens=None, sm_scale=None, smooth_k=True, smooth_v=False,
+                                path=None, rope=None, block_map=None, return_lse=False, v_hadamard=False):
+    """:func:`int8fp8_attention_cuda` without its checks, the body a prepared call runs
+    (:func:`rotvid.kernels.dispatch.prepare_attention` checked the inputs, the block map's values and the kernel
+    entry's support checks once; the C++ side's TORCH_CHECKs still run): the same ops with the same arguments, so the
+    same bits. ``path`` None: the arch default; ``rope`` one the pre-processing fuses, or None."""
+    bhnd = layout == "BHND"
+    qn, qd, kn = q.shape[2 if bhnd else 1], q.shape[3], k.shape[2 if bhnd else 1]
+    if path is None:
+        path = int8fp8_path_for(cuda_build.capability(q.device))
     if return_lse and rope is not None:
         from rotvid.kernels.rope_op import apply_generalized_rope
 
@@ -410,21 +432,33 @@ def int8fp8_attention_cuda(
         if layout == "BNHD":
             q, k = q.transpose(1, 2), k.transpose(1, 2)
         rope = None
-    qkv = preprocess_int8fp8_cuda(
-        q, k, v, layout=layout, kv_lens=kv_lens, smooth_k=smooth_k, smooth_v=smooth_v, rope=rope,
-        v_hadamard=v_hadamard,
-    )
-    res = attention_int8fp8_quantized(
-        qkv, n_q=qn, n_kv=kn, head_dim=qd, kv_lens=kv_lens, sm_scale=sm_scale, out_dtype=q.dtype, layout=layout,
-        path=path, block_map=block_map, return_lse=return_lse,
-    )
+    qkv = _preprocess_int8fp8(q, k, v, layout, kv_lens, smooth_k, smooth_v, rope, v_hadamard)
+    sm_scale = qd**-0.5 if sm_scale is None else sm_scale
+    map_index, map_count = (None, None) if block_map is None else (block_map.indices.contiguous(),
+                                                                   block_map.counts.contiguous())
+    args = _attention_args(qkv, qn, kn, qd, kv_lens, sm_scale, q.dtype, layout)
+    res = _attend_int8fp8(args, path, True, map_index, map_count, return_lse)
     if not return_lse:
         return res
     out, lse = res
     if smooth_k:  # the kernel's scores were of k - mean(k): add the shift back (rotvid.kernels.reference)
-        lse = lse + k_smoothing_shift(to_bhnd(q, layout), to_bhnd(k, layout), kv_lens,
-                                      qd**-0.5 if sm_scale is None else sm_scale)
+        lse = lse + k_smoothing_shift(to_bhnd(q, layout), to_bhnd(k, layout), kv_lens, sm_scale)
     return out, (lse if layout == "BHND" else lse.transpose(1, 2).contiguous())
+
+
+def _attention_args(qkv: KernelQKV, n_q, n_kv, head_dim, kv_lens, sm_scale: float, out_dtype, layout) -> tuple:
+    """The attention ops' leading arguments (``sm_scale`` resolved)."""
+    return (
+        qkv.q_hat, qkv.q_scale, qkv.k_hat, qkv.k_scale, qkv.vt, qkv.vparams, qkv.v_mean,
+        kv_lens_int32(kv_lens, qkv.q_hat.device), n_q, n_kv, head_dim, float(sm_scale * LOG2E),
+        out_dtype == torch.bfloat16, layout == "BNHD",
+    )
+
+
+def _attend_int8fp8(args: tuple, path: str, split_tail, map_index, map_count, return_lse: bool):
+    if return_lse:
+        return _int8fp8_attention_lse_op(*args, bool(split_tail), map_index, map_count)
+    return _int8fp8_attention_op(*args, path, bool(split_tail), map_index, map_count)
 
 
 @torch.compiler.assume_constant_result
