@@ -14,59 +14,13 @@ CUDA side live by job:
   layout and the packing of the reference's operands into it (for tests); its sources are in its folder's ``csrc/``;
 * :mod:`rotvid.kernels.rope_op` — the RoPE·R op (``rotvid::generalized_rope``) and the CUDA / Triton / PyTorch
   choice for it.
-
-The names below are re-exported from those modules for the scripts that import them from here.
 """
 
 from __future__ import annotations
 
-from rotvid.kernels.cuda_build import (  # noqa: F401 -- re-exports
-    ARCH_TABLE,
-    CSRC,
-    ArchEntry,
-    _nvcc,
-    arch_entry,
-    cache_dir,
-    capability,
-    device_problem,
-    load_extension,
-)
-from rotvid.kernels.cuda_layout import (  # noqa: F401 -- re-exports
-    BLOCK_M,
-    DEFAULT_BLOCK_N,
-    SUPPORTED_BLOCK_N,
-    SUPPORTED_DTYPES,
-    SUPPORTED_HEAD_DIMS,
-    KernelQKV,
-    vt_key_permutation,
-)
+from rotvid.kernels.cuda_build import _nvcc, arch_entry
 from rotvid.kernels.recipes import recipes
-from rotvid.kernels.recipes.int4.ops import (  # noqa: F401 -- re-exports
-    P_MODES,
-    PATHS,
-    _resolve_path,
-    attention_int4_quantized,
-    default_block_n,
-    int4_attention_cuda,
-    pack_reference_quantized,
-    preprocess_int4_cuda,
-    sign_magnitude_bytes,
-    vt_dtype,
-)
-from rotvid.kernels.recipes.int8_fp8.ops import (  # noqa: F401 -- re-exports
-    INT8FP8_PATHS,
-    _int8fp8_attention_op,
-    _int8fp8_preprocess_op,
-    attention_int8fp8_quantized,
-    int8fp8_attention_cuda,
-    int8fp8_path_for,
-    pack_reference_int8fp8,
-    preprocess_int8fp8_cuda,
-    rope_fusion_unsupported,
-    v_hadamard_fusion_unsupported,
-)
 from rotvid.kernels.recipes.registry import get_recipe
-from rotvid.kernels.rope_op import ROPE_HEAD_DIMS, generalized_rope_cuda, generalized_rope_unsupported  # noqa: F401
 
 NAME = "cuda"
 
