@@ -1,0 +1,178 @@
+"""How close top-p's block estimate ranks to the oracle: kept attention mass at a fixed per-row block count, on the
+bundled proxy's real attention at a size where blocks matter.
+
+    python -m benchmarks.topp_estimate_study [--size 512x512x65] [--step 3] [--densities 0.2 0.3 0.5]
+
+The untouched proxy pipeline (float32, CPU or GPU) runs up to denoising step ``--step`` and its self-attention
+queries and keys of that step are captured (every block, both CFG branches: SDPA's inputs, after RoPE; rotvid's
+rotations are orthogonal and change no score). For every call and head, the exact block masses
+(:func:`rotvid.kernels.sparsity.oracle.block_attention_mass`: per query tile of 128 rows, the mean softmax mass of
+each key block of 128 keys), then per density ``d`` each row keeps its ``ceil(d · Tk)`` blocks ranked by
+
+* ``oracle``: the exact masses (the most any map with those counts keeps);
+* ``means``: ``sm_scale · q̄_i·k̄_j`` -- the score of the block means, what ``topp`` ranks by
+  (:mod:`rotvid.kernels.sparsity.topp`; its ``log n_j`` is the same for every full block);
+* ``means+key-var``: plus ``½ sm_scale² q̄_iᵀ Σ_j q̄_i``, Σ_j the covariance of block j's keys -- the log-normal
+  correction of ``E_k exp(sm_scale · q̄·k)`` for keys that spread along the query mean (a second-moment estimate);
+* ``means+both-var``: plus the same term of the query tile's spread along the key mean.
+
+It prints, per ranking and density, the mean kept mass and its ratio to the oracle's. The ranking is the only
+question here: the per-row counts are the same for all, so how a map spreads its budget over rows (top-p's tau) is
+not measured. Writes ``benchmarks/results/topp_estimate_<date>_<commit>.md/.json`` unless ``--no-write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.provenance import git_commit
+from benchmarks.study_io import RESULTS_DIR, command_line, local_stamp, write_results
+from rotvid.kernels.sparsity.block_map import MAP_BLOCK
+from rotvid.kernels.sparsity.oracle import block_attention_mass
+
+RANKINGS = ("oracle", "means", "means+key-var", "means+both-var")
+
+
+def parse_size(text: str) -> tuple[int, int, int]:
+    """``HxWxF`` -> (height, width, frames)."""
+    try:
+        h, w, f = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must look like HxWxF (e.g. 512x512x65), got {text!r}") from None
+    if h % 16 or w % 16 or (f - 1) % 4 or min(h, w, f) < 1:
+        raise argparse.ArgumentTypeError(f"size: height and width multiples of 16, frames 4k + 1, got {text!r}")
+    return h, w, f
+
+
+class _Stop(Exception):
+    pass
+
+
+def capture(size: tuple[int, int, int], step: int, prompt: str, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The self-attention (q, k) pairs, [1, H, N, D] each, of denoising step ``step`` of the proxy at ``size``."""
+    from rotvid.pipelines.loading import load_pipeline
+
+    h, w, f = size
+    n = ((f - 1) // 4 + 1) * (h // 16) * (w // 16)  # the proxy's VAE (4, 8) and patch (1, 2, 2)
+    pipe = load_pipeline("proxy", dtype=torch.float32, device=device)
+    calls, at = [], {"step": 0}
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        q = args[0] if args else kwargs["query"]
+        k = args[1] if len(args) > 1 else kwargs["key"]
+        if at["step"] == step and q.shape[-2] == n and k.shape[-2] == n:
+            calls.append((q.detach().clone(), k.detach().clone()))
+        return sdpa(*args, **kwargs)
+
+    def step_end(_pipe, i, _t, kwargs):
+        at["step"] = i + 1
+        if i + 1 > step:
+            raise _Stop
+        return kwargs
+
+    F.scaled_dot_product_attention = recording
+    try:
+        with torch.inference_mode():
+            pipe(prompt=prompt, height=h, width=w, num_frames=f, generator=torch.Generator().manual_seed(0),
+                 callback_on_step_end=step_end, output_type="latent")
+    except _Stop:
+        pass
+    finally:
+        F.scaled_dot_product_attention = sdpa
+    return calls
+
+
+def _blocks(x: torch.Tensor) -> torch.Tensor:
+    """[H, N, D] -> [H, T, 128, D] (N a multiple of 128 here: the proxy's token counts at the study's sizes)."""
+    h, n, d = x.shape
+    return x.view(h, n // MAP_BLOCK, MAP_BLOCK, d)
+
+
+def rankings(q: torch.Tensor, k: torch.Tensor, sm_scale: float) -> dict[str, torch.Tensor]:
+    """The block scores each ranking orders a row by, [H, Tq, Tk] (q, k: [H, N, D] float64)."""
+    qb, kb = _blocks(q), _blocks(k)
+    qm, km = qb.mean(dim=2), kb.mean(dim=2)
+    means = torch.einsum("hid,hjd->hij", qm, km) * sm_scale
+    kc, qc = kb - km.unsqueeze(2), qb - qm.unsqueeze(2)
+    key_cov = torch.einsum("hjnd,hjne->hjde", kc, kc) / MAP_BLOCK
+    query_cov = torch.einsum("hind,hine->hide", qc, qc) / MAP_BLOCK
+    key_var = torch.einsum("hid,hjde,hie->hij", qm, key_cov, qm) * sm_scale**2
+    query_var = torch.einsum("hjd,hide,hje->hij", km, query_cov, km) * sm_scale**2
+    return {"means": means, "means+key-var": means + 0.5 * key_var,
+            "means+both-var": means + 0.5 * (key_var + query_var)}
+
+
+def kept(calls, densities) -> dict[str, dict[float, float]]:
+    """Mean kept mass per ranking and density over every call and head."""
+    sums = {r: {d: 0.0 for d in densities} for r in RANKINGS}
+    heads = 0
+    for q, k in calls:
+        q, k = q[0].double(), k[0].double()
+        if q.shape[1] % MAP_BLOCK:
+            raise SystemExit(f"topp_estimate_study: {q.shape[1]} tokens is not a multiple of {MAP_BLOCK}")
+        sm_scale = q.shape[-1] ** -0.5
+        mass = block_attention_mass(q[None], k[None], sm_scale=sm_scale)[0]  # [H, Tq, Tk]
+        scores = {"oracle": mass, **rankings(q, k, sm_scale)}
+        for d in densities:
+            count = max(1, math.ceil(d * mass.shape[-1]))
+            for name, s in scores.items():
+                top = s.topk(count, dim=-1).indices
+                sums[name][d] += torch.gather(mass, -1, top).sum(dim=-1).mean(dim=-1).sum().item()
+        heads += mass.shape[0]
+    return {r: {d: v / heads for d, v in per.items()} for r, per in sums.items()}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"### topp_estimate_study: {result['date']}, commit {result['commit']}", "",
+             f"`{result['command']}`; the proxy at {result['size']}, step {result['step']}, {result['calls']} "
+             f"self-attention calls, {result['blocks_per_row']} key blocks per row; kept mass at a fixed per-row count "
+             "(ratio to the oracle's):", "",
+             "| ranking | " + " | ".join(f"density {d}" for d in result["densities"]) + " |",
+             "| --- |" + " --- |" * len(result["densities"])]
+    for name in RANKINGS:
+        cells = []
+        for d in result["densities"]:
+            got, best = result["kept"][name][str(d)], result["kept"]["oracle"][str(d)]
+            cells.append(f"{got:.4f} ({got / best:.4f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.topp_estimate_study",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=parse_size, default=(512, 512, 65), help="HxWxF (default 512x512x65)")
+    ap.add_argument("--step", type=int, default=3, help="the denoising step captured (default 3 of the proxy's 12)")
+    ap.add_argument("--densities", type=float, nargs="+", default=[0.2, 0.3, 0.5])
+    ap.add_argument("--prompt", default="a red fox running through fresh snow in a pine forest")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    if args.step < 0:
+        ap.error(f"--step: expected a step index >= 0, got {args.step}")
+    if not all(0 < d <= 1 for d in args.densities):
+        ap.error(f"--densities: expected values in (0, 1], got {args.densities}")
+    t0 = time.perf_counter()
+    calls = capture(args.size, args.step, args.prompt, args.device)
+    if not calls:
+        raise SystemExit(f"topp_estimate_study: no self-attention call at step {args.step} (the proxy runs 12)")
+    print(f"captured {len(calls)} calls at step {args.step} in {time.perf_counter() - t0:.0f} s", flush=True)
+    result = dict(date=local_stamp(), commit=git_commit(), command=command_line("topp_estimate_study", argv),
+                  size="x".join(map(str, args.size)), step=args.step, calls=len(calls),
+                  blocks_per_row=calls[0][1].shape[-2] // MAP_BLOCK, densities=args.densities,
+                  kept={r: {str(d): v for d, v in per.items()} for r, per in kept(calls, args.densities).items()})
+    text = markdown(result)
+    print(text)
+    if not args.no_write:
+        print(f"wrote {write_results(RESULTS_DIR, 'topp_estimate', result['commit'], text, result)}.md/.json")
+    return result
+
+
+if __name__ == "__main__":
+    main()
