@@ -16,9 +16,13 @@ each key block of 128 keys), then per density ``d`` each row keeps its ``ceil(d 
   correction of ``E_k exp(sm_scale · q̄·k)`` for keys that spread along the query mean (a second-moment estimate);
 * ``means+both-var``: plus the same term of the query tile's spread along the key mean.
 
-It prints, per ranking and density, the mean kept mass and its ratio to the oracle's. The ranking is the only
-question here: the per-row counts are the same for all, so how a map spreads its budget over rows (top-p's tau) is
-not measured. Writes ``benchmarks/results/topp_estimate_<date>_<commit>.md/.json`` unless ``--no-write``.
+It prints, per ranking and density, the mean kept mass and its ratio to the oracle's: with the per-row counts the
+same for all, that is the ranking alone. A second table asks how the budget is spread over rows, at the same mean
+density over all the calls: ``even`` (every row ``ceil(d · Tk)`` blocks, by the block means), ``topp`` (``topp``'s
+own per-row ``tau`` and ``sim``, :func:`rotvid.kernels.sparsity.topp.topp_estimate`, ``tau`` matched to the density
+by :func:`rotvid.kernels.sparsity.density.topp_tau_for_density`), ``threshold`` (the blocks whose estimated mass
+``P̂`` is above one threshold per head, chosen so the head keeps ``d`` of its blocks, its diagonal first), and
+``oracle-threshold`` (the same by the exact masses: the most mass any map of that size keeps). Writes ``benchmarks/results/topp_estimate_<date>_<commit>.md/.json`` unless ``--no-write``.
 """
 
 from __future__ import annotations
@@ -128,6 +132,53 @@ def kept(calls, densities) -> dict[str, dict[float, float]]:
     return {r: {d: v / heads for d, v in per.items()} for r, per in sums.items()}
 
 
+ALLOCATIONS = ("even", "topp", "threshold", "oracle-threshold")
+
+
+def _threshold_keep(score: torch.Tensor, density: float) -> torch.Tensor:
+    """bool [H, Tq, Tk]: per head ``max(Tq, round(density · Tq · Tk))`` blocks, the diagonal and then the
+    highest-scoring others (so both thresholds keep maps of one size)."""
+    h, tq, tk = score.shape
+    n = max(tq, round(density * tq * tk))
+    diagonal = torch.eye(tq, tk, dtype=torch.bool)
+    flat = score.masked_fill(diagonal, math.inf).reshape(h, -1)
+    return torch.zeros_like(flat, dtype=torch.bool).scatter(-1, flat.topk(n, dim=-1).indices, True).view(h, tq, tk)
+
+
+def allocations(calls, densities) -> dict[str, dict[float, tuple[float, float]]]:
+    """Per allocation and density: (mean kept mass, mean density) over every call and head."""
+    from rotvid.kernels.sparsity.density import topp_tau_for_density
+    from rotvid.kernels.sparsity.topp import DEFAULT_SIM, topp_estimate, topp_keep
+
+    prepared = []
+    for q, k in calls:
+        mass = block_attention_mass(q.double(), k.double())[0]
+        est = topp_estimate(q.double(), k.double(), tau=1.0)
+        prepared.append((mass, est))
+    out = {a: {} for a in ALLOCATIONS}
+    for d in densities:
+        tau, _ = topp_tau_for_density([est for _, est in prepared], d)
+        sums = {a: [0.0, 0.0] for a in ALLOCATIONS}
+        heads = 0
+        for mass, est in prepared:
+            tk = mass.shape[-1]
+            count = max(1, math.ceil(d * tk))
+            even = torch.zeros_like(mass, dtype=torch.bool).scatter(-1, est.mass[0].topk(count, dim=-1).indices, True)
+            keeps = {
+                "even": even,
+                "topp": topp_keep(est.mass, est.q_sim, est.k_sim, est.k_live, tau=tau, sim=DEFAULT_SIM)[0],
+                "threshold": _threshold_keep(est.mass[0], d),
+                "oracle-threshold": _threshold_keep(mass, d),
+            }
+            for a, keep in keeps.items():
+                sums[a][0] += (mass * keep).sum(dim=-1).mean(dim=-1).sum().item()
+                sums[a][1] += keep.float().mean(dim=(-1, -2)).sum().item()
+            heads += mass.shape[0]
+        for a in ALLOCATIONS:
+            out[a][d] = (sums[a][0] / heads, sums[a][1] / heads)
+    return out
+
+
 def markdown(result: dict) -> str:
     lines = [f"### topp_estimate_study: {result['date']}, commit {result['commit']}", "",
              f"`{result['command']}`; the proxy at {result['size']}, step {result['step']}, {result['calls']} "
@@ -140,6 +191,13 @@ def markdown(result: dict) -> str:
         for d in result["densities"]:
             got, best = result["kept"][name][str(d)], result["kept"]["oracle"][str(d)]
             cells.append(f"{got:.4f} ({got / best:.4f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "The budget over rows, at the same mean density (kept mass, the density reached in brackets):", "",
+              "| allocation | " + " | ".join(f"density {d}" for d in result["densities"]) + " |",
+              "| --- |" + " --- |" * len(result["densities"])]
+    for name in ALLOCATIONS:
+        cells = [f"{result['allocations'][name][str(d)][0]:.4f} ({result['allocations'][name][str(d)][1]:.3f})"
+                 for d in result["densities"]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -166,7 +224,9 @@ def main(argv=None) -> dict:
     result = dict(date=local_stamp(), commit=git_commit(), command=command_line("topp_estimate_study", argv),
                   size="x".join(map(str, args.size)), step=args.step, calls=len(calls),
                   blocks_per_row=calls[0][1].shape[-2] // MAP_BLOCK, densities=args.densities,
-                  kept={r: {str(d): v for d, v in per.items()} for r, per in kept(calls, args.densities).items()})
+                  kept={r: {str(d): v for d, v in per.items()} for r, per in kept(calls, args.densities).items()},
+                  allocations={a: {str(d): v for d, v in per.items()}
+                               for a, per in allocations(calls, args.densities).items()})
     text = markdown(result)
     print(text)
     if not args.no_write:
