@@ -20,9 +20,10 @@ It prints, per ranking and density, the mean kept mass and its ratio to the orac
 same for all, that is the ranking alone. A second table asks how the budget is spread over rows, at the same mean
 density over all the calls: ``even`` (every row ``ceil(d · Tk)`` blocks, by the block means), ``topp`` (``topp``'s
 own per-row ``tau`` and ``sim``, :func:`rotvid.kernels.sparsity.topp.topp_estimate`, ``tau`` matched to the density
-by :func:`rotvid.kernels.sparsity.density.topp_tau_for_density`), ``threshold`` (the blocks whose estimated mass
-``P̂`` is above one threshold per head, chosen so the head keeps ``d`` of its blocks, its diagonal first), and
-``oracle-threshold`` (the same by the exact masses: the most mass any map of that size keeps). Writes ``benchmarks/results/topp_estimate_<date>_<commit>.md/.json`` unless ``--no-write``.
+by :func:`rotvid.kernels.sparsity.density.topp_tau_for_density`), ``threshold`` (the blocks whose estimated share ``P̂``
+of their row's mass is above one threshold over every call and head, chosen to keep ``d`` of all blocks, the diagonals
+first), and ``oracle-threshold`` (the same by the exact masses: the most mass any maps of that total size keep, up to
+the diagonals they must hold). Budgets move between rows, heads and calls in all but ``even``. Writes ``benchmarks/results/topp_estimate_<date>_<commit>.md/.json`` unless ``--no-write``.
 """
 
 from __future__ import annotations
@@ -135,14 +136,14 @@ def kept(calls, densities) -> dict[str, dict[float, float]]:
 ALLOCATIONS = ("even", "topp", "threshold", "oracle-threshold")
 
 
-def _threshold_keep(score: torch.Tensor, density: float) -> torch.Tensor:
-    """bool [H, Tq, Tk]: per head ``max(Tq, round(density · Tq · Tk))`` blocks, the diagonal and then the
-    highest-scoring others (so both thresholds keep maps of one size)."""
-    h, tq, tk = score.shape
-    n = max(tq, round(density * tq * tk))
-    diagonal = torch.eye(tq, tk, dtype=torch.bool)
-    flat = score.masked_fill(diagonal, math.inf).reshape(h, -1)
-    return torch.zeros_like(flat, dtype=torch.bool).scatter(-1, flat.topk(n, dim=-1).indices, True).view(h, tq, tk)
+def _threshold_keeps(scores: list[torch.Tensor], density: float) -> list[torch.Tensor]:
+    """bool [H, Tq, Tk] per call: one threshold over every call and head (as ``topp``'s one ``tau`` is), keeping
+    ``round(density · all blocks)`` blocks -- the diagonals first, then the highest-scoring others."""
+    diag = [torch.eye(sc.shape[1], sc.shape[2], dtype=torch.bool).expand_as(sc) for sc in scores]
+    flat = torch.cat([sc.masked_fill(dg, math.inf).flatten() for sc, dg in zip(scores, diag)])
+    n = max(sum(int(dg.sum()) for dg in diag), round(density * flat.numel()))
+    keep = torch.zeros_like(flat, dtype=torch.bool).scatter(0, flat.topk(n).indices, True)
+    return [part.view(sc.shape) for part, sc in zip(keep.split([sc.numel() for sc in scores]), scores)]
 
 
 def allocations(calls, densities) -> dict[str, dict[float, tuple[float, float]]]:
@@ -160,15 +161,17 @@ def allocations(calls, densities) -> dict[str, dict[float, tuple[float, float]]]
         tau, _ = topp_tau_for_density([est for _, est in prepared], d)
         sums = {a: [0.0, 0.0] for a in ALLOCATIONS}
         heads = 0
-        for mass, est in prepared:
+        threshold = _threshold_keeps([est.mass[0] for _, est in prepared], d)
+        oracle_threshold = _threshold_keeps([mass for mass, _ in prepared], d)
+        for ci, (mass, est) in enumerate(prepared):
             tk = mass.shape[-1]
             count = max(1, math.ceil(d * tk))
             even = torch.zeros_like(mass, dtype=torch.bool).scatter(-1, est.mass[0].topk(count, dim=-1).indices, True)
             keeps = {
                 "even": even,
                 "topp": topp_keep(est.mass, est.q_sim, est.k_sim, est.k_live, tau=tau, sim=DEFAULT_SIM)[0],
-                "threshold": _threshold_keep(est.mass[0], d),
-                "oracle-threshold": _threshold_keep(mass, d),
+                "threshold": threshold[ci],
+                "oracle-threshold": oracle_threshold[ci],
             }
             for a, keep in keeps.items():
                 sums[a][0] += (mass * keep).sum(dim=-1).mean(dim=-1).sum().item()
