@@ -21,7 +21,7 @@ def test_a_small_run_ranks_the_oracle_first():
         alloc = result["allocations"]
         best, size = alloc["oracle-threshold"][d]
         assert 0 < best <= 1 + 1e-9 and abs(alloc["threshold"][d][1] - size) < 1e-6
-        assert alloc["threshold"][d][0] <= best + 1e-12 and alloc["even"][d][0] <= best + 1e-12
+        assert alloc["threshold"][d][0] <= best + 1e-12  # ("even" rounds each row up: a larger map)
 
 
 @pytest.mark.parametrize("argv, needle", [
