@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.random_wan import WAN_14B, cast_like_from_pretrained
+from benchmarks.random_wan import WAN_14B, random_wan_transformer
 
 
 def build_random_wan_pipeline(layers: int, device: str, seed: int):
     """The ``WanPipeline`` described in the module doc (transformer on ``device`` in bf16, the rest on the CPU)."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
     from transformers import UMT5Config, UMT5EncoderModel
 
     from rotvid.pipelines.families.tiny_parts import t5_text_encoder
@@ -36,17 +36,10 @@ def build_random_wan_pipeline(layers: int, device: str, seed: int):
     torch.manual_seed(seed)
     tokenizer, text_encoder = t5_text_encoder(UMT5EncoderModel, UMT5Config, WAN_14B["text_dim"])
     vae = AutoencoderKLWan().eval()
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # no float32 copy of the 14B transformer at any point
-    try:
-        with torch.device(device):
-            transformer = WanTransformer3DModel(**dict(WAN_14B, num_layers=layers))
-    finally:
-        torch.set_default_dtype(default_dtype)
-    cast_like_from_pretrained(transformer, torch.bfloat16)
+    transformer = random_wan_transformer(dict(WAN_14B, num_layers=layers), device, torch.bfloat16)
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
     return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
-                       transformer=transformer.eval())
+                       transformer=transformer)
 
 
 def main(argv=None) -> int:

@@ -29,16 +29,12 @@ def cast_like_from_pretrained(model, dtype: torch.dtype) -> None:
         p.data = p.data.to(torch.float32 if parts & keep else dtype)
 
 
-def build_random_wan(config: dict, latent: tuple, text_len: int, device: str, dtype: torch.dtype, seed: int):
-    """``(model, inputs)``: ``WanTransformer3DModel(**config)`` with random weights (seed ``seed``), cast as
-    ``from_pretrained`` casts, in eval mode without gradients; ``inputs`` the forward's keyword arguments: random
-    latents of shape ``latent``, a random text embedding of ``text_len`` tokens (seed ``seed + 1``), timestep 500.
-
-    The parameters are created in ``dtype`` on ``device`` (the modules kept in float32 cast up afterwards): no float32
-    copy of the whole model exists at any point (Wan 14B: 28 GB in bf16, 56 GB in float32)."""
+def random_wan_transformer(config: dict, device, dtype: torch.dtype):
+    """``WanTransformer3DModel(**config)`` in eval mode with random weights drawn on ``device`` from the current RNG
+    state, created in ``dtype`` (no float32 copy of the whole model at any point: Wan 14B is 28 GB in bf16) and cast
+    as ``from_pretrained`` casts (:func:`cast_like_from_pretrained`)."""
     from diffusers import WanTransformer3DModel
 
-    torch.manual_seed(seed)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -47,7 +43,18 @@ def build_random_wan(config: dict, latent: tuple, text_len: int, device: str, dt
     finally:
         torch.set_default_dtype(default_dtype)
     cast_like_from_pretrained(model, dtype)
-    model = model.eval().requires_grad_(False)
+    return model.eval()
+
+
+def build_random_wan(config: dict, latent: tuple, text_len: int, device: str, dtype: torch.dtype, seed: int):
+    """``(model, inputs)``: ``WanTransformer3DModel(**config)`` with random weights (seed ``seed``), cast as
+    ``from_pretrained`` casts, in eval mode without gradients; ``inputs`` the forward's keyword arguments: random
+    latents of shape ``latent``, a random text embedding of ``text_len`` tokens (seed ``seed + 1``), timestep 500.
+
+    The parameters are created in ``dtype`` on ``device`` (the modules kept in float32 cast up afterwards): no float32
+    copy of the whole model exists at any point (Wan 14B: 28 GB in bf16, 56 GB in float32)."""
+    torch.manual_seed(seed)
+    model = random_wan_transformer(config, device, dtype).requires_grad_(False)
     g = torch.Generator(device=device).manual_seed(seed + 1)
     x = torch.randn(latent, generator=g, device=device, dtype=dtype)
     text = torch.randn(1, text_len, config["text_dim"], generator=g, device=device, dtype=dtype)

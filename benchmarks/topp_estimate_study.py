@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.provenance import git_commit
+from benchmarks.sparse_oracle import parse_size as sparse_oracle_size
 from benchmarks.study_io import RESULTS_DIR, command_line, local_stamp, write_results
 from rotvid.kernels.sparsity.block_map import MAP_BLOCK
 from rotvid.kernels.sparsity.oracle import block_attention_mass
@@ -44,12 +45,9 @@ RANKINGS = ("oracle", "means", "means+key-var", "means+both-var")
 
 
 def parse_size(text: str) -> tuple[int, int, int]:
-    """``HxWxF`` -> (height, width, frames)."""
-    try:
-        h, w, f = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"size must look like HxWxF (e.g. 512x512x65), got {text!r}") from None
-    if h % 16 or w % 16 or (f - 1) % 4 or min(h, w, f) < 1:
+    """``HxWxF`` -> (height, width, frames) (:func:`benchmarks.sparse_oracle.parse_size`), sizes the proxy takes."""
+    h, w, f = sparse_oracle_size(text)
+    if h % 16 or w % 16 or (f - 1) % 4:
         raise argparse.ArgumentTypeError(f"size: height and width multiples of 16, frames 4k + 1, got {text!r}")
     return h, w, f
 

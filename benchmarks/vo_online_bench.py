@@ -48,29 +48,40 @@ from benchmarks.provenance import git_commit
 RESULTS = Path(__file__).resolve().parent / "results" / "vo_online_bench.json"
 
 
-def bench(name: str, rounds: int, seed: int = 0) -> list[dict]:
+OPTS = dict(recipe="int8-fp8", backend="cuda")
+
+
+def _inputs(name: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded q, k, v of shape ``name``: BHND views of BNHD memory, as the processors give; k with a shared channel
+    bias, as real keys have (the recipes smooth it away)."""
     shape = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(shape.b, shape.n, shape.h, shape.d, device="cuda", dtype=torch.bfloat16,
+                           generator=g).transpose(1, 2) for _ in range(3))
+    return q, k + 0.5, v
 
-    def bnhd():
-        return torch.randn(shape.b, shape.n, shape.h, shape.d, device="cuda", dtype=torch.bfloat16, generator=g)
 
-    q, k, v = (bnhd().transpose(1, 2) for _ in range(3))  # BHND views of BNHD memory, as the processors give
-    k = k + 0.5  # a shared channel bias, as real keys have (the recipes smooth it away)
+def off(q, k, v):
+    """The int8-fp8 call without the rotation."""
+    return attention_into_bnhd(q, k, v, **OPTS)
+
+
+def online(q, k, v):
+    """The runtime's call with ``vo_hadamard="online"``: prepared once with the rotation, run, turned back."""
+    block = vo_hadamard_block(q.shape[-1])
+    call = prepare_attention(q, k, v, v_hadamard=block, **OPTS)
+    return unrotate_output(call, run_into_bnhd(call, q, k, v))
+
+
+def bench(name: str, rounds: int, seed: int = 0) -> list[dict]:
+    shape = SHAPES[name]
+    q, k, v = _inputs(name, seed)
     block = vo_hadamard_block(shape.d)
-    opts = dict(recipe="int8-fp8", backend="cuda")
-
-    def off(q, k, v):
-        return attention_into_bnhd(q, k, v, **opts)
-
-    def online(q, k, v):  # the runtime's call: prepared once with the rotation, run, turned back
-        call = prepare_attention(q, k, v, v_hadamard=block, **opts)
-        return unrotate_output(call, run_into_bnhd(call, q, k, v))
 
     def online_pytorch(q, k, v):
-        return unrotate_o_online(attention_into_bnhd(q, k, rotate_v_online(v, block), **opts), block)
+        return unrotate_o_online(attention_into_bnhd(q, k, rotate_v_online(v, block), **OPTS), block)
 
-    if not prepare_attention(q, k, v, v_hadamard=block, **opts).v_hadamard_fused:
+    if not prepare_attention(q, k, v, v_hadamard=block, **OPTS).v_hadamard_fused:
         raise SystemExit(f"vo_online_bench.py: {name}: the int8-fp8 CUDA call does not fuse the rotation here")
     o_rot = off(q, k, v)
 
@@ -108,29 +119,15 @@ def kernel_breakdown(name: str, iters: int, seed: int = 0) -> list[dict]:
     """Mean GPU time per call of every kernel ``off`` and ``online`` launch (torch.profiler, ``iters`` calls each)."""
     from torch.profiler import ProfilerActivity, profile
 
-    shape = SHAPES[name]
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn(shape.b, shape.n, shape.h, shape.d, device="cuda", dtype=torch.bfloat16,
-                           generator=g).transpose(1, 2) for _ in range(3))
-    k = k + 0.5
-    block = vo_hadamard_block(shape.d)
-    opts = dict(recipe="int8-fp8", backend="cuda")
-
-    def off():
-        return attention_into_bnhd(q, k, v, **opts)
-
-    def online():
-        call = prepare_attention(q, k, v, v_hadamard=block, **opts)
-        return unrotate_output(call, run_into_bnhd(call, q, k, v))
-
+    q, k, v = _inputs(name, seed)
     rows = []
     for method, fn in (("off", off), ("online", online)):
         for _ in range(3):
-            fn()
+            fn(q, k, v)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(iters):
-                fn()
+                fn(q, k, v)
             torch.cuda.synchronize()
         per_kernel: dict[str, float] = {}
         for e in prof.events():
