@@ -2,22 +2,22 @@
 
 The runtime hands the quantized call BHND views of BNHD memory; with ``vo_hadamard="online"`` the call is prepared
 with ``v_hadamard`` (:func:`rotvid.kernels.dispatch.prepare_attention`): on the int8-fp8 CUDA call the pre-processing
-rotates V as it reads it and one CUDA pass turns the output back (:func:`rotvid.kernels.dispatch.unrotate_output`,
-``csrc/common/hadamard_rows.cu``); elsewhere V and O are rotated by the PyTorch functions
-(:func:`rotvid.rope.hadamard.rotate_v_online`, :func:`~rotvid.rope.hadamard.unrotate_o_online`), with the same bits.
+rotates V as it reads it and the attention kernel turns the output back in its epilogue (``AttnParams.o_hadamard``);
+elsewhere V and O are rotated outside the kernel (the CUDA pass ``csrc/common/hadamard_rows.cu``, or the PyTorch
+functions :func:`rotvid.rope.hadamard.rotate_v_online`, :func:`~rotvid.rope.hadamard.unrotate_o_online`).
 This script times, per shape, in interleaved rounds on one GPU (same process, the order rotating per round):
 
 * ``off``: the int8-fp8 call alone (what ``vo_hadamard="off"`` and ``"fused"`` run);
 * ``online``: the call as the runtime makes it with ``vo_hadamard="online"`` (the fused path);
 * ``online-pytorch``: the PyTorch path around the same call (what a call that cannot fuse runs: other recipes,
   blocks smaller than the head_dim);
-* ``o-pass``: the CUDA pass over the output alone;
+* ``o-pass``: the separate CUDA pass over the output alone (what the calls that do not fuse the rotation run);
 * ``off`` and ``online`` compiled (``torch.compile(fullgraph=True)``), as a compiled pipeline runs them;
 * cuDNN bf16 SDPA, the baseline every kernel ratio in this project is against;
 
 and prints the rotation's share of the call (eager, compiled, and the PyTorch path's), with the cosine of each
-output against float64 attention on sampled rows, after checking that the fused and the PyTorch path give the same
-bits. Rows go to ``benchmarks/results/vo_online_bench.json`` (GPU, commit, command).
+output against float64 attention on sampled rows, after checking that the fused and the PyTorch path are one
+rounding apart (the kernel's inverse rounds once, the PyTorch path rounds the rotated output first). Rows go to ``benchmarks/results/vo_online_bench.json`` (GPU, commit, command).
 
     python -m benchmarks.vo_online_bench [--shapes wan1.3b-480p wan14b-720p cogvideox5b] [--rounds 3] [--no-write]
     python -m benchmarks.vo_online_bench --kernels [--shapes ...]   # where the cost goes, kernel by kernel
@@ -94,10 +94,12 @@ def bench(name: str, rounds: int, seed: int = 0) -> list[dict]:
 
     fns = {"cudnn": sdpa, "off": off, "online": online, "online-pytorch": online_pytorch, "o-pass": o_pass,
            "off-compiled": torch.compile(off, fullgraph=True), "online-compiled": torch.compile(online, fullgraph=True)}
-    fused, unfused = online(q, k, v), online_pytorch(q, k, v)
-    if not torch.equal(fused, unfused):
-        raise SystemExit(f"vo_online_bench.py: {name}: the fused and the PyTorch path differ (they must give the "
-                         "same bits: run tests/kernels/test_cuda_int8fp8_vo_hadamard.py)")
+    fused, unfused = online(q, k, v).float(), online_pytorch(q, k, v).float()
+    rms_diff, rms = (fused - unfused).pow(2).mean().sqrt().item(), unfused.pow(2).mean().sqrt().item()
+    if not rms_diff <= 4 * 2.0**-8 * rms:  # (bf16: test_cuda_int8fp8_vo_hadamard.assert_one_rounding_apart)
+        raise SystemExit(f"vo_online_bench.py: {name}: the fused and the PyTorch path are more than one rounding "
+                         f"apart (rms difference {rms_diff:.3g}, output rms {rms:.3g}: run "
+                         "tests/kernels/test_cuda_int8fp8_vo_hadamard.py)")
     rows = torch.randperm(shape.n, generator=torch.Generator().manual_seed(seed))[:256].to("cuda")
     cos = {m: cos_fp64_rows(fns[m](q, k, v), q, k, v, rows, None) for m in ("off", "online")}
     times = time_interleaved({m: (lambda f=f: f(q, k, v)) for m, f in fns.items()}, rounds)

@@ -30,8 +30,9 @@ class CudaBackend:
     entry (the INT4 recipes, and int8-fp8 on sm89 / sm90, with the arch default kernel: wgmma on sm90, mma.sync on
     sm89). Every kernel takes a block map (the wgmma kernels on sm90, the mma.sync ones elsewhere). The int8-fp8 wgmma
     kernel (sm90) returns each row's log-sum-exp on request (``return_lse``: ring attention); the other kernels refuse
-    such calls (``KernelEntry.returns_lse``, the int8-fp8 entry's ``lse_on_wgmma`` check). The int8-fp8 pre-processing
-    rotates V itself for the online V/O Hadamard (``v_hadamard``, :meth:`fuses_v_hadamard`)."""
+    such calls (``KernelEntry.returns_lse``, the int8-fp8 entry's ``lse_on_wgmma`` check). The int8-fp8 call applies
+    the online V/O Hadamard itself (``v_hadamard``, :meth:`fuses_v_hadamard`): V rotated by its pre-processing, the
+    output turned back by the attention kernel's epilogue (``KernelEntry.unrotates_output``)."""
 
     name = NAME
 
@@ -72,8 +73,8 @@ class CudaBackend:
 
     def fuses_v_hadamard(self, q, k, v, block, *, recipe, layout="BHND") -> bool:
         """True when :meth:`run` applies V's side of the online V/O Hadamard of ``block`` inside the recipe's
-        pre-processing (``v_hadamard=block``; the int8-fp8 recipe with the block = head_dim); the dispatcher rotates V
-        in PyTorch first otherwise."""
+        pre-processing (``v_hadamard=block``; the int8-fp8 recipe with the block = head_dim, whose kernel turns the
+        output back too: ``KernelEntry.unrotates_output``); the dispatcher rotates V in PyTorch first otherwise."""
         entry = get_recipe(recipe).kernel(NAME)
         return entry is not None and entry.applies_v_hadamard(q, k, v, block, layout=layout)
 

@@ -24,8 +24,10 @@ The online V/O Hadamard (``v_hadamard=block`` of :func:`prepare_attention`; ``vo
 the call attends V' = :func:`rotvid.rope.hadamard.rotate_v_online` (v, block) and :func:`unrotate_output` turns its
 output back. Where it runs is decided once, with the backend: a backend whose kernel rotates V in its own
 pre-processing (``fuses_v_hadamard``: the int8-fp8 CUDA recipe, block = head_dim 64 or 128) gets the option and its
-output goes back through one CUDA pass (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`); any other call rotates
-V in PyTorch before the backend runs and un-rotates in PyTorch after it. Both ways give the same bits.
+output goes back in the attention kernel's epilogue (``KernelEntry.unrotates_output``: :func:`unrotate_output` then
+leaves it as it is; the butterflies on the float32 row, one rounding) or, for a registered backend that rotates V
+only, through one CUDA pass (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`); any other call rotates V in
+PyTorch before the backend runs and un-rotates in PyTorch after it (the CUDA pass and PyTorch: the same bits).
 """
 
 from __future__ import annotations
@@ -210,6 +212,9 @@ class AttentionCall:
         v_hadamard: the block of the online V/O Hadamard the call attends V rotated by (1: none).
         v_hadamard_fused: True when the backend rotates V itself (:func:`run_attention` then hands it
             ``v_hadamard``).
+        v_hadamard_out_fused: True when its kernel turns the output back as well
+            (``KernelEntry.unrotates_output``): :func:`run_attention` returns the attention of v, and
+            :func:`unrotate_output` leaves it as it is.
         v_hadamard_cuda: True when the sides that run outside the backend's kernel (O's, and V's too where the
             backend does not rotate it) take the one-pass CUDA transform (the CUDA backend, block = head_dim 64 /
             128, fp16 / bf16); False: PyTorch. The same bits either way.
@@ -226,6 +231,7 @@ class AttentionCall:
     v_hadamard_cuda: bool = False
     recipe: Recipe | None = None
     kernel: KernelEntry | None = None
+    v_hadamard_out_fused: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "opts", MappingProxyType(dict(self.opts)))
@@ -265,8 +271,9 @@ def prepare_attention(
 
     ``v_hadamard``: the block of the online V/O Hadamard (a power of two dividing head_dim; 1, the default: none).
     The prepared call attends ``rotate_v_online(v, v_hadamard)`` -- its output is that attention, still rotated, which
-    :func:`unrotate_output` turns back -- and whether the backend rotates V itself (the module docstring) is decided
-    here, once: :attr:`AttentionCall.v_hadamard_fused`. It never refuses a call.
+    :func:`unrotate_output` turns back, unless the kernel did (:attr:`AttentionCall.v_hadamard_out_fused`) -- and
+    whether the backend rotates V itself (the module docstring) is decided here, once:
+    :attr:`AttentionCall.v_hadamard_fused`. It never refuses a call.
     """
     resolved = validate_attention_inputs(
         q, k, v, recipe=recipe, layout=layout, kv_lens=kv_lens, block_m=block_m, block_n=block_n, sm_scale=sm_scale,
@@ -301,7 +308,8 @@ def prepare_attention(
             fuses = getattr(chosen, "fuses_v_hadamard", None)
             fused = fuses is not None and fuses(q, k, v, v_hadamard, recipe=recipe, layout=layout)
         cuda_pass = fused or (chosen.name == "cuda" and not vo_hadamard_cuda_unsupported(v, v_hadamard))
-    return AttentionCall(chosen, reason, opts, v_hadamard, fused, cuda_pass, resolved, kernel)
+    out_fused = fused and kernel is not None and kernel.unrotates_output
+    return AttentionCall(chosen, reason, opts, v_hadamard, fused, cuda_pass, resolved, kernel, out_fused)
 
 
 def check_block_map(block_map, q: torch.Tensor, k: torch.Tensor, layout: str) -> None:
@@ -322,7 +330,8 @@ def run_attention(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
     ``block_map`` the prepared map, e.g. one built per call: the backend refuses it if it takes no maps).
     ``rope``: as :func:`attention`'s. Returns ``(out, lse)`` for a call prepared with ``return_lse=True``. A call
     prepared with ``v_hadamard`` attends the rotated V (inside the backend's pre-processing, or rotated here first)
-    and returns that attention, still rotated: :func:`unrotate_output` turns it back.
+    and returns that attention, still rotated -- :func:`unrotate_output` turns it back -- or, where the kernel turns
+    it back itself (:attr:`AttentionCall.v_hadamard_out_fused`), the attention of v.
 
     Nothing prepared is looked up or checked again: a built-in backend executes the call as prepared (its kernel
     entry's unchecked body); what arrives here is checked here, once (a new ``block_map``, ``rope``, and whether the
@@ -370,8 +379,9 @@ def unrotate_output(call: AttentionCall, out: torch.Tensor) -> torch.Tensor:
     :func:`run_attention` returned it, or the LSE merge of several such outputs: attention is linear in V, so one
     inverse after the merge does), :func:`rotvid.rope.hadamard.unrotate_o_online` -- in one CUDA pass where the call
     was prepared for it (:attr:`AttentionCall.v_hadamard_cuda`), else in PyTorch; the same bits. ``out`` itself for a
-    call without it."""
-    if call.v_hadamard == 1:
+    call without it, and for one whose kernel turned its output back (:attr:`AttentionCall.v_hadamard_out_fused`:
+    each chunk's output of a ring attention too, so their merge is the attention of v already)."""
+    if call.v_hadamard == 1 or call.v_hadamard_out_fused:
         return out
     return _vo_side(call, out, "o")
 
@@ -448,9 +458,9 @@ def attention(
         vo_hadamard: the block of the online V/O Hadamard (1, the default: none; a power of two dividing the
             head_dim): the recipe attends ``rotate_v_online(v, vo_hadamard)`` and the output is turned back
             (:func:`unrotate_output`), so the result is the attention of v up to the rounding of the two transforms
-            and the recipe's own (``RotvidConfig(vo_hadamard="online")``). The int8-fp8 CUDA pre-processing rotates V
-            itself where the block is the head_dim (64, 128), and the output goes back in one CUDA pass; elsewhere
-            both sides run in PyTorch, with the same bits.
+            and the recipe's own (``RotvidConfig(vo_hadamard="online")``). The int8-fp8 CUDA call applies both
+            sides itself where the block is the head_dim (64, 128): V in its pre-processing, the output in its
+            epilogue; elsewhere both sides run outside the kernel (the CUDA pass or PyTorch, with the same bits).
 
     Returns:
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in

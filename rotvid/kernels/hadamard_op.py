@@ -5,9 +5,10 @@ fake (shape-only) implementation, and the function on it.
 :func:`~rotvid.rope.hadamard.unrotate_o_online` with the block equal to the head_dim (64 or 128) on a fp16 / bf16 CUDA
 tensor, in one read and one write of it, with the same bits as those PyTorch functions (the butterflies of
 :func:`rotvid.rope.hadamard.fwht` in float32, an exact power of two, one rounding). Its user is the dispatcher
-(:func:`rotvid.kernels.dispatch.unrotate_output`): where the int8-fp8 CUDA pre-processing rotated V itself (a call
-prepared with ``v_hadamard``), the attention output O' goes back through this pass, after a ring attention's merge as
-well (attention is linear in V, so the merged O' is un-rotated once).
+(:func:`rotvid.kernels.dispatch._vo_side`): both sides around a CUDA kernel that does not rotate V itself (the INT4
+recipes) -- V before the call, the output O' after it (after a ring attention's merge as well: attention is linear in
+V, so the merged O' is un-rotated once). The int8-fp8 call needs neither: its pre-processing rotates V and its
+attention kernel turns the output back in its epilogue.
 """
 
 from __future__ import annotations

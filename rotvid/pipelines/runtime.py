@@ -581,8 +581,8 @@ class Runtime:
     def _vo_block(self, v: torch.Tensor) -> int:
         """The block of the online V/O Hadamard of a quantized call on ``v`` (1: none; ``vo_hadamard`` not
         ``online``, or an odd head_dim): the call's ``v_hadamard`` (:func:`rotvid.kernels.dispatch.prepare_attention`,
-        which decides whether the kernel's pre-processing rotates V and one CUDA pass un-rotates the output, or both
-        run in PyTorch)."""
+        which decides whether the kernel rotates V in its pre-processing and un-rotates the output in its epilogue, or
+        both run outside it)."""
         return vo_hadamard_block(v.shape[-1]) if self.vo_online else 1
 
     def attend(

@@ -223,3 +223,23 @@ def test_online_vo_compiles_fullgraph_and_equals_eager(request, stand_in):
     want = dispatch.attention(q, k, v, recipe="int8-fp8", backend="reference", kv_lens=torch.tensor([33, 20]),
                               vo_hadamard=64)
     assert torch.equal(eager, want)
+
+
+def test_a_kernel_that_turns_its_output_back_is_left_as_it_is(fusing):
+    """A call whose kernel entry un-rotates its own output (``KernelEntry.unrotates_output``: the int8-fp8 CUDA entry)
+    is marked so when prepared, and ``unrotate_output`` returns its output untouched (no CUDA pass); a registered
+    backend that rotates V only still gets the pass."""
+    from rotvid.kernels.dispatch import AttentionCall
+    from rotvid.kernels.recipes import get_recipe
+
+    assert get_recipe("int8-fp8").kernel("cuda").unrotates_output
+    assert not get_recipe("int4").kernel("cuda").unrotates_output
+    backend, passes = fusing
+    q, k, v = qkv()
+    out = torch.randn(q.shape).to(q.dtype)
+    done = AttentionCall(backend, "test", {}, v_hadamard=128, v_hadamard_fused=True, v_hadamard_cuda=True,
+                         v_hadamard_out_fused=True)
+    assert unrotate_output(done, out) is out and passes == []
+    call = prepare_attention(q, k, v, recipe="int8-fp8", backend="reference", v_hadamard=128)
+    assert call.v_hadamard_fused and not call.v_hadamard_out_fused  # (a registered backend: V only)
+    assert torch.equal(unrotate_output(call, out), unrotate_o_online(out, 128)) and len(passes) == 1

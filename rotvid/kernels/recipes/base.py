@@ -55,7 +55,11 @@ class KernelEntry:
             online V/O Hadamard of ``block`` itself (``run(..., v_hadamard=block)`` then attends the bits of
             :func:`rotvid.rope.hadamard.rotate_v_online` and returns that attention, still rotated), else why not;
             None: it never does (the dispatcher rotates V in PyTorch first). Either way
-            :func:`rotvid.kernels.dispatch.unrotate_output` undoes the rotation on the output.
+            :func:`rotvid.kernels.dispatch.unrotate_output` undoes the rotation on the output -- unless
+            ``unrotates_output``.
+        unrotates_output: with ``fuses_v_hadamard``: ``run(..., v_hadamard=block)`` also turns the output back itself
+            (in the attention kernel's epilogue) and returns the attention of ``v``, not the rotated one;
+            :func:`rotvid.kernels.dispatch.unrotate_output` then leaves it as it is.
         run_unchecked: ``run`` without the kernel-level entry point's input checks, what a prepared call runs
             (:meth:`rotvid.kernels.cuda_backend.CudaBackend.execute`: :func:`rotvid.kernels.dispatch.prepare_attention`
             checked the inputs and ran ``checks`` once; ``rope`` only a table ``fuses_rope`` accepted). The same
@@ -69,6 +73,7 @@ class KernelEntry:
     describe: Callable[[], str] | None = None
     returns_lse: bool = False
     fuses_v_hadamard: Callable[..., str] | None = None
+    unrotates_output: bool = False
     run_unchecked: Callable[..., torch.Tensor] | None = None
 
     def refusal(self, q, k, v, **opts) -> tuple[str, str] | None:

@@ -21,6 +21,7 @@
 //                                  1/15 or 1/7 cancels), bits of int32 (MAGIC_I + 8*colsum) or MAGIC_I)
 //   v_mean fp32 [BH, D] (optional, added to the output)
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -65,6 +66,11 @@ struct AttnParams {
   const int* map_count; // [B', H', Tq] int32, or nullptr
   int map_sb, map_sh;   // rows of the map per batch / per head (0: one map row for every batch / head)
   int map_kmax;         // Kmax
+  // The online V/O Hadamard's inverse on the output (the int8-fp8 kernels, V rotated by their pre-processing): 1 =
+  // each output row leaves as T(wht(y) * 2^-3) -- y the row in float32 (O / l * v_scale + v_mean), wht the butterflies
+  // of rotvid.rope.hadamard.fwht over the D columns, one rounding -- by the epilogue (rowmath::store_rows_channel_scaled)
+  // or the split combine; 0: the kernels as they were. (In the 4 bytes of padding before lse: no offset moves.)
+  int o_hadamard;
   // The log-sum-exp of each row (ring attention merges partial results by it): [B, H, Nq] fp32, natural log, of the
   // scores the kernel computed (rotvid/kernels/reference.py: ln 2 (m + log2(l / L))), written only when set, by
   // the numerics that return it (N::RETURNS_LSE: the int8-fp8 Hopper kernel, launched as its LSE instantiation;
@@ -73,6 +79,7 @@ struct AttnParams {
   float* lse;
 };
 static_assert(sizeof(AttnParams) <= 192, "AttnParams: the Hopper kernel's tensor maps follow at offset 192");
+static_assert(offsetof(AttnParams, lse) == 184, "AttnParams: o_hadamard fills the padding before lse");
 
 // Key offset (inside its chunk of CHK positions) stored at position p of the V^T layout.
 __host__ __device__ constexpr int vt_key_of_position(int p, int chk) {

@@ -161,8 +161,62 @@ __device__ __forceinline__ void store_zero_rows(const AttnParams& p, int row0, i
   }
 }
 
+// The online V/O Hadamard's inverse (AttnParams.o_hadamard) on the rows of an accumulator-layout tile: y[j][2r + e]
+// is column 8j + 2t + e of the thread's row r (t = lane % 4: the mma / wgmma accumulator fragment, whose row is
+// shared by the 4 lanes of a quad). The butterflies of rotvid.rope.hadamard.fwht in its order -- stage s maps
+// columns i and i + 2^s (bit s of i clear) to (a + b, a - b) -- with column bit 0 in the thread (e), bits 1-2 across
+// the quad (shuffles xor 1, 2) and bits 3.. in the thread (j); then the exact power of two kVoScale (2^-3 = 2^-floor(k/2)
+// for D = 2^k, 64 or 128: with the pre-processing's 2^-ceil(k/2) on V the pair is the identity). Every lane calls it
+// (full-mask shuffles), rows past Nq too.
+constexpr float kVoScaleOut = 0.125f;
+
+template <int D>
+__device__ __forceinline__ void unrotate_tile_rows(float (&y)[D / 8][4], int t) {
+  static_assert(D == 64 || D == 128, "the online V/O Hadamard: head_dim 64 or 128");
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {  // stage 0: the thread's column pairs
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float a = y[j][2 * r], b = y[j][2 * r + 1];
+      y[j][2 * r] = __fadd_rn(a, b);
+      y[j][2 * r + 1] = __fsub_rn(a, b);
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < 4; m *= 2) {  // stages 1-2: across the quad
+    const bool upper = (t & m) != 0;  // this lane holds the b's of the stage
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float other = __shfl_xor_sync(0xffffffffu, y[j][e], m);
+        y[j][e] = upper ? __fsub_rn(other, y[j][e]) : __fadd_rn(y[j][e], other);
+      }
+    }
+  }
+#pragma unroll
+  for (int hj = 1; hj < D / 8; hj *= 2) {  // stages 3..: across the thread's n-tiles
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      if (j & hj) continue;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float a = y[j][e], b = y[j + hj][e];
+        y[j][e] = __fadd_rn(a, b);
+        y[j + hj][e] = __fsub_rn(a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[j][e] = __fmul_rn(y[j][e], kVoScaleOut);
+  }
+}
+
 // Epilogue of the int8-fp8 kernels: out = O / l * v_scale (+ v_mean) for rows row0 + g (+ 8), v_scale per channel in
-// p.vparams [BH, D] (it factors out of the sum over keys, so it is applied once here); rows >= Nq skipped.
+// p.vparams [BH, D] (it factors out of the sum over keys, so it is applied once here); rows >= Nq skipped. With
+// p.o_hadamard the rows leave un-rotated (unrotate_tile_rows on those float32 values, then one rounding).
 template <int D>
 __device__ __forceinline__ void store_rows_channel_scaled(const AttnParams& p, const float (&o)[D / 8][4],
                                                           float (&l_run)[2], int row0, int g, int t, int b, int h) {
@@ -174,6 +228,35 @@ __device__ __forceinline__ void store_rows_channel_scaled(const AttnParams& p, c
   const size_t bh = (size_t)b * p.H + h;
   const float* vs = p.vparams + bh * D;
   const float* vm = p.v_mean != nullptr ? p.v_mean + bh * D : nullptr;
+  if (p.o_hadamard) {  // (uniform over the grid)
+    float y[D / 8][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float inv_l = 1.f / l_run[r];
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int d = 8 * j + 2 * t;
+        const float2 sc = *reinterpret_cast<const float2*>(vs + d);
+        float y0 = o[j][2 * r] * inv_l * sc.x, y1 = o[j][2 * r + 1] * inv_l * sc.y;
+        if (vm != nullptr) {
+          y0 += vm[d];
+          y1 += vm[d + 1];
+        }
+        y[j][2 * r] = y0;
+        y[j][2 * r + 1] = y1;
+      }
+    }
+    unrotate_tile_rows<D>(y, t);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + g + 8 * r;
+      if (row >= p.Nq) continue;
+      const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) store_pair(p, off, 8 * j + 2 * t, y[j][2 * r], y[j][2 * r + 1], nullptr);
+    }
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + g + 8 * r;

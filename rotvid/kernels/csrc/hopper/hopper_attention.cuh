@@ -377,8 +377,37 @@ struct NoLse {
   static constexpr float LSE_LOG2_UNIT = 0.f;
 };
 
+// The online V/O Hadamard's inverse on one row held by a warp, EPL consecutive columns per lane (column lane * EPL + i):
+// rotvid.rope.hadamard.fwht's butterflies in its order -- the low column bits in the thread, the others across the
+// lanes (shuffles xor 1 .. 16) -- then rowmath::kVoScaleOut (rowmath::unrotate_tile_rows on the split combine's
+// layout).
+template <int EPL>
+__device__ __forceinline__ void unrotate_warp_row(float (&y)[EPL], int lane) {
+#pragma unroll
+  for (int hi = 1; hi < EPL; hi *= 2) {
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) {
+      if (i & hi) continue;
+      const float a = y[i], b = y[i + hi];
+      y[i] = __fadd_rn(a, b);
+      y[i + hi] = __fsub_rn(a, b);
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < 32; m *= 2) {
+    const bool upper = (lane & m) != 0;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) {
+      const float other = __shfl_xor_sync(0xffffffffu, y[i], m);
+      y[i] = upper ? __fsub_rn(other, y[i]) : __fadd_rn(y[i], other);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) y[i] = __fmul_rn(y[i], rowmath::kVoScaleOut);
+}
+
 // The tail split's second pass: one warp per row of a split tile merges the splits' (O, m, l) -- weights
-// exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows, and (L: the kernel's numerics when the launch
+// exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows (un-rotated with p.o_hadamard), and (L: the kernel's numerics when the launch
 // writes the LSE, NoLse otherwise) the row's LSE into p.lse from the merged l and max m. Grid (split tiles, kBM / 8),
 // 256 threads. SPARSE: a row whose splits all kept no key (every m -inf) is written 0, without the V mean (LSE -inf).
 template <int D, bool SPARSE, class L = NoLse>
@@ -417,8 +446,17 @@ __global__ void __launch_bounds__(256) combine_splits_kernel(const AttnParams p)
   }
   const float* vm = p.v_mean != nullptr ? p.v_mean + ((size_t)b * p.H + h) * D : nullptr;
   const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+  if (p.o_hadamard) {  // the row un-rotated (AttnParams.o_hadamard; the warp's one row: uniform)
+    float y[EPL];
 #pragma unroll
-  for (int i = 0; i < EPL; i += 2) rowmath::store_pair(p, off, lane * EPL + i, acc[i] / l, acc[i + 1] / l, vm);
+    for (int i = 0; i < EPL; ++i) y[i] = vm != nullptr ? acc[i] / l + vm[lane * EPL + i] : acc[i] / l;
+    unrotate_warp_row<EPL>(y, lane);
+#pragma unroll
+    for (int i = 0; i < EPL; i += 2) rowmath::store_pair(p, off, lane * EPL + i, y[i], y[i + 1], nullptr);
+  } else {
+#pragma unroll
+    for (int i = 0; i < EPL; i += 2) rowmath::store_pair(p, off, lane * EPL + i, acc[i] / l, acc[i + 1] / l, vm);
+  }
   if constexpr (L::RETURNS_LSE) {
     if (lane == 0) p.lse[((size_t)b * p.H + h) * p.Nq + row] = rowmath::row_lse(m_max, l, L::LSE_LOG2_UNIT);
   }

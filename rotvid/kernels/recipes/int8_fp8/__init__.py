@@ -3,9 +3,9 @@ kernel thread holds), P and V in FP8 e4m3 with V per channel and P scaled by 448
 
 CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma, the default there): :mod:`rotvid.kernels.recipes.int8_fp8.ops`;
 they do not smooth Q and use key blocks of 128 on every backend (the reference's default for this recipe too, so a
-fallback keeps their numerics). Their pre-processing can apply a RoPE·R table itself, and V's side of the online V/O
-Hadamard (``v_hadamard``, the block = head_dim; the dispatcher then undoes it on the output in one CUDA pass, as the
-PyTorch functions would, bit for bit); the sm90 kernel takes a block
+fallback keeps their numerics). Their pre-processing can apply a RoPE·R table itself, and the online V/O Hadamard
+(``v_hadamard``, the block = head_dim): V rotated in the pre-processing (the PyTorch function's bits), the output
+turned back in the attention kernel's epilogue; the sm90 kernel takes a block
 map (block-sparse attention) and returns each row's log-sum-exp on request (``return_lse``: ring attention); the
 sm89 one refuses that.
 """
@@ -98,6 +98,7 @@ CUDA_KERNEL = KernelEntry(
     block_n=lambda device=None: INT8FP8_BLOCK_N,
     fuses_rope=rope_fusion_unsupported,
     fuses_v_hadamard=v_hadamard_fusion_unsupported,
+    unrotates_output=True,
     describe=_describe_cuda,
     returns_lse=True,
     run_unchecked=_cuda_runner(int8fp8_attention_unchecked),

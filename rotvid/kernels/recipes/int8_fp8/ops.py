@@ -25,13 +25,15 @@ asked (the default call passes none and its kernel path is unchanged). That is t
 fp32 pass over q and k in torch), giving the LSE of the unsmoothed scores that ring attention merges
 (:mod:`rotvid.kernels.reference`).
 
-V's side of the online V/O Hadamard (``v_hadamard=True``; :func:`v_hadamard_fusion_unsupported` says when it
+The online V/O Hadamard inside the call (``v_hadamard=True``; :func:`v_hadamard_fusion_unsupported` says when it
 applies: the block is the head_dim): the pre-processing transforms every V row right after loading it, in both the
 statistics and the quantize launch, with the bits of :func:`rotvid.rope.hadamard.rotate_v_online` (so its operands
-are those of ``preprocess_int8fp8_cuda(q, k, rotate_v_online(v, D))``), and the attention output is O', that of the
-rotated V, which :func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda` (``side="o"``) turns back in one pass. Off
-(the default) the kernels are those of before, instruction for instruction (their ``V_HADAMARD = false``
-instantiations).
+are those of ``preprocess_int8fp8_cuda(q, k, rotate_v_online(v, D))``), and the attention kernel turns each output
+row back in its epilogue (or its split combine; ``o_hadamard``): the butterflies of
+:func:`rotvid.rope.hadamard.unrotate_o_online` on the row in float32, then one rounding -- where the PyTorch path
+rounds the rotated output first, so the two differ by that rounding. Off (the default) the pre-processing kernels
+are those of before, instruction for instruction (their ``V_HADAMARD = false`` instantiations), and the attention
+kernels' output bits are unchanged (``AttnParams.o_hadamard`` 0).
 """
 
 from __future__ import annotations
@@ -133,17 +135,18 @@ def _int8fp8_attention_op(
     split_tail: bool,
     map_index: torch.Tensor | None = None,
     map_count: torch.Tensor | None = None,
+    o_hadamard: bool = False,
 ) -> torch.Tensor:
     ext = cuda_build.load_extension(q_hat.device)
     return ext.attention_int8fp8(
         q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd, None,
-        path == "mma", split_tail, map_index, map_count, None,
+        path == "mma", split_tail, map_index, map_count, None, o_hadamard,
     )
 
 
 @_int8fp8_attention_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
-      path, split_tail, map_index=None, map_count=None):
+      path, split_tail, map_index=None, map_count=None, o_hadamard=False):
     return empty_attention_output(q_hat, n_q, head_dim, out_bf16, bnhd)
 
 
@@ -166,6 +169,7 @@ def _int8fp8_attention_lse_op(
     split_tail: bool,
     map_index: torch.Tensor | None = None,
     map_count: torch.Tensor | None = None,
+    o_hadamard: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rotvid::int8fp8_attention`` on the wgmma kernel with each row's log-sum-exp: ``(out, lse)``, ``lse`` fp32
     [B, H, n_q] of the operands' scores (module docstring)."""
@@ -173,14 +177,14 @@ def _int8fp8_attention_lse_op(
     lse = torch.empty((q_hat.shape[0], q_hat.shape[1], n_q), dtype=torch.float32, device=q_hat.device)
     out = ext.attention_int8fp8(
         q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
-        None, False, split_tail, map_index, map_count, lse,
+        None, False, split_tail, map_index, map_count, lse, o_hadamard,
     )
     return out, lse
 
 
 @_int8fp8_attention_lse_op.register_fake
 def _(q_hat, q_scale, k_hat, k_scale, vt, v_scale, v_mean, kv_lens, n_q, n_kv, head_dim, qk_scale, out_bf16, bnhd,
-      split_tail, map_index=None, map_count=None):
+      split_tail, map_index=None, map_count=None, o_hadamard=False):
     return (empty_attention_output(q_hat, n_q, head_dim, out_bf16, bnhd),
             q_hat.new_empty((q_hat.shape[0], q_hat.shape[1], n_q), dtype=torch.float32))
 
@@ -340,6 +344,7 @@ def attention_int8fp8_quantized(
     split_tail: bool = True,
     block_map: BlockMap | None = None,
     return_lse: bool = False,
+    o_hadamard: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The int8-fp8 attention kernel (sm89 / sm90) on operands from :func:`preprocess_int8fp8_cuda`.
 
@@ -356,6 +361,8 @@ def attention_int8fp8_quantized(
     not checked here (:meth:`BlockMap.check`; the dispatcher checks them in eager mode).
     ``return_lse`` (the ``"wgmma"`` path): ``(out, lse)`` with ``lse`` fp32 [B, H, n_q], each row's log-sum-exp of the
     operands' scores (of the smoothed K̂: module docstring; ``-inf`` for a row that attends no key).
+    ``o_hadamard``: the online V/O Hadamard's inverse on each output row, in the kernel's epilogue (for operands whose
+    V the pre-processing rotated, ``v_hadamard=True``: the output is then the attention of the un-rotated V).
     """
     check_output_args(out_dtype, head_dim, layout)
     path = _check_int8fp8_device(qkv.q_hat.device, path)
@@ -365,13 +372,13 @@ def attention_int8fp8_quantized(
                                                             sm_scale=sm_scale, block_map=block_map)
     args = _attention_args(qkv, n_q, n_kv, head_dim, kv_lens, sm_scale, out_dtype, layout)
     if out is None:
-        return _attend_int8fp8(args, path, split_tail, map_index, map_count, return_lse)
+        return _attend_int8fp8(args, path, split_tail, map_index, map_count, return_lse, o_hadamard)
     if out.dtype != out_dtype:
         raise ValueError(f"out: expected dtype {out_dtype}, got {out.dtype}")
     b, h = qkv.q_hat.shape[:2]
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=out.device) if return_lse else None
     cuda_build.load_extension(qkv.q_hat.device).attention_int8fp8(*args, out, path == "mma", bool(split_tail),
-                                                                  map_index, map_count, lse)
+                                                                  map_index, map_count, lse, bool(o_hadamard))
     return (out, lse) if return_lse else out
 
 
@@ -393,10 +400,10 @@ def int8fp8_attention_cuda(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Pre-processing + int8-fp8 attention on an sm89 / sm90 GPU (``path`` and ``block_map`` as
     :func:`attention_int8fp8_quantized`, ``rope``: RoPE·R applied to q and k inside the pre-processing, as
-    :func:`preprocess_int8fp8_cuda`); output has q's shape, layout and dtype. ``v_hadamard``: V rotated inside the
-    pre-processing (:func:`preprocess_int8fp8_cuda`): the output is then the attention of ``rotate_v_online(v, D)``,
-    O' -- still rotated (the LSE does not depend on V); the caller undoes it
-    (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`, once after a ring attention's merge).
+    :func:`preprocess_int8fp8_cuda`); output has q's shape, layout and dtype. ``v_hadamard``: the online V/O
+    Hadamard inside the call -- V rotated by the pre-processing (:func:`preprocess_int8fp8_cuda`), the output turned
+    back in the kernel's epilogue (``o_hadamard`` of :func:`attention_int8fp8_quantized`): the attention of ``v``
+    again, up to the rounding of the two transforms (the LSE does not depend on V).
     ``return_lse`` (the ``"wgmma"`` kernel): ``(out, lse)``, each row's log-sum-exp of the unsmoothed scores (the kernel's plus
     :func:`k_smoothing_shift`), [B, H, N_q] for ``"BHND"`` or [B, N_q, H] for ``"BNHD"``, fp32 -- the reference's
     convention (:mod:`rotvid.kernels.reference`). With ``rope`` the shift needs the rotated q and k: they are rotated
@@ -437,7 +444,7 @@ def int8fp8_attention_unchecked(q, k, v, *, layout="BHND", kv_lens=None, sm_scal
     map_index, map_count = (None, None) if block_map is None else (block_map.indices.contiguous(),
                                                                    block_map.counts.contiguous())
     args = _attention_args(qkv, qn, kn, qd, kv_lens, sm_scale, q.dtype, layout)
-    res = _attend_int8fp8(args, path, True, map_index, map_count, return_lse)
+    res = _attend_int8fp8(args, path, True, map_index, map_count, return_lse, v_hadamard)
     if not return_lse:
         return res
     out, lse = res
@@ -455,10 +462,10 @@ def _attention_args(qkv: KernelQKV, n_q, n_kv, head_dim, kv_lens, sm_scale: floa
     )
 
 
-def _attend_int8fp8(args: tuple, path: str, split_tail, map_index, map_count, return_lse: bool):
+def _attend_int8fp8(args: tuple, path: str, split_tail, map_index, map_count, return_lse: bool, o_hadamard):
     if return_lse:
-        return _int8fp8_attention_lse_op(*args, bool(split_tail), map_index, map_count)
-    return _int8fp8_attention_op(*args, path, bool(split_tail), map_index, map_count)
+        return _int8fp8_attention_lse_op(*args, bool(split_tail), map_index, map_count, bool(o_hadamard))
+    return _int8fp8_attention_op(*args, path, bool(split_tail), map_index, map_count, bool(o_hadamard))
 
 
 @torch.compiler.assume_constant_result

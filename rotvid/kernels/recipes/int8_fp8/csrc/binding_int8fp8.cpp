@@ -17,8 +17,8 @@ using namespace rotvid::ext;
 // rotated and quantized in one pass, K by generalized_rope into a scratch tensor the statistics and quantize read.
 // rope_hadamard: the table is the full rotation's (then the Walsh-Hadamard transform, as generalized_rope's).
 // v_hadamard: V's side of the online V/O Hadamard applied to V's rows as they are read (the operands of
-// rotvid.rope.hadamard.rotate_v_online(v, D), bit for bit; the attention output is then O', which hadamard_rows with
-// exponent floor(log2(D) / 2) turns back).
+// rotvid.rope.hadamard.rotate_v_online(v, D), bit for bit; attention_int8fp8 with o_hadamard then turns the output
+// back in its epilogue).
 std::vector<at::Tensor> preprocess_int8fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const c10::optional<at::Tensor>& kv_lens, bool bnhd, bool smooth_k,
                                            bool smooth_v, const c10::optional<at::Tensor>& rope_coef,
@@ -105,7 +105,7 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
                              int64_t n_kv, int64_t head_dim, double qk_scale, bool out_bf16, bool bnhd,
                              const c10::optional<at::Tensor>& out_opt, bool mma, bool split_tail,
                              const c10::optional<at::Tensor>& map_index, const c10::optional<at::Tensor>& map_count,
-                             const c10::optional<at::Tensor>& lse_opt) {
+                             const c10::optional<at::Tensor>& lse_opt, bool o_hadamard) {
   TORCH_CHECK(q_hat.is_cuda() && q_hat.dim() == 4 && q_hat.scalar_type() == at::kChar, "q_hat: int8 CUDA [B,H,Nq_pad,D]");
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim: 64 or 128");
   const c10::cuda::CUDAGuard guard(q_hat.device());
@@ -130,6 +130,7 @@ at::Tensor attention_int8fp8(const at::Tensor& q_hat, const at::Tensor& q_scale,
   rotvid::AttnParams p = attn_params(q_hat, q_scale, k_hat, k_scale, vt, v_scale, kv_lens, has_vmean ? &v_mean : nullptr,
                                      out, bnhd, n_q, nq_pad, n_kv, nkv_pad, qk_scale, out_bf16);
   set_block_map(p, map_index, map_count, q_hat);
+  p.o_hadamard = o_hadamard ? 1 : 0;  // the output un-rotated in the epilogue (attention_params.cuh)
   if (lse_opt.has_value()) {  // each row's log-sum-exp (attention_params.cuh: AttnParams.lse), the wgmma kernel only
     const at::Tensor& lse = *lse_opt;
     TORCH_CHECK(!mma, "lse: the int8-fp8 mma.sync kernel returns no log-sum-exp (the sm90 wgmma kernel does)");
@@ -157,5 +158,5 @@ ROTVID_BINDINGS(int8fp8, m) {
   m.def("attention_int8fp8", &attention_int8fp8,
         "int8-fp8 attention on quantized inputs (mma=false: the sm90 wgmma kernel; true: the sm89+ mma.sync kernel; "
         "map_index / map_count: a block map, both kernels; lse: fp32 [B, H, n_q] written with each row's "
-        "log-sum-exp, the wgmma kernel only)");
+        "log-sum-exp, the wgmma kernel only; o_hadamard: the online V/O Hadamard's inverse on the output, both kernels)");
 }

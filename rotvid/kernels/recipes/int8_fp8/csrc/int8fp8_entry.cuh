@@ -24,7 +24,8 @@ struct Int8Fp8PreParams {
 };
 // v_hadamard (both launches alike, head_dim 64 or 128): V's rows rotated after their load by the online V/O
 // Hadamard's V side (roperows::vo_hadamard8 with kVoScaleV: rotvid.rope.hadamard.rotate_v_online's bits), so that the
-// operands are those of V' = rotate_v_online(v, D) and the attention output is O' (hadamard_rows undoes it).
+// operands are those of V' = rotate_v_online(v, D); the attention launch with AttnParams.o_hadamard turns its output
+// back in the epilogue.
 cudaError_t launch_int8fp8_stats(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream);
 cudaError_t launch_int8fp8_quantize(const Int8Fp8PreParams& p, bool v_hadamard, cudaStream_t stream);
 // Attention on those operands: AttnParams with k_scale = the K group scales [BH, Nkv_pad / 128, 4], vt = V8^T
