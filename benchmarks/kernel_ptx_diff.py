@@ -122,6 +122,12 @@ HOPPER_TEMPLATES = (
                               + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?(?:, " + _B + r")?>"),
                    "int8fp8 d{0} bn128", "{2},{3},{4} magic={1}", ("hopper_attention.cuh", "hopper_int8fp8_numerics.cuh"),
                    "rotvid::hopper::SmemLayout<rotvid::hopper::Int8Fp8Numerics<{0}, {1}>, {2}>::SMEM", 6, 7),
+    # hopper_attention_kernel<Int8Fp8VoNumerics<D, MAGIC>, ...>: the same with the output un-rotated in the epilogue
+    HopperTemplate(re.compile(r"rotvid::hopper::hopper_attention_kernel<rotvid::hopper::Int8Fp8VoNumerics<(\d+), "
+                              + _B + r">, (\d+), (\d+), (\d+)(?:, " + _B + r")?(?:, " + _B + r")?>"),
+                   "int8fp8-vo d{0} bn128", "{2},{3},{4} magic={1}",
+                   ("hopper_attention.cuh", "hopper_int8fp8_numerics.cuh"),
+                   "rotvid::hopper::SmemLayout<rotvid::hopper::Int8Fp8VoNumerics<{0}, {1}>, {2}>::SMEM", 6, 7),
     # combine_splits_kernel<D[, SPARSE[, L]]> (L: NoLse, or the numerics whose LSE it writes)
     HopperTemplate(re.compile(r"rotvid::(?:wg|hopper)::combine_splits_kernel<(\d+)(?:, " + _B + r")?(?:, "
                               r"(rotvid::hopper::\w+(?:<[^<>]*>)?))?\s*>"), "combine d{0}",
@@ -293,6 +299,8 @@ MMA_KEYS = (
     (re.compile(r"mma_attention_kernel.*Int4Numerics"), _walk_key("int4", 8)),
     # mma_attention_kernel<Int8Fp8Numerics<D>, NW, MINB, STAGES, LEAN[, SPARSE]>
     (re.compile(r"mma_attention_kernel.*Int8Fp8Numerics"), _walk_key("int8fp8", 5)),
+    # mma_attention_kernel<Int8Fp8VoNumerics<D>, ...>: the same with the output un-rotated in the epilogue
+    (re.compile(r"mma_attention_kernel.*Int8Fp8VoNumerics"), _walk_key("int8fp8-vo", 5)),
 )
 
 

@@ -17,14 +17,16 @@ This script times, per shape, in interleaved rounds on one GPU (same process, th
 
 and prints the rotation's share of the call (eager, compiled, and the PyTorch path's), with the cosine of each
 output against float64 attention on sampled rows, after checking that the fused and the PyTorch path are one
-rounding apart (the kernel's inverse rounds once, the PyTorch path rounds the rotated output first). Rows go to ``benchmarks/results/vo_online_bench.json`` (GPU, commit, command).
+rounding apart (the kernel's inverse rounds once, the PyTorch path rounds the rotated output first). Rows go to
+``benchmarks/results/vo_online_bench.json`` (GPU, commit, command).
 
     python -m benchmarks.vo_online_bench [--shapes wan1.3b-480p wan14b-720p cogvideox5b] [--rounds 3] [--no-write]
     python -m benchmarks.vo_online_bench --kernels [--shapes ...]   # where the cost goes, kernel by kernel
 
-``--kernels`` times no ratio: it runs ``off`` and ``online`` eagerly under ``torch.profiler`` (``--iters`` calls each,
-after a warm-up) and prints every kernel's mean GPU time per call for both, so the rotation's cost is seen kernel by
-kernel (the statistics and quantize launches of the pre-processing, the attention, the O pass).
+``--kernels`` times no ratio: it runs ``off`` and ``online`` eagerly under ``torch.profiler`` (``--iters`` calls each
+per round, the two alternating over ``--rounds`` rounds, after a warm-up) and prints every kernel's mean GPU time
+per call for both, so the rotation's cost is seen kernel by kernel (the statistics and quantize launches of the
+pre-processing, the attention with its epilogue).
 """
 
 from __future__ import annotations
@@ -117,27 +119,30 @@ def bench(name: str, rounds: int, seed: int = 0) -> list[dict]:
     return out
 
 
-def kernel_breakdown(name: str, iters: int, seed: int = 0) -> list[dict]:
-    """Mean GPU time per call of every kernel ``off`` and ``online`` launch (torch.profiler, ``iters`` calls each)."""
+def kernel_breakdown(name: str, iters: int, rounds: int = 1, seed: int = 0) -> list[dict]:
+    """Mean GPU time per call of every kernel ``off`` and ``online`` launch (torch.profiler, ``iters`` calls per
+    method and round; the methods alternate over ``rounds`` rounds, so a drift of the GPU's clocks falls on both)."""
     from torch.profiler import ProfilerActivity, profile
 
     q, k, v = _inputs(name, seed)
-    rows = []
-    for method, fn in (("off", off), ("online", online)):
+    methods = (("off", off), ("online", online))
+    for _, fn in methods:
         for _ in range(3):
             fn(q, k, v)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                fn(q, k, v)
-            torch.cuda.synchronize()
-        per_kernel: dict[str, float] = {}
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time / iters
-        rows += [dict(shape=name, method=method, kernel=k_name[:110], us=round(us, 1))
-                 for k_name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])]
-    return rows
+    torch.cuda.synchronize()
+    per_kernel: dict[str, dict[str, float]] = {m: {} for m, _ in methods}
+    for _ in range(rounds):
+        for method, fn in methods:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(iters):
+                    fn(q, k, v)
+                torch.cuda.synchronize()
+            acc = per_kernel[method]
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    acc[e.name] = acc.get(e.name, 0.0) + e.device_time / (iters * rounds)
+    return [dict(shape=name, method=method, kernel=k_name[:110], us=round(us, 1))
+            for method, _ in methods for k_name, us in sorted(per_kernel[method].items(), key=lambda kv: -kv[1])]
 
 
 def main() -> None:
@@ -154,7 +159,7 @@ def main() -> None:
     if args.kernels:
         for name in args.shapes:
             print(f"\n{name}: kernel, mean GPU µs per call (off / online)")
-            rows = kernel_breakdown(name, args.iters)
+            rows = kernel_breakdown(name, args.iters, args.rounds)
             names = list(dict.fromkeys(r["kernel"] for r in rows))
             for kn in names:
                 t = {r["method"]: r["us"] for r in rows if r["kernel"] == kn}

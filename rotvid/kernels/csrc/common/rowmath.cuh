@@ -165,7 +165,7 @@ __device__ __forceinline__ void store_zero_rows(const AttnParams& p, int row0, i
 // is column 8j + 2t + e of the thread's row r (t = lane % 4: the mma / wgmma accumulator fragment, whose row is
 // shared by the 4 lanes of a quad). The butterflies of rotvid.rope.hadamard.fwht in its order -- stage s maps
 // columns i and i + 2^s (bit s of i clear) to (a + b, a - b) -- with column bit 0 in the thread (e), bits 1-2 across
-// the quad (shuffles xor 1, 2) and bits 3.. in the thread (j); then the exact power of two kVoScale (2^-3 = 2^-floor(k/2)
+// the quad (shuffles xor 1, 2) and bits 3.. in the thread (j); then the exact power of two kVoScaleOut (2^-3 = 2^-floor(k/2)
 // for D = 2^k, 64 or 128: with the pre-processing's 2^-ceil(k/2) on V the pair is the identity). Every lane calls it
 // (full-mask shuffles), rows past Nq too.
 constexpr float kVoScaleOut = 0.125f;
@@ -215,8 +215,7 @@ __device__ __forceinline__ void unrotate_tile_rows(float (&y)[D / 8][4], int t) 
 }
 
 // Epilogue of the int8-fp8 kernels: out = O / l * v_scale (+ v_mean) for rows row0 + g (+ 8), v_scale per channel in
-// p.vparams [BH, D] (it factors out of the sum over keys, so it is applied once here); rows >= Nq skipped. With
-// p.o_hadamard the rows leave un-rotated (unrotate_tile_rows on those float32 values, then one rounding).
+// p.vparams [BH, D] (it factors out of the sum over keys, so it is applied once here); rows >= Nq skipped.
 template <int D>
 __device__ __forceinline__ void store_rows_channel_scaled(const AttnParams& p, const float (&o)[D / 8][4],
                                                           float (&l_run)[2], int row0, int g, int t, int b, int h) {
@@ -228,35 +227,6 @@ __device__ __forceinline__ void store_rows_channel_scaled(const AttnParams& p, c
   const size_t bh = (size_t)b * p.H + h;
   const float* vs = p.vparams + bh * D;
   const float* vm = p.v_mean != nullptr ? p.v_mean + bh * D : nullptr;
-  if (p.o_hadamard) {  // (uniform over the grid)
-    float y[D / 8][4];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float inv_l = 1.f / l_run[r];
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const int d = 8 * j + 2 * t;
-        const float2 sc = *reinterpret_cast<const float2*>(vs + d);
-        float y0 = o[j][2 * r] * inv_l * sc.x, y1 = o[j][2 * r + 1] * inv_l * sc.y;
-        if (vm != nullptr) {
-          y0 += vm[d];
-          y1 += vm[d + 1];
-        }
-        y[j][2 * r] = y0;
-        y[j][2 * r + 1] = y1;
-      }
-    }
-    unrotate_tile_rows<D>(y, t);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + g + 8 * r;
-      if (row >= p.Nq) continue;
-      const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) store_pair(p, off, 8 * j + 2 * t, y[j][2 * r], y[j][2 * r + 1], nullptr);
-    }
-    return;
-  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + g + 8 * r;
@@ -269,6 +239,49 @@ __device__ __forceinline__ void store_rows_channel_scaled(const AttnParams& p, c
       const float2 sc = *reinterpret_cast<const float2*>(vs + d);
       store_pair(p, off, d, o[j][2 * r] * inv_l * sc.x, o[j][2 * r + 1] * inv_l * sc.y, vm);
     }
+  }
+}
+
+// The same rows un-rotated (the online V/O Hadamard's inverse, AttnParams.o_hadamard): unrotate_tile_rows on the
+// float32 values O / l * v_scale (+ v_mean), then one rounding; rows >= Nq skipped (after the transform, which every
+// lane runs).
+template <int D>
+__device__ __forceinline__ void store_rows_channel_scaled_unrotated(const AttnParams& p, const float (&o)[D / 8][4],
+                                                                    float (&l_run)[2], int row0, int g, int t, int b,
+                                                                    int h) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  const size_t bh = (size_t)b * p.H + h;
+  const float* vs = p.vparams + bh * D;
+  const float* vm = p.v_mean != nullptr ? p.v_mean + bh * D : nullptr;
+  float y[D / 8][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float inv_l = 1.f / l_run[r];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int d = 8 * j + 2 * t;
+      const float2 sc = *reinterpret_cast<const float2*>(vs + d);
+      float y0 = o[j][2 * r] * inv_l * sc.x, y1 = o[j][2 * r + 1] * inv_l * sc.y;
+      if (vm != nullptr) {
+        y0 += vm[d];
+        y1 += vm[d + 1];
+      }
+      y[j][2 * r] = y0;
+      y[j][2 * r + 1] = y1;
+    }
+  }
+  unrotate_tile_rows<D>(y, t);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + g + 8 * r;
+    if (row >= p.Nq) continue;
+    const size_t off = (size_t)b * p.out_sb + (size_t)h * p.out_sh + (size_t)row * p.out_sn;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) store_pair(p, off, 8 * j + 2 * t, y[j][2 * r], y[j][2 * r + 1], nullptr);
   }
 }
 

@@ -186,5 +186,18 @@ struct Int8Fp8Numerics {
   }
 };
 
+// The same numerics with the online V/O Hadamard's inverse in the epilogue (AttnParams.o_hadamard: V rotated by the
+// pre-processing): each output row leaves un-rotated (rowmath::store_rows_channel_scaled_unrotated; the split's rows
+// are un-rotated by the combine). A type of its own, so that Int8Fp8Numerics' kernels stay instruction for
+// instruction as they were.
+template <int D_, bool MAGIC>
+struct Int8Fp8VoNumerics : Int8Fp8Numerics<D_, MAGIC> {
+  static constexpr int D = D_;
+  __device__ __forceinline__ static void store_rows(const AttnParams& p, float (&o)[D / 8][4], float (&l_run)[2],
+                                                    int row_base, int g, int t, int b, int h) {
+    rowmath::store_rows_channel_scaled_unrotated<D>(p, o, l_run, row_base, g, t, b, h);
+  }
+};
+
 }  // namespace hopper
 }  // namespace rotvid

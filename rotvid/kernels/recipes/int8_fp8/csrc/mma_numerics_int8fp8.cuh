@@ -163,5 +163,18 @@ struct Int8Fp8Numerics {
   }
 };
 
+// The same numerics with the online V/O Hadamard's inverse in the epilogue (AttnParams.o_hadamard): the rows leave
+// un-rotated (rowmath::store_rows_channel_scaled_unrotated); a type of its own, so Int8Fp8Numerics' kernels stay as
+// they were.
+template <int D>
+struct Int8Fp8VoNumerics : Int8Fp8Numerics<D> {
+  using Int8Fp8Numerics<D>::Int8Fp8Numerics;
+  using T = typename Int8Fp8Numerics<D>::T;
+  __device__ __forceinline__ static void store(const AttnParams& p, float (&o)[T::DT][4], float (&l_run)[2],
+                                               int row_base, int g, int t, int b, int h) {
+    rowmath::store_rows_channel_scaled_unrotated<D>(p, o, l_run, row_base, g, t, b, h);
+  }
+};
+
 }  // namespace mma
 }  // namespace rotvid
