@@ -1,5 +1,5 @@
 """Block maps against the oracle on the bundled proxy, at a size where blocks matter: PSNR / SSIM against the dense
-int8-fp8 video and kept attention mass, for ``oracle``, ``topp`` and ``radial`` at matched densities.
+int8-fp8 video and kept attention mass, for ``oracle``, ``topp``, ``pmin`` and ``radial`` at matched densities.
 
     python -m benchmarks.sparse_oracle --json-out F.json --markdown-out F.md    # GPU: 512x512, 65 frames, 3 prompts
     python -m benchmarks.sparse_oracle --tiny                                   # CPU smoke run (seconds)
@@ -26,14 +26,17 @@ its references. Every probe result is in the output either way.
 * ``topp``: the ``tau`` whose maps have the mean density closest to D over every call of the prompts' dense
   int8-fp8 runs (their top-p estimates are recorded during those runs; the calls of the first steps are left out
   when the first steps run dense): :func:`rotvid.kernels.sparsity.density.topp_tau_for_density`. A sparse run
-  drifts from the dense one, so each video's own mean density is reported beside its target.
+  drifts from the dense one, so each video's own mean density is reported beside its target;
+* ``pmin``: likewise the threshold on the same estimates (:func:`rotvid.kernels.sparsity.density.pmin_for_density`):
+  one threshold on each block's estimated share of its row's mass, for every row, head and call.
 
 Per video, from the run report (``RotvidConfig(measure_kept_mass=True)``): the mean density over the calls that ran
 with a map, the **kept mass** (the true attention mass of the kept blocks, exact full-precision scores, mean over
 query rows and calls) and the **oracle's kept mass** at the same per-row block counts (the most any map with those
 counts keeps); PSNR and SSIM against the same prompt's dense int8-fp8 video (:func:`rotvid.eval.pixel_metrics.
 compare_arrays`, on the decoded 8-bit frames, no codec); the probe. Then issue 42's bar: at density <= 0.5, ``topp``
-within 1 dB PSNR of ``oracle`` at the same density, keeping >= 95% of the oracle's mass at its counts.
+within 1 dB PSNR of ``oracle`` at the same density, keeping >= 95% of the oracle's mass at its counts (and the same
+comparison for ``pmin``, the candidate selection).
 
 **One rotation path for every run.** Each rotvid run carries a runtime observer (the calibration hook of
 :mod:`rotvid.pipelines.runtime`); with one, the processors apply RoPE·R to Q and K before every call instead of
@@ -67,7 +70,7 @@ from rotvid.eval.pixel_metrics import compare_arrays, float_to_json
 from rotvid.eval.video_io import to_uint8_frames
 from rotvid.kernels.sparsity import TokenGrid, parse_sparsity
 from rotvid.kernels.sparsity.block_map import blocks_for
-from rotvid.kernels.sparsity.density import radial_for_density, topp_tau_for_density
+from rotvid.kernels.sparsity.density import pmin_for_density, radial_for_density, topp_tau_for_density
 from rotvid.kernels.sparsity.topp import DEFAULT_SIM, topp_estimate
 from rotvid.pipelines import RotvidConfig, Schedule, apply, load_pipeline, remove
 from rotvid.pipelines.capture import latent_grid
@@ -78,7 +81,7 @@ from rotvid.pipelines.proxy.clips import DIRECTIONS, held_out_prompts
 from benchmarks.provenance import device_description, git_commit, utc_stamp
 from benchmarks.study_io import RESULTS_DIR, command_line
 
-KINDS = ("oracle", "topp", "radial")
+KINDS = ("oracle", "topp", "pmin", "radial")
 DEFAULTS = dict(sizes="512x512x65", prompts=3, steps=None, densities="0.3,0.5,0.7",
                 dense_first_steps=3, device="auto", backend="auto", workers=None,
                 json_out=RESULTS_DIR / "sparse_oracle.json")
@@ -375,7 +378,7 @@ def choose_size(pipe, args, prompts, pool) -> tuple[dict, list[dict], str]:
 def match_specs(args, entry) -> tuple[dict, dict]:
     """Per (kind, target density, dense first steps): the spec and its matched density (module docstring)."""
     grid = TokenGrid(*entry["grid"])
-    specs, calibration = {}, {"radial": [], "topp": [], "oracle": []}
+    specs, calibration = {}, {"radial": [], "topp": [], "pmin": [], "oracle": []}
     for d in args.densities:
         if "oracle" in args.kinds:
             spec = parse_sparsity(f"oracle:{d}")
@@ -396,12 +399,21 @@ def match_specs(args, entry) -> tuple[dict, dict]:
                 specs["topp", d, dfs] = spec
                 calibration["topp"].append({"target": d, "dense_first_steps": dfs, "spec": str(spec), "tau": tau,
                                             "density_on_dense_runs": got, "calls": len(estimates)})
+        if "pmin" in args.kinds:
+            for dfs in args.dfs_settings:
+                estimates = [est for item in entry["prompts"] for step, est in item["estimates"]
+                             if step is None or step >= dfs]
+                pmin, got = pmin_for_density(estimates, d, sim=args.topp_sim)
+                spec = parse_sparsity(f"pmin:{pmin},sim={args.topp_sim}")
+                specs["pmin", d, dfs] = spec
+                calibration["pmin"].append({"target": d, "dense_first_steps": dfs, "spec": str(spec), "pmin": pmin,
+                                            "density_on_dense_runs": got, "calls": len(estimates)})
     for kind, rows in calibration.items():
         for r in rows:
             say(f"  {kind} at {r['target']}: {r['spec']}"
                 + (f" (density {r['density']:.3f} on the grid)" if "density" in r else "")
                 + (f" (dense first steps {r['dense_first_steps']}: density {r['density_on_dense_runs']:.3f} over "
-                   f"{r['calls']} calls of the dense runs)" if "tau" in r else ""))
+                   f"{r['calls']} calls of the dense runs)" if "calls" in r else ""))
     return specs, calibration
 
 
@@ -483,44 +495,56 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def bar_check(summary: list[dict]) -> dict:
-    """Issue 42's bar on the means over prompts: at each target density <= 0.5 and dense-first-steps setting,
-    ``topp`` within 1 dB PSNR of ``oracle`` and its kept mass >= 95% of the oracle's at its own block counts."""
-    by = {(s["kind"], s["target_density"], s["dense_first_steps"]): s for s in summary}
+def _bar_checks(by: dict, kind: str) -> list[dict]:
+    """Issue 42's two tests for ``kind`` against ``oracle`` at each target density <= 0.5 and dense-first-steps
+    setting (means over prompts)."""
     checks = []
-    for (kind, d, dfs), s in by.items():
+    for (k, d, dfs), s in by.items():
         o = by.get(("oracle", d, dfs))
-        if kind != "topp" or o is None or d > ISSUE_BAR["max_density"] + 1e-9:
+        if k != kind or o is None or d > ISSUE_BAR["max_density"] + 1e-9:
             continue
         gap = None if s["psnr"] is None or o["psnr"] is None else o["psnr"] - s["psnr"]
         ratio = s["kept_of_oracle"]
-        checks.append({"target_density": d, "dense_first_steps": dfs, "topp_density": s["density"],
-                       "oracle_density": o["density"], "topp_psnr": s["psnr"], "oracle_psnr": o["psnr"],
-                       "psnr_gap_db": gap, "topp_kept_mass": s["kept_mass"],
-                       "oracle_kept_mass_at_topp_counts": s["oracle_kept_mass"], "kept_of_oracle": ratio,
+        checks.append({"kind": kind, "target_density": d, "dense_first_steps": dfs, "density": s["density"],
+                       "oracle_density": o["density"], "psnr": s["psnr"], "oracle_psnr": o["psnr"],
+                       "psnr_gap_db": gap, "kept_mass": s["kept_mass"],
+                       "oracle_kept_mass_at_counts": s["oracle_kept_mass"], "kept_of_oracle": ratio,
                        "oracle_video_kept_mass": o["kept_mass"],
                        "psnr_ok": gap is not None and gap <= ISSUE_BAR["psnr_gap_db"],
                        "mass_ok": ratio is not None and ratio >= ISSUE_BAR["mass_ratio"]})
     checks.sort(key=lambda c: (c["dense_first_steps"], c["target_density"]))
+    return checks
+
+
+def bar_check(summary: list[dict]) -> dict:
+    """Issue 42's bar on the means over prompts: at each target density <= 0.5 and dense-first-steps setting,
+    ``topp`` within 1 dB PSNR of ``oracle`` and its kept mass >= 95% of the oracle's at its own block counts
+    (``checks``, ``met``); the same tests for ``pmin`` beside it (``pmin_checks``, ``pmin_met``)."""
+    by = {(s["kind"], s["target_density"], s["dense_first_steps"]): s for s in summary}
+    checks, pmin_checks = _bar_checks(by, "topp"), _bar_checks(by, "pmin")
     return {"rule": "at density <= 0.5: topp's PSNR (vs dense int8-fp8) within 1 dB of oracle's at the same target "
                     "density, and topp's kept mass >= 95% of the oracle's at topp's own per-row block counts "
                     "(means over prompts)",
-            "checks": checks, "met": bool(checks) and all(c["psnr_ok"] and c["mass_ok"] for c in checks)}
+            "checks": checks, "met": bool(checks) and all(c["psnr_ok"] and c["mass_ok"] for c in checks),
+            "pmin_checks": pmin_checks,
+            "pmin_met": bool(pmin_checks) and all(c["psnr_ok"] and c["mass_ok"] for c in pmin_checks)}
 
 
 def bar_lines(bar: dict) -> list[str]:
     lines = [f"Bar (issue 42): {bar['rule']}."]
-    for c in bar["checks"]:
+    for c in bar["checks"] + bar.get("pmin_checks", []):
         lines.append(
-            f"- density {c['target_density']}, dense first steps {c['dense_first_steps']}: PSNR topp "
-            f"{_f(c['topp_psnr'], 2)} dB (density {_f(c['topp_density'])}) vs oracle {_f(c['oracle_psnr'], 2)} dB "
+            f"- {c['kind']}, density {c['target_density']}, dense first steps {c['dense_first_steps']}: PSNR "
+            f"{_f(c['psnr'], 2)} dB (density {_f(c['density'])}) vs oracle {_f(c['oracle_psnr'], 2)} dB "
             f"(density {_f(c['oracle_density'])}): gap {_f(c['psnr_gap_db'], 2)} dB "
-            f"{'ok' if c['psnr_ok'] else 'NOT MET'}; kept mass {_f(c['topp_kept_mass'], 4)} of the oracle's "
-            f"{_f(c['oracle_kept_mass_at_topp_counts'], 4)} at the same counts = "
+            f"{'ok' if c['psnr_ok'] else 'NOT MET'}; kept mass {_f(c['kept_mass'], 4)} of the oracle's "
+            f"{_f(c['oracle_kept_mass_at_counts'], 4)} at the same counts = "
             f"{_f(None if c['kept_of_oracle'] is None else 100 * c['kept_of_oracle'], 1)}% "
             f"{'ok' if c['mass_ok'] else 'NOT MET'} (the oracle video's own: {_f(c['oracle_video_kept_mass'], 4)})")
     lines.append(f"Bar {'MET' if bar['met'] else 'NOT MET'}" + ("" if bar["checks"] else " (nothing to check: "
                                                                   "no topp and oracle rows at density <= 0.5)"))
+    if bar.get("pmin_checks"):
+        lines.append(f"The same tests for pmin: {'all met' if bar['pmin_met'] else 'NOT all met'}")
     return lines
 
 

@@ -51,6 +51,11 @@ def test_tiny_run_matches_densities_and_checks_the_bar(tiny_run):
     for c in topp:  # tau matched on the dense runs' calls (those of the sparse steps)
         assert c["density_on_dense_runs"] == pytest.approx(0.5, abs=0.15) and 0 < c["tau"] <= 1
         assert c["calls"] == 6 * 2 * (2 - c["dense_first_steps"])
+    pmin = data["calibration"]["pmin"]
+    assert {c["dense_first_steps"] for c in pmin} == {0, 1}
+    for c in pmin:  # the threshold matched on the same calls
+        assert c["density_on_dense_runs"] == pytest.approx(0.5, abs=0.15) and 0 < c["pmin"] <= 1
+        assert c["spec"].startswith("pmin:")
     radial = data["calibration"]["radial"][0]
     assert radial["spec"].startswith("radial") and 0 < radial["density"] <= 1
     checks = data["bar"]["checks"]
@@ -81,6 +86,12 @@ def test_bar_reads_the_means_over_prompts_at_density_half_and_below():
     assert second["psnr_gap_db"] == pytest.approx(2.0) and not second["psnr_ok"] and second["mass_ok"]
     assert not bar["met"]
     assert any("NOT MET" in line for line in sparse_oracle.bar_lines(bar))
+    # pmin beside it, the same tests
+    rows += [_row("pmin", 0.3, 0, 29.9, 0.89, 0.9), _row("pmin", 0.5, 0, 32.5, 0.95, 0.96)]
+    bar = sparse_oracle.bar_check(sparse_oracle.summarize(rows))
+    assert [c["kind"] for c in bar["pmin_checks"]] == ["pmin", "pmin"] and bar["pmin_met"] and not bar["met"]
+    assert bar["pmin_checks"][1]["psnr_gap_db"] == pytest.approx(0.5)
+    assert any(line.startswith("- pmin, density 0.3") for line in sparse_oracle.bar_lines(bar))
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -8,6 +8,8 @@ kind       when     what it keeps
                     (Radial Attention's energy-decay rule), conditioning tokens both ways; from the token grid
 ``topp``   per call the key blocks holding ``tau`` of each query tile's estimated mass (block means), blocks that
                     are not self-similar, the diagonal
+``pmin``   per call the key blocks whose estimated share of their query tile's mass is at least ``pmin`` (the same
+                    estimate; one threshold for every row), each row's largest, the same blocks kept as ``topp``
 ``oracle`` per call evaluation only: the key blocks of highest *exact* attention mass (full-precision scores), a
                     fraction ``density`` of the valid key blocks per query tile -- the best map at that density
 =========  =======  ===========================================================================================
@@ -17,8 +19,8 @@ kind       when     what it keeps
 ``topp:0.9,sim=0.5``); :func:`build_block_map` builds a call's map. Add a kind: write its module (a
 :class:`SparsityKind` with its parameters and builder) and register it -- here for a built-in one, or with
 :func:`register_sparsity_kind` from anywhere. :mod:`rotvid.kernels.sparsity.density` matches the kinds whose
-density is not their parameter to a density (radial's band and window from the grid, top-p's tau from some calls'
-estimates), so that kinds are compared at equal density; :mod:`rotvid.kernels.sparsity.cost` estimates the
+density is not their parameter to a density (radial's band and window from the grid, top-p's tau and pmin's
+threshold from some calls' estimates), so that kinds are compared at equal density; :mod:`rotvid.kernels.sparsity.cost` estimates the
 block-sparse kernel's time at a density (a line fitted to its measured times).
 """
 
@@ -50,4 +52,5 @@ __all__ = [
 register_sparsity_kind(NONE)
 register_sparsity_kind(radial.KIND)
 register_sparsity_kind(topp.KIND)
+register_sparsity_kind(topp.PMIN_KIND)
 register_sparsity_kind(oracle.KIND)

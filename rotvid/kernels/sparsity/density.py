@@ -19,6 +19,8 @@ Density is :meth:`BlockMap.density() <rotvid.kernels.sparsity.block_map.BlockMap
   exactly the builder's rule). The density grows with ``tau`` (a larger ``tau`` keeps a superset). A run whose calls
   differ (a sparse run drifts from the dense one it was matched on) keeps a somewhat different density at that
   ``tau``: a study reports the density each run had.
+* :func:`pmin_for_density`: the same for the ``pmin`` kind's threshold (the same estimates; a larger threshold keeps
+  a subset), bisected on a geometric grid.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ import torch
 from rotvid.kernels.sparsity.grid import TokenGrid
 from rotvid.kernels.sparsity.radial import radial_block_mask
 from rotvid.kernels.sparsity.spec import SparsitySpec
-from rotvid.kernels.sparsity.topp import DEFAULT_SIM, TopPEstimate, topp_keep
+from rotvid.kernels.sparsity.topp import DEFAULT_SIM, TopPEstimate, pmin_keep, topp_keep
 
-__all__ = ["radial_density", "radial_for_density", "topp_density", "topp_tau_for_density"]
+__all__ = ["pmin_for_density", "radial_density", "radial_for_density", "topp_density", "topp_tau_for_density"]
 
 
 def _check_density(density) -> float:
@@ -93,10 +95,14 @@ def _stacked(estimates: Sequence[TopPEstimate]) -> list[tuple[int, tuple]]:
     return out
 
 
-def _mean_density(stacked: list[tuple[int, tuple]], tau: float, sim: float) -> float:
+def _mean_density(stacked: list[tuple[int, tuple]], tau: float, sim: float, *, pmin: bool = False) -> float:
+    """The mean density of the calls' maps: top-p's at ``tau``, or (``pmin``) the ``pmin`` kind's at threshold ``tau``."""
     total, calls = 0.0, 0
     for n, (mass, q_sim, k_sim, k_live) in stacked:
-        keep = topp_keep(mass, q_sim, k_sim, k_live, tau=tau, sim=sim)
+        if pmin:
+            keep = pmin_keep(mass, q_sim, k_sim, k_live, pmin=tau, sim=sim)
+        else:
+            keep = topp_keep(mass, q_sim, k_sim, k_live, tau=tau, sim=sim)
         per_call = keep.view(n, -1).float().mean(dim=-1)  # (each call's rows are contiguous in the batch)
         total += float(per_call.sum())
         calls += n
@@ -142,3 +148,41 @@ def topp_tau_for_density(estimates: Sequence[TopPEstimate], density: float, *, s
     if d_lo is not None and target - d_lo <= d_hi - target:
         return tau_of(lo), d_lo
     return tau_of(hi), d_hi
+
+
+def pmin_for_density(estimates: Sequence[TopPEstimate], density: float, *, sim: float = DEFAULT_SIM,
+                     steps_per_decade: int = 200, lowest: float = 1e-6) -> tuple[float, float]:
+    """``(pmin, mean density)``: the threshold of the ``pmin`` kind, on a geometric grid from ``lowest`` to 1 with
+    ``steps_per_decade`` steps per factor 10 (each rounded to 4 significant digits), whose maps give the calls of
+    ``estimates`` (:func:`~rotvid.kernels.sparsity.topp.topp_estimate`'s: the same estimate) the mean density closest
+    to ``density``; bisected, as :func:`topp_tau_for_density` (the density falls as the threshold grows). A target
+    above the density at ``lowest`` gets ``lowest``; one below what is always kept gets 1."""
+    target = _check_density(density)
+    if not estimates:
+        raise ValueError("estimates: expected the estimates of at least one call, got none")
+    if not 0 < lowest < 1 or steps_per_decade < 1:
+        raise ValueError(f"lowest, steps_per_decade: expected 0 < lowest < 1 and >= 1 step, got {lowest!r}, "
+                         f"{steps_per_decade!r}")
+    stacked = _stacked(estimates)
+    n = math.ceil(-math.log10(lowest) * steps_per_decade)
+
+    def pmin_of(i: int) -> float:  # i = 0: lowest ... n: 1
+        return 1.0 if i >= n else float(f"{lowest * 10 ** (i / steps_per_decade):.4g}")
+
+    lo, hi = 0, n  # invariant: density(pmin_of(lo)) >= target (or lo == 0), density(pmin_of(hi)) < target
+    d_lo = _mean_density(stacked, pmin_of(lo), sim, pmin=True)
+    if d_lo <= target:
+        return pmin_of(lo), d_lo
+    d_hi = _mean_density(stacked, pmin_of(hi), sim, pmin=True)
+    if d_hi >= target:
+        return pmin_of(hi), d_hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        d = _mean_density(stacked, pmin_of(mid), sim, pmin=True)
+        if d >= target:
+            lo, d_lo = mid, d
+        else:
+            hi, d_hi = mid, d
+    if d_lo - target <= target - d_hi:
+        return pmin_of(lo), d_lo
+    return pmin_of(hi), d_hi

@@ -48,7 +48,8 @@ if importlib.util.find_spec("triton") is not None:
 else:
     POOL_DTYPES, block_pool_triton = (), None
 
-__all__ = ["DEFAULT_SIM", "KIND", "TopPEstimate", "topp_block_map", "topp_estimate", "topp_keep"]
+__all__ = ["DEFAULT_SIM", "KIND", "PMIN_KIND", "TopPEstimate", "pmin_block_map", "pmin_keep", "topp_block_map",
+           "topp_estimate", "topp_keep"]
 
 logger = logging.getLogger(__name__)
 if block_pool_triton is None and torch.cuda.is_available():
@@ -129,6 +130,14 @@ def topp_estimate(
 ) -> TopPEstimate:
     """Steps 1-5 of the module docstring on ``q`` [B, H, N_q, D] and ``k`` [B, H, N_kv, D] (BHND views, any
     strides); ``kv_lens`` int [B] (values past ``N_kv`` count as ``N_kv``)."""
+    mass, q_sim, k_sim, k_live = _mass_estimate(q, k, kv_lens, sm_scale)
+    keep = topp_keep(mass, q_sim, k_sim, k_live, tau=tau, sim=sim)
+    dropped = (mass * (~keep).to(mass.dtype)).sum(dim=-1)
+    return TopPEstimate(keep, mass, dropped, q_sim, k_sim, k_live)
+
+
+def _mass_estimate(q, k, kv_lens, sm_scale):
+    """Steps 1-2 of the module docstring: ``(mass P̂, q_sim, k_sim, k_live)`` as :class:`TopPEstimate`'s fields."""
     d = q.shape[3]
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     sm_scale = d**-0.5 if sm_scale is None else sm_scale
@@ -138,10 +147,7 @@ def topp_estimate(
     log_n = torch.log(k_count.clamp_min(1).to(dt)).unsqueeze(-2)
     scores = torch.matmul(q_mean, k_mean.transpose(-1, -2)) * sm_scale + log_n
     scores = scores.masked_fill(~k_live.unsqueeze(-2), -math.inf)
-    mass = torch.softmax(scores, dim=-1)
-    keep = topp_keep(mass, q_sim, k_sim, k_live, tau=tau, sim=sim)
-    dropped = (mass * (~keep).to(dt)).sum(dim=-1)
-    return TopPEstimate(keep, mass, dropped, q_sim, k_sim, k_live)
+    return torch.softmax(scores, dim=-1), q_sim, k_sim, k_live
 
 
 def topp_keep(
@@ -155,9 +161,49 @@ def topp_keep(
     ranked, order = torch.sort(mass, dim=-1, descending=True)
     before = torch.cumsum(ranked, dim=-1) - ranked
     keep = torch.zeros_like(mass, dtype=torch.bool).scatter(-1, order, (before < tau) & (ranked > 0))
+    return _always_kept(keep, q_sim, k_sim, k_live, sim)
+
+
+def _always_kept(keep, q_sim, k_sim, k_live, sim):
+    """Steps 4-5 of the module docstring on a selection ``keep``: the blocks below ``sim`` and the diagonal added."""
+    tq, tk = keep.shape[-2], keep.shape[-1]
     keep = keep | (q_sim < sim).unsqueeze(-1) | ((k_sim < sim).unsqueeze(-2) & k_live.unsqueeze(-2))
-    eye = torch.arange(tq, device=mass.device).unsqueeze(-1) == torch.arange(tk, device=mass.device)
+    eye = torch.arange(tq, device=keep.device).unsqueeze(-1) == torch.arange(tk, device=keep.device)
     return keep | eye
+
+
+def pmin_keep(
+    mass: torch.Tensor, q_sim: torch.Tensor, k_sim: torch.Tensor, k_live: torch.Tensor, *, pmin: float, sim: float
+) -> torch.Tensor:
+    """The ``pmin`` kind's kept blocks, bool [B, H, Tq, Tk], from the same estimate as :func:`topp_keep`'s: every
+    block whose estimated share ``P̂`` of its row's mass is at least ``pmin``, and each row's largest, then steps
+    4-5 of the module docstring. One threshold for every row, head and call, where top-p gives every row the same
+    mass: a row whose mass is spread keeps more blocks, a peaked one fewer -- at the same mean density it keeps more
+    of the true mass (RESULTS.md, the top-p estimate study)."""
+    top = mass >= mass.amax(dim=-1, keepdim=True)
+    keep = ((mass >= pmin) | top) & (mass > 0)
+    return _always_kept(keep, q_sim, k_sim, k_live, sim)
+
+
+def pmin_block_map(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    pmin: float,
+    sim: float = DEFAULT_SIM,
+    layout: str = "BHND",
+    kv_lens: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+) -> SparseMap:
+    """The ``pmin`` map of a call on ``q``, ``k`` (``layout``), [B, H, Tq, Tk] (:func:`pmin_keep`), with its
+    estimated dropped mass float [B, H, Tq]. Fullgraph under ``torch.compile``."""
+    if layout == "BNHD":
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    mass, q_sim, k_sim, k_live = _mass_estimate(q, k, kv_lens, sm_scale)
+    keep = pmin_keep(mass, q_sim, k_sim, k_live, pmin=pmin, sim=sim)
+    indices, counts = indices_from_mask(keep)
+    bm = BlockMap._valid_by_construction(indices, counts, q.shape[2], k.shape[2])
+    return SparseMap(bm, (mass * (~keep).to(mass.dtype)).sum(dim=-1).float())
 
 
 def topp_block_map(
@@ -185,6 +231,14 @@ def _build(spec: SparsitySpec, q, k, *, layout="BHND", kv_lens=None, sm_scale=No
     return topp_block_map(q, k, **spec.options, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale)
 
 
+def _build_pmin(spec: SparsitySpec, q, k, *, layout="BHND", kv_lens=None, sm_scale=None, grid=None) -> SparseMap:
+    return pmin_block_map(q, k, **spec.options, layout=layout, kv_lens=kv_lens, sm_scale=sm_scale)
+
+
+def _pmin(value) -> str:
+    return "" if 0 < value <= 1 else "in (0, 1]"
+
+
 def _tau(value) -> str:
     return "" if 0 < value <= 1 else "in (0, 1]"
 
@@ -204,4 +258,17 @@ KIND = SparsityKind(
     positional="tau",
     static=False,
     build=_build,
+)
+
+PMIN_KIND = SparsityKind(
+    name="pmin",
+    summary="dynamic: the key blocks whose estimated share of their query tile's mass (block means) is at least "
+    "pmin, one threshold for every row; each row's largest, non-self-similar blocks and the diagonal kept",
+    params=(
+        MapParam("pmin", "float", REQUIRED, _pmin, "smallest estimated share of a row's mass a kept block holds"),
+        MapParam("sim", "float", DEFAULT_SIM, _sim, "blocks whose mean cosine to their mean is below it are kept"),
+    ),
+    positional="pmin",
+    static=False,
+    build=_build_pmin,
 )

@@ -97,3 +97,39 @@ def test_bad_arguments_are_errors(call, message):
     estimates = [topp_estimate(*_calls(1)[0], tau=1.0)]
     with pytest.raises(ValueError, match=message):
         call(estimates)
+
+
+@pytest.mark.parametrize("target", [0.3, 0.5, 0.7])
+def test_pmin_gives_the_calls_maps_the_density_it_says_and_the_closest(target):
+    """The ``pmin`` threshold matched on the same estimates: the builder's maps at that threshold have the density it
+    reports, the density falls as the threshold grows, and the chosen one is the grid's closest."""
+    from rotvid.kernels.sparsity.density import pmin_for_density
+
+    calls = _calls()
+    estimates = [topp_estimate(q, k, tau=1.0) for q, k in calls]
+    pmin, got = pmin_for_density(estimates, target, steps_per_decade=50)
+    built = sum(_map_density(f"pmin:{pmin}", q, k) for q, k in calls) / len(calls)
+    assert got == pytest.approx(built, abs=1e-6)
+    grid = [float(f"{1e-6 * 10 ** (i / 50):.4g}") for i in range(301)] + [1.0]
+    dens = [_pmin_density(estimates, p) for p in grid]
+    assert all(a >= b - 1e-12 for a, b in zip(dens, dens[1:]))  # (the density falls as the threshold grows)
+    assert abs(got - target) == pytest.approx(min(abs(d - target) for d in dens), abs=1e-12)
+    assert abs(got - target) < 0.1
+
+
+def _pmin_density(estimates, pmin):
+    from rotvid.kernels.sparsity.density import _mean_density, _stacked
+
+    return _mean_density(_stacked(estimates), pmin, 0.5, pmin=True)
+
+
+def test_pmin_arguments_are_checked():
+    from rotvid.kernels.sparsity.density import pmin_for_density
+
+    estimates = [topp_estimate(q, k, tau=1.0) for q, k in _calls(1)]
+    for kwargs, message in [(dict(density=0.0), "density"), (dict(density=0.5, lowest=0.0), "lowest"),
+                            (dict(density=0.5, steps_per_decade=0), "steps_per_decade")]:
+        with pytest.raises(ValueError, match=message):
+            pmin_for_density(estimates, **kwargs)
+    with pytest.raises(ValueError, match="estimates"):
+        pmin_for_density([], 0.5)

@@ -76,15 +76,51 @@ def test_map_shapes_layouts_and_the_spec():
     assert not bm.to_dense_mask()[1, :, :3, 3:].any()  # key blocks 3.. hold no key of batch 1
 
 
-def test_runs_fullgraph_under_torch_compile():
+@pytest.mark.parametrize("kind", ["topp", "pmin"])
+def test_runs_fullgraph_under_torch_compile(kind):
+    from rotvid.kernels.sparsity.topp import pmin_block_map
+
     q, k = clustered(1, 2, 520, 32, seed=5)
     kv_lens = torch.tensor([450])
 
     def build(q, k, kv_lens):
-        out = topp_block_map(q, k, tau=0.8, sim=0.3, kv_lens=kv_lens)
+        if kind == "pmin":
+            out = pmin_block_map(q, k, pmin=0.02, sim=0.3, kv_lens=kv_lens)
+        else:
+            out = topp_block_map(q, k, tau=0.8, sim=0.3, kv_lens=kv_lens)
         return out.block_map.indices, out.block_map.counts, out.dropped_mass
 
     torch._dynamo.reset()
     compiled = torch.compile(build, fullgraph=True, backend="aot_eager")
     for a, b in zip(compiled(q, k, kv_lens), build(q, k, kv_lens)):
         assert torch.equal(a, b)
+
+
+def test_pmin_keeps_every_block_at_its_threshold_the_row_maximum_and_the_always_kept():
+    """``pmin``: on the top-p estimate, a block is kept exactly when its estimated share is >= pmin, or it is its row's
+    largest, or top-p's always-kept rules keep it (not self-similar, the diagonal); a larger threshold keeps a subset;
+    the built map is that selection, with its estimated dropped mass."""
+    from rotvid.kernels.sparsity.topp import pmin_block_map, pmin_keep
+
+    q, k = clustered(1, 2, 1000, 32, seed=3, noise=0.5, scale=1.0)
+    est = topp_estimate(q, k, tau=1.0, sim=-1.0)
+    mass = est.mass
+    tq, tk = mass.shape[-2:]
+    eye = torch.eye(tq, tk, dtype=torch.bool)
+    prev = None
+    for pmin in (1e-4, 0.01, 0.05, 0.2, 1.0):
+        keep = pmin_keep(mass, est.q_sim, est.k_sim, est.k_live, pmin=pmin, sim=-1.0)
+        top = mass == mass.amax(dim=-1, keepdim=True)
+        assert torch.equal(keep, (mass >= pmin) | top | eye)
+        if prev is not None:
+            assert not (keep & ~prev).any()  # (a subset of the smaller threshold's)
+        prev = keep
+        sm = pmin_block_map(q, k, pmin=pmin, sim=-1.0)
+        assert torch.equal(sm.block_map.to_dense_mask(), keep)
+        assert torch.allclose(sm.dropped_mass, (mass * ~keep).sum(-1).float())
+    assert prev.sum(-1).min() >= 1  # every row keeps its largest (and the diagonal)
+    # top-p's always-kept rule: a query tile below sim keeps its row
+    keep = pmin_keep(mass, est.q_sim, est.k_sim, est.k_live, pmin=1.0, sim=2.0)
+    assert keep.all()
+    built = build_block_map("pmin:0.05,sim=-1", q, k).block_map
+    assert torch.equal(built.to_dense_mask(), pmin_keep(mass, est.q_sim, est.k_sim, est.k_live, pmin=0.05, sim=-1.0))
