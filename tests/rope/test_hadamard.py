@@ -335,6 +335,54 @@ def test_online_vo_is_the_butterfly_order_then_one_rounding(block, dtype):
     assert (vo_hadamard_exponent(block, "v"), vo_hadamard_exponent(block, "o")) == ((k + 1) // 2, k // 2)
 
 
+def four_lane_butterflies(x: torch.Tensor) -> torch.Tensor:
+    """The unnormalized transform of whole rows (block = head_dim, 64 or 128) as ``roperows::wht4lanes`` runs it, in
+    float32: lane c of 4 holds y[c][8 i + e] = channel 8 (c + 4 i) + e; stages 0-2 inside a lane (index bits 0-2),
+    stages 3-4 as the shuffles xor 1 and 2 (the upper lane takes other - own, the lower own + other), stages 5-6
+    inside a lane again (index bits 3-4)."""
+    d = x.shape[-1]
+    v = d // 4
+    xf = x.float()
+    y = [[xf[..., 8 * (c + 4 * (j // 8)) + j % 8] for j in range(v)] for c in range(4)]
+
+    def in_lane(h):
+        for c in range(4):
+            for j in range(v):
+                if j & h == 0:
+                    a, b = y[c][j], y[c][j + h]
+                    y[c][j], y[c][j + h] = a + b, a - b
+
+    for h in (1, 2, 4):
+        in_lane(h)
+    for m in (1, 2):
+        y = [[y[c ^ m][j] - y[c][j] if c & m else y[c][j] + y[c ^ m][j] for j in range(v)] for c in range(4)]
+    h = 8
+    while h < v:
+        in_lane(h)
+        h *= 2
+    out = torch.empty_like(xf)
+    for c in range(4):
+        for j in range(v):
+            out[..., 8 * (c + 4 * (j // 8)) + j % 8] = y[c][j]
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_four_lane_layout_gives_the_online_v_bits(head_dim, dtype):
+    """The int8-fp8 pre-processing's rotated V paths hold a row in 4 lanes (roperows::wht4lanes) instead of
+    head_dim / 8: the same stages in the same order with the same operands per channel, so the float32 sums of wht8's
+    order bit for bit (at these magnitudes another stage order changes some of them) and rotate_v_online's bits."""
+    from rotvid.rope.hadamard import rotate_v_online, vo_hadamard_exponent
+
+    g = torch.Generator().manual_seed(head_dim)
+    x = (torch.randn(3, 7, head_dim, generator=g) * torch.logspace(-2, 2, head_dim)).to(dtype)
+    sums = four_lane_butterflies(x)
+    assert torch.equal(sums.view(torch.int32), documented_butterflies(x, head_dim).view(torch.int32))
+    got = (sums * 2.0 ** -vo_hadamard_exponent(head_dim, "v")).to(dtype)
+    assert torch.equal(got, rotate_v_online(x, head_dim))
+
+
 @pytest.mark.parametrize("block", [1, 2, 4, 8, 16, 32, 64, 128])
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_online_vo_matches_the_sylvester_matrix_and_the_pair_is_the_identity(block, head_dim):

@@ -4,8 +4,8 @@
 // e the even channel of c's RoPE pair, p that of its partner pair (index[c] = (e, e + 1, p, p + 1)); float32, rounded
 // once to the input's dtype by the caller. A thread owns 8 consecutive output channels (one 16-byte chunk) of a row.
 // The full rotation adds fwht8 on the row rounded to that dtype (rotvid.rope.hadamard.fwht's bits). The online V/O
-// Hadamard (the int8-fp8 pre-processing's V, hadamard_rows.cu's O) runs the same butterflies (wht8) with a power of
-// two.
+// Hadamard (the int8-fp8 pre-processing's V, hadamard_rows.cu's O) runs the same butterflies (wht8, or wht4lanes: the
+// same operations on a row held by 4 lanes) with a power of two.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -132,6 +132,54 @@ __device__ __forceinline__ void wht8(float (&y)[8]) {
     for (int j = 0; j < 8; ++j) {
       const float other = __shfl_xor_sync(0xffffffffu, y[j], m);
       y[j] = upper ? __fsub_rn(other, y[j]) : __fadd_rn(y[j], other);
+    }
+  }
+}
+
+// The same transform with 4 lanes per row, for callers that want fewer shuffle stages (2 instead of wht8's 4 at
+// D = 128, 3 at 64): the row is held by the 4 consecutive lanes 4 r .. 4 r + 3, lane c = lane % 4 holding the
+// 16-byte chunks c + 4 i (i < D / 32) as y[8 i + e] = channel 8 (c + 4 i) + e. Channel bits 0-2 are e (inside the
+// thread), bits 3-4 are c (across the 4 lanes, shuffles xor 1 and 2), bits 5-6 are i (inside the thread again). The
+// stages run in wht8's order s = 0, 1, ... and every stage computes, for each pair of channels (a the one with bit s
+// clear, b its partner), __fadd_rn(a, b) into a's channel and __fsub_rn(a, b) into b's -- wht8's operations with
+// wht8's operands. By induction over s each channel holds after stage s the bits it holds in wht8 after stage s:
+// only which thread holds it differs, so the result (and anything computed per channel from it) is wht8's bit for
+// bit. Every lane of the warp calls it (full-mask shuffles).
+template <int D>
+__device__ __forceinline__ void wht4lanes(float (&y)[D / 4]) {
+  static_assert(D == 64 || D == 128, "wht4lanes: head_dim 64 or 128");
+  constexpr int V = D / 4;  // values per lane
+  // stages 0-2: channel bits 0-2 = bits 0-2 of the index into y
+#pragma unroll
+  for (int h = 1; h < 8; h *= 2) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if (j & h) continue;
+      const float a = y[j], b = y[j + h];
+      y[j] = __fadd_rn(a, b);
+      y[j + h] = __fsub_rn(a, b);
+    }
+  }
+  // stages 3-4: channel bits 3-4 = lane bits 0-1
+  const int c = threadIdx.x % 4;
+#pragma unroll
+  for (int m = 1; m < 4; m *= 2) {
+    const bool upper = (c & m) != 0;  // this lane holds the b's of the stage
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float other = __shfl_xor_sync(0xffffffffu, y[j], m);
+      y[j] = upper ? __fsub_rn(other, y[j]) : __fadd_rn(y[j], other);
+    }
+  }
+  // stages 5 (and 6 at D = 128): channel bits 5-6 = bits 3-4 of the index into y
+#pragma unroll
+  for (int h = 8; h < V; h *= 2) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if (j & h) continue;
+      const float a = y[j], b = y[j + h];
+      y[j] = __fadd_rn(a, b);
+      y[j + h] = __fsub_rn(a, b);
     }
   }
 }

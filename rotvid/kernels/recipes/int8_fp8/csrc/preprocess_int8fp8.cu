@@ -14,7 +14,11 @@
 // With the online V/O Hadamard (V_HADAMARD, launch_int8fp8_stats / _quantize with v_hadamard): every V row is
 // transformed right after its load by the butterflies of roperows::wht8 and the power of two 2^-ceil(k/2) (D = 2^k),
 // rounded to V's dtype, so that the statistics and the quantization see the bits of
-// rotvid.rope.hadamard.rotate_v_online; the V_HADAMARD = false instantiations are the kernels as they were.
+// rotvid.rope.hadamard.rotate_v_online; the V_HADAMARD = false instantiations are the kernels as they were. The
+// rotated paths hold a V row in 4 lanes (roperows::wht4lanes: the same operations per channel, 2 shuffle stages
+// instead of 3-4): lane c of the row's 4 consecutive lanes loads its chunks c, c + 4, ... (col_stats_rows4: 64 rows
+// per step of 256 threads; stage_rotated_v_tile: the quantize tile's rows t / 4 and t / 4 + 64, rotated in registers
+// and staged row-major as the unrotated tile). The K CTAs of a V_HADAMARD statistics launch run the unrotated code.
 // Every load is a 16-byte vector (8 channels); a tile's loads are all issued before its first use.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -75,6 +79,20 @@ __device__ __forceinline__ uint32_t e4m3x4(float f0, float f1, float f2, float f
   return lo | (hi << 16);
 }
 
+// V_HADAMARD: a V row held by 4 lanes (roperows::wht4lanes' layout: lane c = lane % 4 holds the chunks c + 4 i, i <
+// D / 32, y[8 i + e] = channel 8 (c + 4 i) + e), loaded by the 4 consecutive lanes of the row
+constexpr int kV4Lanes = 4;
+
+// y[8 i + e] = element e of chunk i, the row's loaded chunks as float
+template <typename T, int NCH>
+__device__ __forceinline__ void unpack_chunks(const uint4 (&raw)[NCH], float (&y)[8 * NCH]) {
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) y[8 * i + e] = elem<T>(raw[i], e);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Statistics: per-channel reductions over the valid tokens of one (batch, head), split over CTAs of kStatsTokens.
 
@@ -91,9 +109,128 @@ struct ColStatsParams {
   ColStatsTask task[2];  // V, when there is V, is task[1] (stats_typed): the one V_HADAMARD rotates
 };
 
-// grid (sum over tasks of ctas_per_bh * B * H), 256 threads; consecutive CTAs walk one (b, h) token range.
-// V_HADAMARD: the rows of task[1] are rotated after their load (the online V/O Hadamard); every lane of a CTA then
-// runs the same number of row steps (rows past `end` load as zeros), as the shuffles of the transform need.
+// V_HADAMARD, a CTA of task[1]: the statistics of col_stats_kernel on the rotated rows, each row held by 4 lanes in
+// roperows::wht4lanes' layout -- thread t owns row t / 4 of each step of 64 rows and the chunks t % 4 + 4 i, i.e. the
+// D / 4 channels 8 (t % 4 + 4 i) + e. Every lane runs the same number of row steps (rows past `end` load as zeros and
+// stay zeros through the transform: +0 adds nothing, the max skips them). Each value is rotated exactly as
+// roperows::vo_hadamard8 rotates it (wht4lanes: the same operations per channel), and sums of float64 of floats are
+// exact (the order does not matter) as maxima are order-free, so the results are those of the rows-of-8-lanes layout.
+// The 8 rows of a warp are then folded by shuffles down to KEEP = 256 / D, i.e. 8 KEEP = RSTEP rows of the kernel's
+// `part` (its size), which the tail reduces as the kernel's does.
+template <typename T, int D>
+__device__ __forceinline__ void col_stats_rows4(const ColStatsTask& task, int bh, int b, int h, int len, int split,
+                                                int start, int end, double (*part)[D + 1]) {
+  constexpr int NCH = D / 32;                // 16-byte chunks per lane of a row
+  constexpr int V = D / kV4Lanes;            // channels per lane
+  constexpr int RSTEP = kThreads / kV4Lanes; // rows per step
+  constexpr int U = 4 / NCH;                 // steps whose loads are in flight together: 4 chunks per lane
+  constexpr int KEEP = 256 / D;              // rows per warp left for `part`: 8 warps x KEEP = its 2048 / D rows
+  __shared__ float s_mu[D];
+  const PreprocessParams& x = task.x;
+  const int c = threadIdx.x % kV4Lanes, r0 = threadIdx.x / kV4Lanes;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const bool sum_mode = task.sum != nullptr;
+  auto channel = [&](int j) { return 8 * (c + 4 * (j / 8)) + j % 8; };  // of y[j]
+  // rows n0 + u RSTEP + r0 of the step at n0 (zeros past `end`) into raw[u], U steps' loads in flight
+  auto load = [&](int n0, uint4 (&raw)[U][NCH]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int m = n0 + u * RSTEP + r0;
+#pragma unroll
+      for (int i = 0; i < NCH; ++i)
+        raw[u][i] = m < end ? *row_ptr(x, b, h, m, c + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  // y = T(wht(y) 2^-ceil(k/2)) read back as float (roperows::vo_hadamard8's bits, channel by channel)
+  auto rotate = [&](float (&y)[V]) {
+    roperows::wht4lanes<D>(y);
+#pragma unroll
+    for (int j = 0; j < V; ++j) y[j] = roperows::round_to<T>(__fmul_rn(y[j], roperows::kVoScaleV<D>));
+  };
+  if (sum_mode) {
+    double acc[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = 0.0;
+    for (int n0 = start; n0 < end; n0 += U * RSTEP) {  // (the same trip count for every lane)
+      uint4 raw[U][NCH];
+      load(n0, raw);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float f[V];
+        unpack_chunks<T, NCH>(raw[u], f);
+        rotate(f);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += (double)f[j];  // exact in float64: the order does not matter
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+#pragma unroll
+      for (int o = 16; o >= 4 * KEEP; o /= 2) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);  // row ^ (o / 4)
+    }
+    if (lane / 4 < KEEP) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) part[warp * KEEP + lane / 4][channel(j)] = acc[j];
+    }
+  } else {
+    if (threadIdx.x < D)
+      s_mu[threadIdx.x] = task.mean_sum != nullptr
+                              ? __double2float_rn(task.mean_sum[(size_t)bh * D + threadIdx.x] / (double)len)
+                              : 0.f;
+    __syncthreads();
+    float mu[V], acc[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      mu[j] = s_mu[channel(j)];
+      acc[j] = 0.f;
+    }
+    for (int n0 = start; n0 < end; n0 += U * RSTEP) {
+      uint4 raw[U][NCH];
+      load(n0, raw);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float f[V];  // every lane transforms (the shuffles), only the valid rows count
+        unpack_chunks<T, NCH>(raw[u], f);
+        rotate(f);
+        if (n0 + u * RSTEP + r0 < end) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[j] = fmaxf(acc[j], fabsf(f[j] - mu[j]));
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+#pragma unroll
+      for (int o = 16; o >= 4 * KEEP; o /= 2) acc[j] = fmaxf(acc[j], __shfl_xor_sync(0xffffffffu, acc[j], o));
+    }
+    if (lane / 4 < KEEP) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) part[warp * KEEP + lane / 4][channel(j)] = (double)acc[j];  // (exact round trip)
+    }
+  }
+  __syncthreads();
+  constexpr int PROWS = 8 * KEEP;
+  if (threadIdx.x < D) {
+    const size_t at = (size_t)bh * D + threadIdx.x;
+    if (start < end) {
+      if (sum_mode) {
+        double tot = 0.0;
+        for (int r = 0; r < PROWS; ++r) tot += part[r][threadIdx.x];
+        atomicAdd(task.sum + at, tot);
+      } else {
+        float m = 0.f;
+        for (int r = 0; r < PROWS; ++r) m = fmaxf(m, (float)part[r][threadIdx.x]);
+        atomicMax(task.amax_bits + at, __float_as_uint(m));
+      }
+    }
+    if (!sum_mode && split == 0 && task.mean_sum != nullptr && task.mean_out != nullptr)
+      task.mean_out[at] = __double2float_rn(task.mean_sum[at] / (double)len);
+  }
+}
+
+// grid (sum over tasks of ctas_per_bh * B * H), 256 threads; consecutive CTAs walk one (b, h) token range; thread t
+// holds chunk t % TPR of the rows t / TPR + RSTEP s. V_HADAMARD: the CTAs of task[1] rotate their rows (the online V/O
+// Hadamard) in col_stats_rows4's layout instead; those of task[0] (K) run the code below, as V_HADAMARD = false.
 template <typename T, int D, bool V_HADAMARD>
 __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_constant__ ColStatsParams p) {
   constexpr int TPR = D / 8;               // threads per row (16 bytes each)
@@ -110,14 +247,17 @@ __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_consta
   const int b = bh / x.H, h = bh % x.H;
   const int len = valid_len(x, b);
   const int start = split * kStatsTokens, end = min(start + kStatsTokens, len);
+  if constexpr (V_HADAMARD) {
+    if (rotate) {  // (the whole CTA)
+      col_stats_rows4<T, D>(task, bh, b, h, len, split, start, end, part);
+      return;
+    }
+  }
   const int c8 = threadIdx.x % TPR, r0 = threadIdx.x / TPR;
   const bool sum_mode = task.sum != nullptr;
-  // the loops' bound on n = start + r0 + step: `end` for the rows a lane owns; with V_HADAMARD `end + r0`, i.e.
-  // start + step < end, the same trip count for every lane (its rows past `end` are zeros)
-  const int n_end = end + (V_HADAMARD ? r0 : 0);
   if (sum_mode) {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int n = start + r0; n < n_end; n += U * RSTEP) {
+    for (int n = start + r0; n < end; n += U * RSTEP) {
       uint4 raw[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -128,9 +268,6 @@ __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_consta
       for (int u = 0; u < U; ++u) {
         float f[8];
         unpack8<T>(raw[u], f);
-        if constexpr (V_HADAMARD) {
-          if (rotate) roperows::vo_hadamard8<T, D>(f, roperows::kVoScaleV<D>);  // (a zero row stays zero)
-        }
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[i] += (double)f[i];  // exact in float64: the order does not matter
       }
@@ -146,7 +283,7 @@ __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_consta
                   : 0.f;
       acc[i] = 0.f;
     }
-    for (int n = start + r0; n < n_end; n += U * RSTEP) {
+    for (int n = start + r0; n < end; n += U * RSTEP) {
       uint4 raw[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -155,13 +292,9 @@ __global__ void __launch_bounds__(kThreads) col_stats_kernel(const __grid_consta
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        float f[8];
-        if constexpr (V_HADAMARD) {  // every lane transforms (the shuffles), only the valid rows count
-          unpack8<T>(raw[u], f);
-          if (rotate) roperows::vo_hadamard8<T, D>(f, roperows::kVoScaleV<D>);
-        }
         if (n + u * RSTEP < end) {
-          if constexpr (!V_HADAMARD) unpack8<T>(raw[u], f);
+          float f[8];
+          unpack8<T>(raw[u], f);
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[i] = fmaxf(acc[i], fabsf(f[i] - mu[i]));
         }
@@ -305,14 +438,58 @@ __device__ __forceinline__ void quantize_k_tile(const PreprocessParams& x, const
   }
 }
 
+// V_HADAMARD: the 128 x D V tile rotated (T(wht(v) 2^-ceil(k/2)), roperows::vo_hadamard_chunk's bits) and staged
+// row-major at `in` (chunk c of row r at r D / 8 + c, quantize_v_tile's layout). Thread t loads the chunks t % 4 + 4 i
+// of the rows t / 4 and t / 4 + 64, 4 lanes per row in roperows::wht4lanes' layout (keys >= len load as zeros and
+// stay zeros), all loads issued before the first row's transform so that the second row's are in flight meanwhile.
+// Each channel is rotated by the operations vo_hadamard_chunk applies to it (wht4lanes), then multiplied and packed
+// (one rounding) as there. An odd row's lanes store their chunks in the order i ^ 1, so that the 8 lanes of a quarter
+// warp (two rows) write distinct banks.
+template <typename T, int D>
+__device__ __forceinline__ void stage_rotated_v_tile(const PreprocessParams& x, int b, int h, int n0, int len,
+                                                     uint4* in) {
+  constexpr int CPR = D / 8;                       // 16-byte chunks per row
+  constexpr int NCH = D / 32;                      // of them per lane
+  constexpr int RPP = kThreads / kV4Lanes;         // rows per pass
+  constexpr int PASSES = kTileRows / RPP;
+  static_assert(RPP % 2 == 0, "a thread's rows have one parity");
+  const int c = threadIdx.x % kV4Lanes, r = threadIdx.x / kV4Lanes;
+  uint4 raw[PASSES][NCH];
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p) {
+    const int key = n0 + r + p * RPP;
+#pragma unroll
+    for (int i = 0; i < NCH; ++i)
+      raw[p][i] = key < len ? *row_ptr(x, b, h, key, c + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  const bool odd = (r & 1) != 0;
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p) {
+    float y[D / kV4Lanes];
+    unpack_chunks<T, NCH>(raw[p], y);
+    roperows::wht4lanes<D>(y);
+    constexpr float kScale = roperows::kVoScaleV<D>;
+    uint4 o[NCH];
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) {
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        w[k] = roperows::pack2<T>(__fmul_rn(y[8 * i + 2 * k], kScale), __fmul_rn(y[8 * i + 2 * k + 1], kScale));
+      o[i] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    uint4* row = in + (size_t)(r + p * RPP) * CPR + c;
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) row[4 * (i ^ (int)odd)] = odd ? o[i ^ 1] : o[i];
+  }
+}
+
 // FP8 e4m3 V per channel (as quant_v_fp8_kernel): byte = e4m3(rn((v - mean) / scale)), scale = amax / 448 (1 where
 // amax is 0), masked and padded keys 0; written to V^T [BH, D, N_pad] with keys permuted per 32. The 128 x D input
 // tile is staged in shared memory (coalesced 16-byte loads); thread t builds channel d = t % D at the positions
 // (t / D) * D / 2 .. + D / 2 - 1 of the block; the V^T tile (16-byte chunk c of row d at c ^ (d % 8)) goes back
-// through the same shared memory and leaves as 128-byte rows. V_HADAMARD: each staged chunk is rotated in its own
-// slot (the online V/O Hadamard; re-read from shared memory, so the transform does not keep the tile's loads in
-// registers); thread t holds chunk t % (D / 8) of its rows, the layout of roperows::wht8, and every thread reaches the
-// transform (masked keys load as zeros and stay zeros).
+// through the same shared memory and leaves as 128-byte rows. V_HADAMARD: the tile is rotated (the online V/O
+// Hadamard) in registers and staged rotated at the same places (stage_rotated_v_tile).
 template <typename T, int D, bool V_HADAMARD>
 __device__ __forceinline__ void quantize_v_tile(const PreprocessParams& x, const float* v_mean,
                                                 const unsigned int* amax_bits, float* v_scale, int tile,
@@ -327,21 +504,18 @@ __device__ __forceinline__ void quantize_v_tile(const PreprocessParams& x, const
   const int b = bh / x.H, h = bh % x.H;
   const int len = valid_len(x, b);
   T* in = reinterpret_cast<T*>(smem);
-  uint4 raw[LOADS];
-#pragma unroll
-  for (int i = 0; i < LOADS; ++i) {
-    const int c = threadIdx.x + i * kThreads;
-    const int key = n0 + c / CPR;
-    raw[i] = key < len ? *row_ptr(x, b, h, key, c % CPR) : make_uint4(0u, 0u, 0u, 0u);
-  }
-#pragma unroll
-  for (int i = 0; i < LOADS; ++i) reinterpret_cast<uint4*>(in)[threadIdx.x + i * kThreads] = raw[i];
-  if constexpr (V_HADAMARD) {  // each staged chunk rotated in its own slot (no barrier), the loads' registers free
+  if constexpr (V_HADAMARD) {
+    stage_rotated_v_tile<T, D>(x, b, h, n0, len, reinterpret_cast<uint4*>(in));
+  } else {
+    uint4 raw[LOADS];
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
-      uint4* slot = reinterpret_cast<uint4*>(in) + threadIdx.x + i * kThreads;
-      *slot = roperows::vo_hadamard_chunk<T, D>(*slot, roperows::kVoScaleV<D>);
+      const int c = threadIdx.x + i * kThreads;
+      const int key = n0 + c / CPR;
+      raw[i] = key < len ? *row_ptr(x, b, h, key, c % CPR) : make_uint4(0u, 0u, 0u, 0u);
     }
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) reinterpret_cast<uint4*>(in)[threadIdx.x + i * kThreads] = raw[i];
   }
   const int d = threadIdx.x % D, part = threadIdx.x / D;
   const float mu = v_mean != nullptr ? v_mean[(size_t)bh * D + d] : 0.f;
