@@ -98,8 +98,9 @@ def run_calls(match: str | None = None) -> int:
                     out = attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens, path=path,
                                                       split_tail=split, block_map=m)
                     check(f"int8-fp8 {path} d{d} {name} split={split}", out)
-            # the online V/O Hadamard: V rotated in the pre-processing (V_HADAMARD, V smoothed and not), then the
-            # separate O pass (hadamard_rows) over the output
+            # the online V/O Hadamard: V rotated in the pre-processing (V_HADAMARD, V smoothed and not), the output
+            # turned back in the kernel's epilogue (o_hadamard: whole tiles and the split combine, dense and sparse,
+            # both kernels), and the separate O pass (hadamard_rows) over a rotated output
             for smooth_v in (False, True):
                 name = f"int8-fp8 online-vo d{d} smooth_v={smooth_v}"
                 if cap >= (8, 9) and wanted(name):
@@ -107,6 +108,13 @@ def run_calls(match: str | None = None) -> int:
                     out = attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens,
                                                       path="wgmma" if hopper else "mma")
                     check(name, vo_hadamard_cuda(out, d, side="o"))
+                    for path in (("wgmma", "mma") if hopper else ("mma",)):
+                        for split in ((True, False) if path == "wgmma" else (False,)):
+                            for mname, m in (("dense", None), ("sparse", bm)):
+                                out = attention_int8fp8_quantized(kq, n_q=N, n_kv=N, head_dim=d, kv_lens=kv_lens,
+                                                                  path=path, split_tail=split, block_map=m,
+                                                                  o_hadamard=True)
+                                check(f"{name} epilogue {path} {mname} split={split}", out)
         int4 = [("wgmma", bn, split) for bn in (128, 64) for split in (True, False)] if hopper else []
         int4 += [("s8", 64, False)]
         for path, block_n, split in int4:
