@@ -28,10 +28,11 @@ fp32 pass over q and k in torch), giving the LSE of the unsmoothed scores that r
 The online V/O Hadamard inside the call (``v_hadamard=True``; :func:`v_hadamard_fusion_unsupported` says when it
 applies: the block is the head_dim): the pre-processing transforms every V row right after loading it, in both the
 statistics and the quantize launch, with the bits of :func:`rotvid.rope.hadamard.rotate_v_online` (so its operands
-are those of ``preprocess_int8fp8_cuda(q, k, rotate_v_online(v, D))``), and the attention kernel turns each output
-row back in its epilogue (or its split combine; ``o_hadamard``): the butterflies of
-:func:`rotvid.rope.hadamard.unrotate_o_online` on the row in float32, then one rounding -- where the PyTorch path
-rounds the rotated output first, so the two differ by that rounding. Off (the default) the pre-processing kernels
+are those of ``preprocess_int8fp8_cuda(q, k, rotate_v_online(v, D))``), and at head_dim 128
+(:data:`O_EPILOGUE_HEAD_DIMS`) the attention kernel turns each output row back in its epilogue (or its split combine;
+``o_hadamard``): the butterflies of :func:`rotvid.rope.hadamard.unrotate_o_online` on the row in float32, then one
+rounding -- where the PyTorch path rounds the rotated output first, so the two differ by that rounding; at head_dim
+64 one pass over the output does (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`: the PyTorch path's bits). Off (the default) the pre-processing kernels
 are those of before, instruction for instruction (their ``V_HADAMARD = false`` instantiations), and the attention
 kernels' output bits are unchanged (``AttnParams.o_hadamard`` 0).
 """
@@ -56,6 +57,7 @@ from rotvid.kernels.cuda_layout import (
     sizes_of,
     vt_key_permutation,
 )
+from rotvid.kernels.hadamard_op import vo_hadamard_cuda
 from rotvid.kernels.quantize import key_valid_mask, quantize_per_channel_fp8, quantize_per_token_int8
 from rotvid.kernels.recipes.int8_fp8.reference import INT8FP8_BLOCK_N, quantize_k_groups_int8
 from rotvid.kernels.reference import LOG2E, check_sm_scale, smooth_qkv, to_bhnd
@@ -66,6 +68,10 @@ if TYPE_CHECKING:
     from rotvid.rope.fused_table import GeneralizedRopeTable
 
 INT8FP8_PATHS = ("wgmma", "mma")
+# Head dims where a call with the online V/O Hadamard turns its output back in the attention kernel's epilogue; at
+# the others (64) one pass over the output does (vo_hadamard_cuda): there the epilogue's transform cost the Hopper
+# kernel 4.4% at CogVideoX-5B's shape, the pass 0.7% (RESULTS.md, the online V/O Hadamard).
+O_EPILOGUE_HEAD_DIMS = (128,)
 
 
 def int8fp8_kernels(entry: cuda_build.ArchEntry | None) -> tuple[str, ...]:
@@ -402,8 +408,9 @@ def int8fp8_attention_cuda(
     :func:`attention_int8fp8_quantized`, ``rope``: RoPE·R applied to q and k inside the pre-processing, as
     :func:`preprocess_int8fp8_cuda`); output has q's shape, layout and dtype. ``v_hadamard``: the online V/O
     Hadamard inside the call -- V rotated by the pre-processing (:func:`preprocess_int8fp8_cuda`), the output turned
-    back in the kernel's epilogue (``o_hadamard`` of :func:`attention_int8fp8_quantized`): the attention of ``v``
-    again, up to the rounding of the two transforms (the LSE does not depend on V).
+    back in the kernel's epilogue at head_dim 128 (``o_hadamard`` of :func:`attention_int8fp8_quantized`), by one
+    pass at 64: the attention of ``v`` again, up to the rounding of the two transforms (the LSE does not depend on
+    V).
     ``return_lse`` (the ``"wgmma"`` kernel): ``(out, lse)``, each row's log-sum-exp of the unsmoothed scores (the kernel's plus
     :func:`k_smoothing_shift`), [B, H, N_q] for ``"BHND"`` or [B, N_q, H] for ``"BNHD"``, fp32 -- the reference's
     convention (:mod:`rotvid.kernels.reference`). With ``rope`` the shift needs the rotated q and k: they are rotated
@@ -444,7 +451,10 @@ def int8fp8_attention_unchecked(q, k, v, *, layout="BHND", kv_lens=None, sm_scal
     map_index, map_count = (None, None) if block_map is None else (block_map.indices.contiguous(),
                                                                    block_map.counts.contiguous())
     args = _attention_args(qkv, qn, kn, qd, kv_lens, sm_scale, q.dtype, layout)
-    res = _attend_int8fp8(args, path, True, map_index, map_count, return_lse, v_hadamard)
+    epilogue = bool(v_hadamard) and qd in O_EPILOGUE_HEAD_DIMS
+    res = _attend_int8fp8(args, path, True, map_index, map_count, return_lse, epilogue)
+    if v_hadamard and not epilogue:  # (head_dim 64: the output turned back by one pass)
+        res = (vo_hadamard_cuda(res[0], qd, side="o"), res[1]) if return_lse else vo_hadamard_cuda(res, qd, side="o")
     if not return_lse:
         return res
     out, lse = res
