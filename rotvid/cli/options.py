@@ -41,9 +41,9 @@ SmoothVOpt = Annotated[Optional[bool], typer.Option("--smooth-v/--no-smooth-v", 
                                                     "the FP8-V recipes int8-fp8 / int4-fp8).")]
 SparsityOpt = Annotated[Optional[str], typer.Option("--sparsity", help="Block map of the quantized calls: none "
                                                     "(every key block; the default), radial[:band=INT,window=INT,"
-                                                    "decay=FLOAT] (static, from the token grid), or topp:TAU[,sim="
-                                                    "FLOAT] (per call, from Q and K). Only calls the schedule "
-                                                    "quantizes get a map.")]
+                                                    "decay=FLOAT] (static, from the token grid), topp:TAU[,sim="
+                                                    "FLOAT] or pmin:P[,sim=FLOAT] (per call, from Q and K). Only "
+                                                    "calls the schedule quantizes get a map.")]
 DenseFirstStepsOpt = Annotated[Optional[int], typer.Option("--dense-first-steps", help="With a block map: the first N "
                                                            "denoising steps run dense (no map).")]
 DenseBlocksOpt = Annotated[Optional[str], typer.Option("--dense-blocks", help="With a block map: comma-separated "

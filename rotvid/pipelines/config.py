@@ -123,8 +123,9 @@ class RotvidConfig:
         block_m / block_n: kernel tile sizes (backend default when ``None``).
         sparsity: the block map of the quantized calls (:class:`~rotvid.kernels.sparsity.SparsitySpec` or its text:
             ``none`` -- the default: every key block --, ``radial[:band=INT,window=INT,decay=FLOAT]`` (static, from
-            the token grid), ``topp:TAU[,sim=FLOAT]`` (dynamic, per call)). Only calls the schedule quantizes get a
-            map, and the schedule's sparsity rules keep some of them dense (:mod:`rotvid.pipelines.schedule`).
+            the token grid), ``topp:TAU[,sim=FLOAT]`` and ``pmin:P[,sim=FLOAT]`` (dynamic, per call)). Only calls the
+            schedule quantizes get a map, and the schedule's sparsity rules keep some of them dense
+            (:mod:`rotvid.pipelines.schedule`).
             ``oracle:DENSITY`` (the exact top blocks per call, :mod:`rotvid.kernels.sparsity.oracle`) is for
             evaluation only: it costs a full-precision attention per call (a warning says so once per ``apply``).
         measure_kept_mass: per call with a map, also compute the exact block attention mass (a full-precision pass

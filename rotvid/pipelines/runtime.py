@@ -75,7 +75,7 @@ keeps every entry, and the graphs are one per distinct sparse plan -- at most tw
   A forward the guard did not see (``torch.compile(transformer)`` traces the guard: compile with
   ``apply(..., compile=True)`` or ``transformer.compile()``), or a grid that does not fit the call, is a counted
   fallback with its reason.
-* A **dynamic** map (``topp``) is built per call from the call's rotated Q and K (a RoPE·R table deferred to the
+* A **dynamic** map (``topp``, ``pmin``) is built per call from the call's rotated Q and K (a RoPE·R table deferred to the
   kernel is applied first: the estimate needs the rotated tensors), inside the graph.
 
 The map goes to the backend choice with the call (:func:`~rotvid.kernels.dispatch.prepare_attention`): every CUDA
