@@ -2,7 +2,8 @@
 
 The runtime hands the quantized call BHND views of BNHD memory; with ``vo_hadamard="online"`` the call is prepared
 with ``v_hadamard`` (:func:`rotvid.kernels.dispatch.prepare_attention`): on the int8-fp8 CUDA call the pre-processing
-rotates V as it reads it and the attention kernel turns the output back in its epilogue (``AttnParams.o_hadamard``);
+rotates V as it reads it and the attention kernel turns the output back in its epilogue at head_dim 128
+(``AttnParams.o_hadamard``; one pass over the output inside the call at 64);
 elsewhere V and O are rotated outside the kernel (the CUDA pass ``csrc/common/hadamard_rows.cu``, or the PyTorch
 functions :func:`rotvid.rope.hadamard.rotate_v_online`, :func:`~rotvid.rope.hadamard.unrotate_o_online`).
 This script times, per shape, in interleaved rounds on one GPU (same process, the order rotating per round):

@@ -32,7 +32,8 @@ class CudaBackend:
     kernel (sm90) returns each row's log-sum-exp on request (``return_lse``: ring attention); the other kernels refuse
     such calls (``KernelEntry.returns_lse``, the int8-fp8 entry's ``lse_on_wgmma`` check). The int8-fp8 call applies
     the online V/O Hadamard itself (``v_hadamard``, :meth:`fuses_v_hadamard`): V rotated by its pre-processing, the
-    output turned back by the attention kernel's epilogue (``KernelEntry.unrotates_output``)."""
+    output turned back inside the call (``KernelEntry.unrotates_output``: the attention kernel's epilogue at head_dim
+    128, one pass over the output at 64)."""
 
     name = NAME
 

@@ -20,14 +20,15 @@ log-sum-exp as well (:mod:`rotvid.kernels.reference` defines it); the option rea
 a backend or kernel that cannot return it refuses the call (the reference backend returns it for every built-in
 recipe; the CUDA backend for the kernels whose entry says ``returns_lse``).
 
-The online V/O Hadamard (``v_hadamard=block`` of :func:`prepare_attention`; ``vo_hadamard`` of :func:`attention`):
-the call attends V' = :func:`rotvid.rope.hadamard.rotate_v_online` (v, block) and :func:`unrotate_output` turns its
-output back. Where it runs is decided once, with the backend: a backend whose kernel rotates V in its own
-pre-processing (``fuses_v_hadamard``: the int8-fp8 CUDA recipe, block = head_dim 64 or 128) gets the option and its
-output goes back in the attention kernel's epilogue (``KernelEntry.unrotates_output``: :func:`unrotate_output` then
-leaves it as it is; the butterflies on the float32 row, one rounding) or, for a registered backend that rotates V
-only, through one CUDA pass (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`); any other call rotates V in
-PyTorch before the backend runs and un-rotates in PyTorch after it (the CUDA pass and PyTorch: the same bits).
+The online V/O Hadamard (``v_hadamard=block`` of :func:`prepare_attention`; ``vo_hadamard`` of :func:`attention`): the
+call attends V' = :func:`rotvid.rope.hadamard.rotate_v_online` (v, block) and :func:`unrotate_output` turns its output
+back. Where it runs is decided once, with the backend: a backend whose kernel rotates V in its own pre-processing
+(``fuses_v_hadamard``: the int8-fp8 CUDA recipe, block = head_dim 64 or 128) gets the option and its output goes back
+inside the call (``KernelEntry.unrotates_output``: the attention kernel's epilogue at head_dim 128, the butterflies on
+the float32 row and one rounding; one CUDA pass at 64; :func:`unrotate_output` then leaves it as it is) or, for a
+registered backend that rotates V only, through one CUDA pass (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`); any
+other call rotates V in PyTorch before the backend runs and un-rotates in PyTorch after it (the CUDA pass and PyTorch:
+the same bits).
 """
 
 from __future__ import annotations
@@ -460,7 +461,8 @@ def attention(
             (:func:`unrotate_output`), so the result is the attention of v up to the rounding of the two transforms
             and the recipe's own (``RotvidConfig(vo_hadamard="online")``). The int8-fp8 CUDA call applies both
             sides itself where the block is the head_dim (64, 128): V in its pre-processing, the output in its
-            epilogue; elsewhere both sides run outside the kernel (the CUDA pass or PyTorch, with the same bits).
+            epilogue (128) or one pass inside the call (64); elsewhere both sides run outside the kernel (the CUDA
+            pass or PyTorch, with the same bits).
 
     Returns:
         The output with q's shape, layout and dtype. NaN/Inf in the inputs propagate to NaN in

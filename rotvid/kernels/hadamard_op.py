@@ -7,8 +7,8 @@ tensor, in one read and one write of it, with the same bits as those PyTorch fun
 :func:`rotvid.rope.hadamard.fwht` in float32, an exact power of two, one rounding). Its user is the dispatcher
 (:func:`rotvid.kernels.dispatch._vo_side`): both sides around a CUDA kernel that does not rotate V itself (the INT4
 recipes) -- V before the call, the output O' after it (after a ring attention's merge as well: attention is linear in
-V, so the merged O' is un-rotated once). The int8-fp8 call needs neither: its pre-processing rotates V and its
-attention kernel turns the output back in its epilogue.
+V, so the merged O' is un-rotated once). The int8-fp8 call rotates V in its pre-processing and turns the output back
+in its attention kernel's epilogue at head_dim 128; at 64 it calls this pass itself (``int8fp8_attention_unchecked``).
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ keeps every entry, and the graphs are one per distinct sparse plan -- at most tw
   A forward the guard did not see (``torch.compile(transformer)`` traces the guard: compile with
   ``apply(..., compile=True)`` or ``transformer.compile()``), or a grid that does not fit the call, is a counted
   fallback with its reason.
-* A **dynamic** map (``topp``, ``pmin``) is built per call from the call's rotated Q and K (a RoPE·R table deferred to the
-  kernel is applied first: the estimate needs the rotated tensors), inside the graph.
+* A **dynamic** map (``topp``, ``pmin``) is built per call from the call's rotated Q and K (a RoPE·R table deferred to
+  the kernel is applied first: the estimate needs the rotated tensors), inside the graph.
 
 The map goes to the backend choice with the call (:func:`~rotvid.kernels.dispatch.prepare_attention`): every CUDA
 kernel takes it (the Hopper kernels on sm90, the mma.sync ones elsewhere), and so does the reference backend; a call
@@ -189,7 +189,8 @@ def run_into_bnhd(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: torc
     ``[B, N, H·D]`` is a view, not a copy of the whole attention output (one read and one write of it per call).
     Every backend takes both layouts (and accepts a transposed view as it accepts the tensor: the checks read the
     same strides); the values are those of the BHND call. A call prepared with ``v_hadamard`` returns the attention of
-    the rotated V, which :func:`rotvid.kernels.dispatch.unrotate_output` turns back (keeping this layout).
+    the rotated V, which :func:`rotvid.kernels.dispatch.unrotate_output` turns back (keeping this layout), unless its
+    kernel turned it back already (``AttentionCall.v_hadamard_out_fused``: the int8-fp8 CUDA call).
     """
     out = run_attention(call, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="BNHD", rope=rope)
     return out.transpose(1, 2)
@@ -202,7 +203,8 @@ def run_key_chunks(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, v: tor
     merged by their LSE (:func:`rotvid.pipelines.ring.attend_key_chunks`); ``kv_lens`` over all the keys. Returns
     [B, H, N_q, D] in q's dtype. With ``v_hadamard`` each chunk's V is rotated (in the kernel's pre-processing or in
     PyTorch) and the merged output is still rotated: one :func:`rotvid.kernels.dispatch.unrotate_output` after the
-    merge undoes it (attention, and the merge, are linear in V)."""
+    merge undoes it (attention, and the merge, are linear in V) -- unless the kernel turned each chunk back
+    (``AttentionCall.v_hadamard_out_fused``), and the merge is the attention of v already."""
 
     def run_chunk(k_c, v_c, lens):
         out, lse = run_attention(call, q.transpose(1, 2), k_c.transpose(1, 2), v_c.transpose(1, 2), layout="BNHD",
@@ -581,8 +583,8 @@ class Runtime:
     def _vo_block(self, v: torch.Tensor) -> int:
         """The block of the online V/O Hadamard of a quantized call on ``v`` (1: none; ``vo_hadamard`` not
         ``online``, or an odd head_dim): the call's ``v_hadamard`` (:func:`rotvid.kernels.dispatch.prepare_attention`,
-        which decides whether the kernel rotates V in its pre-processing and un-rotates the output in its epilogue, or
-        both run outside it)."""
+        which decides whether the kernel rotates V in its pre-processing and un-rotates the output itself -- in its
+        epilogue at head_dim 128, by one pass at 64 -- or both run outside it)."""
         return vo_hadamard_block(v.shape[-1]) if self.vo_online else 1
 
     def attend(
@@ -680,7 +682,7 @@ class Runtime:
             if sparse is not None:
                 counters.add_sparse(sparse.block_map.density(), _mean(sparse.dropped_mass), kept_mass=kept,
                                     oracle_kept_mass=oracle_kept)
-            if key_chunks > 1:  # (V rotated per chunk, O' un-rotated once after the merge: attention is linear in V)
+            if key_chunks > 1:  # (V rotated per chunk, O un-rotated per chunk or once after the merge: linear in V)
                 return unrotate_output(call, run_key_chunks(call, q, k, v, kv_lens, key_chunks))
             return unrotate_output(call, run_into_bnhd(call, q, k, v, rope=rope))
         # Compiled, and the device decides: the plan as data, a mask checked on the device, or both.

@@ -154,13 +154,14 @@ def _butterflies(y: torch.Tensor) -> torch.Tensor:
 # ---- the online V/O Hadamard ------------------------------------------------------------------------------------
 # V·H before a quantized call and O·H after it (H symmetric and orthogonal: its own inverse), H = I ⊗ H_block. Both
 # sides run the unnormalized fast Walsh–Hadamard transform of each block (:func:`_butterflies`, :func:`fwht`'s order)
-# and then multiply by a power of two: V by 2^-ceil(k/2), O by 2^-floor(k/2) with block = 2^k (1/16 and 1/8 for 128,
-# 1/8 and 1/8 for 64), so that the pair is exactly the identity in exact arithmetic (H_±1 · H_±1 = block · I). The
-# additions run in float32 (float64 for float64 inputs) and the result is rounded once to the input's dtype: the
-# CUDA kernels that apply the rotation themselves (the int8-fp8 pre-processing for V, ``hadamard_rows.cu`` for O;
-# :mod:`rotvid.kernels.hadamard_op`) run the same additions in the same order, so a fused call and this path give
-# the same bits. V's scale does not matter to any recipe (its quantization scales are per channel), and V·H stays
-# within 2^floor(k/2) times max|V| (8× for D=128), far from fp16's range at the magnitudes models give V.
+# and then multiply by a power of two: V by 2^-ceil(k/2), O by 2^-floor(k/2) with block = 2^k (1/16 and 1/8 for 128, 1/8
+# and 1/8 for 64), so that the pair is exactly the identity in exact arithmetic (H_±1 · H_±1 = block · I). The additions
+# run in float32 (float64 for float64 inputs) and the result is rounded once to the input's dtype: the CUDA kernels that
+# apply the rotation themselves (the int8-fp8 pre-processing for V, ``hadamard_rows.cu`` for O;
+# :mod:`rotvid.kernels.hadamard_op`) run the same additions in the same order, so they give these bits; the int8-fp8
+# attention kernel's own inverse (its epilogue, head_dim 128) rounds the float32 row once, one rounding from this path.
+# V's scale does not matter to any recipe (its quantization scales are per channel), and V·H stays within 2^floor(k/2)
+# times max|V| (8× for D=128), far from fp16's range at the magnitudes models give V.
 def vo_hadamard_exponent(block: int, side: str) -> int:
     """The power of two of one side of the online V/O Hadamard: ``2^-e`` with e = ceil(k/2) for ``side="v"`` and
     floor(k/2) for ``"o"`` (block = 2^k), so that ``e_v + e_o = k`` and the pair multiplies to exactly I."""
@@ -205,7 +206,7 @@ def rotate_v_online(v: torch.Tensor, block: int) -> torch.Tensor:
 def unrotate_o_online(o: torch.Tensor, block: int) -> torch.Tensor:
     """The output's side of the online V/O Hadamard (:func:`rotate_v_online`): ``o @ (I ⊗ H_block)`` times the
     power of two that makes the pair the identity, 2^-floor(k/2) times the ±1 matrix (the butterflies, as
-    :func:`rotate_v_online`; the bits of :func:`rotvid.kernels.hadamard_op.unrotate_o_cuda`)."""
+    :func:`rotate_v_online`; the bits of :func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda` with ``side="o"``)."""
     if block == 1:
         return o
     return _online(o, block, vo_hadamard_exponent(block, "o"))

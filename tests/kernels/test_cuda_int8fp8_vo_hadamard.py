@@ -1,7 +1,8 @@
 """The online V/O Hadamard fused into the int8-fp8 CUDA call (sm90): V rotated inside the pre-processing
 (preprocess_int8fp8.cu, ``V_HADAMARD``) and O un-rotated in the attention kernel's epilogue or split combine
 (``AttnParams.o_hadamard``, rowmath::unrotate_tile_rows, hopper::unrotate_warp_row); the separate O pass
-(hadamard_rows.cu, ``rotvid::hadamard_rows``) for the kernels that do not rotate V themselves.
+(hadamard_rows.cu, ``rotvid::hadamard_rows``) for the kernels that do not rotate V themselves and the int8-fp8
+output at head_dim 64 (where the fused call then gives the PyTorch path's bits exactly).
 
 Bounds: the fused pre-processing writes byte for byte the operands of the pre-processing of
 ``rotate_v_online(v, D)`` (the PyTorch rotation: same butterflies, same rounding), for both head dims, both layouts,
@@ -23,7 +24,7 @@ from rotvid.kernels.cuda_backend import CudaBackend
 from rotvid.kernels.dispatch import prepare_attention
 from rotvid.kernels.recipes import attention_reference
 from rotvid.kernels.recipes.int8_fp8.ops import (
-    attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
+    O_EPILOGUE_HEAD_DIMS, attention_int8fp8_quantized, int8fp8_attention_cuda, preprocess_int8fp8_cuda,
 )
 from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online
 from tests.kernels.helpers import attention_fp64, cuda_qkv
@@ -137,6 +138,16 @@ def unfused(q, k, v, d, **opts):
     return unrotate_o_online(attention(q, k, rotate_v_online(v, d), recipe="int8-fp8", backend="cuda", **opts), d)
 
 
+def assert_fused_matches(got, want, d, what=""):
+    """The fused call against the PyTorch path: one rounding apart where the kernel's epilogue turns the output back
+    (head_dim 128), the same bits where one pass does (64)."""
+    if d in O_EPILOGUE_HEAD_DIMS:
+        assert_one_rounding_apart(got, want, what)
+    else:
+        assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0)), what
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), what
+
+
 def assert_one_rounding_apart(got, want, what=""):
     """``got`` (the kernel's inverse on the float32 row, one rounding) against ``want`` (the same rows rounded to the
     dtype, then the inverse, then a rounding): the root mean square of the difference within 4 units u of the
@@ -167,7 +178,7 @@ def test_fused_call_is_the_pytorch_path_up_to_one_rounding(case, smooth_v):
     torch.cuda.synchronize()
     assert not torch.isnan(got).any(), "an output element was left unwritten (NaN poison survived)"
     assert got.shape == q.shape
-    assert_one_rounding_apart(got, want, f"{case} smooth_v={smooth_v}")
+    assert_fused_matches(got, want, d, f"{case} smooth_v={smooth_v}")
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -251,7 +262,7 @@ def test_a_nan_in_v_gives_nan_in_the_same_outputs_on_both_paths():
     want = unfused(q, k, v, d)
     assert torch.isnan(got).any()
     assert torch.equal(torch.isnan(got), torch.isnan(want))
-    assert_one_rounding_apart(got[0, 0], want[0, 0])  # (the other head is untouched)
+    assert_fused_matches(got[0, 0], want[0, 0], d)  # (the other head is untouched)
     assert not torch.isnan(got[0, 0]).any()
 
 
@@ -278,18 +289,20 @@ def test_off_is_the_plain_call_and_other_recipes_rotate_outside_the_kernel():
     assert torch.equal(attention(q, k, v, recipe="int8-fp8", backend="cuda", layout="BNHD", vo_hadamard=32), want)
 
 
-def test_fused_call_compiles_fullgraph():
+@pytest.mark.parametrize("d", [64, 128])
+def test_fused_call_compiles_fullgraph(d):
     needs_sm90()
-    q, k, v, _ = cuda_qkv(1, 2, 300, 300, 128, torch.bfloat16, "BNHD", seed=23)
+    q, k, v, _ = cuda_qkv(1, 2, 300, 300, d, torch.bfloat16, "BNHD", seed=23)
 
     def f(q, k, v):
-        return attention(q, k, v, recipe="int8-fp8", backend="auto", layout="BNHD", vo_hadamard=128)
+        return attention(q, k, v, recipe="int8-fp8", backend="auto", layout="BNHD", vo_hadamard=d)
 
     explain = torch._dynamo.explain(f)(q, k, v)
     assert explain.graph_break_count == 0, explain.break_reasons
     eager = f(q, k, v)
+    torch._dynamo.reset()
     assert torch.equal(torch.compile(f, fullgraph=True)(q, k, v), eager)
-    assert_one_rounding_apart(eager, unfused(q, k, v, 128, layout="BNHD"))
+    assert_fused_matches(eager, unfused(q, k, v, d, layout="BNHD"), d)
 
 
 def runtime_on_cuda(vo):
@@ -308,13 +321,14 @@ def runtime_on_cuda(vo):
     return runtime, site
 
 
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("key_chunks", [1, 2])
-def test_runtime_fused_path_equals_the_pytorch_path_under_ring_attention(key_chunks):
+def test_runtime_fused_path_equals_the_pytorch_path_under_ring_attention(key_chunks, d):
     """The runtime's call (BHND views of BNHD memory, run in the BNHD layout, V rotated per key chunk in the
     pre-processing and each chunk's output turned back in its kernel, the chunks merged by their LSE) against the same
     merge of the PyTorch-rotated V's outputs, un-rotated once in PyTorch."""
     needs_sm90()
-    d, n = 128, 2 * 640
+    n = 2 * 640
     q, k, v, kv_lens = cuda_qkv(2, 3, n, n, d, torch.bfloat16, "BNHD", seed=17, kv_lens=[n, 900])
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # BHND views of BNHD memory, as the processors give them
     mask = torch.arange(n, device="cuda")[None, None, None, :] < kv_lens[:, None, None, None]
@@ -346,4 +360,4 @@ def test_the_mma_sync_kernel_takes_the_same_rotated_operands(d):
     fused = int8fp8_attention_cuda(q, k, v, v_hadamard=True, **opts)
     want = unrotate_o_online(int8fp8_attention_cuda(q, k, rotate_v_online(v, d), **opts), d)
     assert not torch.isnan(fused).any()
-    assert_one_rounding_apart(fused, want, f"mma d={d}")
+    assert_fused_matches(fused, want, d, f"mma d={d}")

@@ -2,10 +2,11 @@
 
 A call prepared with ``v_hadamard=block`` attends ``rotate_v_online(v, block)``: inside the backend's pre-processing
 where the backend says it fuses the rotation (the int8-fp8 CUDA recipe, block = head_dim 64 or 128), then
-``unrotate_output`` runs the one-pass CUDA kernel; everywhere else both sides run in PyTorch. A stand-in backend that
-fuses (it rotates V itself with the PyTorch function) shows the routing without a GPU: both paths give the same bits,
-the backend sees V unrotated exactly when it fuses, and the CUDA pass runs once per call (once after a ring
-attention's merge)."""
+``unrotate_output`` runs the one-pass CUDA kernel, unless the kernel entry turns the output back itself
+(``KernelEntry.unrotates_output``: the int8-fp8 CUDA entry); everywhere else both sides run in PyTorch. A stand-in
+backend that fuses (it rotates V itself with the PyTorch function) shows the routing without a GPU: both paths give
+the same bits, the backend sees V unrotated exactly when it fuses, and the CUDA pass runs once per call (once after a
+ring attention's merge)."""
 
 import pytest
 import torch
@@ -31,7 +32,8 @@ def qkv(d=128, n=67, layout="BHND", dtype=torch.bfloat16, seed=0):
 
 class FusingBackend:
     """A backend whose "pre-processing" rotates V itself (with the PyTorch function: the bits the CUDA kernel
-    reproduces) for a block equal to the head_dim, as the int8-fp8 CUDA recipe does; records what it was given."""
+    reproduces) for a block equal to the head_dim, and V only (the int8-fp8 CUDA entry also turns the output back:
+    ``unrotates_output``); records what it was given."""
 
     name = "reference"
 
@@ -243,3 +245,26 @@ def test_a_kernel_that_turns_its_output_back_is_left_as_it_is(fusing):
     call = prepare_attention(q, k, v, recipe="int8-fp8", backend="reference", v_hadamard=128)
     assert call.v_hadamard_fused and not call.v_hadamard_out_fused  # (a registered backend: V only)
     assert torch.equal(unrotate_output(call, out), unrotate_o_online(out, 128)) and len(passes) == 1
+
+
+@pytest.mark.parametrize("unrotates", [True, False])
+def test_prepare_marks_a_call_whose_kernel_entry_turns_its_output_back(monkeypatch, unrotates):
+    """``prepare_attention`` asks the chosen built-in backend's kernel entry: one that rotates V and says
+    ``unrotates_output`` gives a call marked ``v_hadamard_out_fused`` (left alone by ``unrotate_output``); one that
+    rotates V only does not."""
+    from rotvid.kernels.recipes.base import KernelEntry, Recipe
+
+    entry = KernelEntry(run=None, checks=(), block_n=lambda device=None: 128,
+                        fuses_v_hadamard=lambda q, k, v, block, layout="BHND": "", unrotates_output=unrotates)
+    real = Recipe.kernel
+    monkeypatch.setattr(Recipe, "kernel",
+                        lambda self, backend: entry if backend == "reference" else real(self, backend))
+    monkeypatch.setattr(dispatch, "vo_hadamard_cuda", lambda x, block, *, side: unrotate_o_online(x, block))
+    q, k, v = qkv()
+    call = prepare_attention(q, k, v, recipe="int8-fp8", backend="reference", v_hadamard=128)
+    assert call.kernel is entry and call.v_hadamard_fused
+    assert call.v_hadamard_out_fused == unrotates
+    out = torch.randn(q.shape).to(q.dtype)
+    assert (unrotate_output(call, out) is out) == unrotates
+    if not unrotates:
+        assert torch.equal(unrotate_output(call, out), unrotate_o_online(out, 128))

@@ -58,7 +58,8 @@ class KernelEntry:
             :func:`rotvid.kernels.dispatch.unrotate_output` undoes the rotation on the output -- unless
             ``unrotates_output``.
         unrotates_output: with ``fuses_v_hadamard``: ``run(..., v_hadamard=block)`` also turns the output back itself
-            (in the attention kernel's epilogue) and returns the attention of ``v``, not the rotated one;
+            (the int8-fp8 call: in its attention kernel's epilogue at head_dim 128, by one pass at 64) and returns
+            the attention of ``v``, not the rotated one;
             :func:`rotvid.kernels.dispatch.unrotate_output` then leaves it as it is.
         run_unchecked: ``run`` without the kernel-level entry point's input checks, what a prepared call runs
             (:meth:`rotvid.kernels.cuda_backend.CudaBackend.execute`: :func:`rotvid.kernels.dispatch.prepare_attention`

@@ -9,7 +9,7 @@ kind       when     what it keeps
 ``topp``   per call the key blocks holding ``tau`` of each query tile's estimated mass (block means), blocks that
                     are not self-similar, the diagonal
 ``pmin``   per call the key blocks whose estimated share of their query tile's mass is at least ``pmin`` (the same
-                    estimate; one threshold for every row), each row's largest, the same blocks kept as ``topp``
+                    estimate; one threshold for every row), each row's largest, ``topp``'s always-kept blocks
 ``oracle`` per call evaluation only: the key blocks of highest *exact* attention mass (full-precision scores), a
                     fraction ``density`` of the valid key blocks per query tile -- the best map at that density
 =========  =======  ===========================================================================================
@@ -18,9 +18,9 @@ kind       when     what it keeps
 :class:`SparsitySpec` / :func:`parse_sparsity` name a kind and its parameters (``none``, ``radial:band=1``,
 ``topp:0.9,sim=0.5``); :func:`build_block_map` builds a call's map. Add a kind: write its module (a
 :class:`SparsityKind` with its parameters and builder) and register it -- here for a built-in one, or with
-:func:`register_sparsity_kind` from anywhere. :mod:`rotvid.kernels.sparsity.density` matches the kinds whose
-density is not their parameter to a density (radial's band and window from the grid, top-p's tau and pmin's
-threshold from some calls' estimates), so that kinds are compared at equal density; :mod:`rotvid.kernels.sparsity.cost` estimates the
+:func:`register_sparsity_kind` from anywhere. :mod:`rotvid.kernels.sparsity.density` matches the kinds whose density is
+not their parameter to a density (radial's band and window from the grid, top-p's tau and pmin's threshold from some
+calls' estimates), so that kinds are compared at equal density; :mod:`rotvid.kernels.sparsity.cost` estimates the
 block-sparse kernel's time at a density (a line fitted to its measured times).
 """
 

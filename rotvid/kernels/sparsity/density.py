@@ -95,14 +95,15 @@ def _stacked(estimates: Sequence[TopPEstimate]) -> list[tuple[int, tuple]]:
     return out
 
 
-def _mean_density(stacked: list[tuple[int, tuple]], tau: float, sim: float, *, pmin: bool = False) -> float:
-    """The mean density of the calls' maps: top-p's at ``tau``, or (``pmin``) the ``pmin`` kind's at threshold ``tau``."""
+def _mean_density(stacked: list[tuple[int, tuple]], value: float, sim: float, *, kind: str = "topp") -> float:
+    """The mean density of the calls' maps of ``kind`` at its parameter ``value``: ``topp``'s tau or ``pmin``'s
+    threshold."""
     total, calls = 0.0, 0
     for n, (mass, q_sim, k_sim, k_live) in stacked:
-        if pmin:
-            keep = pmin_keep(mass, q_sim, k_sim, k_live, pmin=tau, sim=sim)
+        if kind == "pmin":
+            keep = pmin_keep(mass, q_sim, k_sim, k_live, pmin=value, sim=sim)
         else:
-            keep = topp_keep(mass, q_sim, k_sim, k_live, tau=tau, sim=sim)
+            keep = topp_keep(mass, q_sim, k_sim, k_live, tau=value, sim=sim)
         per_call = keep.view(n, -1).float().mean(dim=-1)  # (each call's rows are contiguous in the batch)
         total += float(per_call.sum())
         calls += n
@@ -170,15 +171,15 @@ def pmin_for_density(estimates: Sequence[TopPEstimate], density: float, *, sim: 
         return 1.0 if i >= n else float(f"{lowest * 10 ** (i / steps_per_decade):.4g}")
 
     lo, hi = 0, n  # invariant: density(pmin_of(lo)) >= target (or lo == 0), density(pmin_of(hi)) < target
-    d_lo = _mean_density(stacked, pmin_of(lo), sim, pmin=True)
+    d_lo = _mean_density(stacked, pmin_of(lo), sim, kind="pmin")
     if d_lo <= target:
         return pmin_of(lo), d_lo
-    d_hi = _mean_density(stacked, pmin_of(hi), sim, pmin=True)
+    d_hi = _mean_density(stacked, pmin_of(hi), sim, kind="pmin")
     if d_hi >= target:
         return pmin_of(hi), d_hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        d = _mean_density(stacked, pmin_of(mid), sim, pmin=True)
+        d = _mean_density(stacked, pmin_of(mid), sim, kind="pmin")
         if d >= target:
             lo, d_lo = mid, d
         else:

@@ -120,7 +120,7 @@ def test_pmin_gives_the_calls_maps_the_density_it_says_and_the_closest(target):
 def _pmin_density(estimates, pmin):
     from rotvid.kernels.sparsity.density import _mean_density, _stacked
 
-    return _mean_density(_stacked(estimates), pmin, 0.5, pmin=True)
+    return _mean_density(_stacked(estimates), pmin, 0.5, kind="pmin")
 
 
 def test_pmin_arguments_are_checked():

@@ -67,9 +67,10 @@ struct AttnParams {
   int map_sb, map_sh;   // rows of the map per batch / per head (0: one map row for every batch / head)
   int map_kmax;         // Kmax
   // The online V/O Hadamard's inverse on the output (the int8-fp8 kernels, V rotated by their pre-processing): 1 =
-  // each output row leaves as T(wht(y) * 2^-3) -- y the row in float32 (O / l * v_scale + v_mean), wht the butterflies
-  // of rotvid.rope.hadamard.fwht over the D columns, one rounding -- by the epilogue (rowmath::store_rows_channel_scaled)
-  // or the split combine; 0: the kernels as they were. (In the 4 bytes of padding before lse: no offset moves.)
+  // each output row leaves as T(wht(y) * 2^-3) -- y the row in float32 (O / l * v_scale + v_mean), wht the
+  // butterflies of rotvid.rope.hadamard.fwht over the D columns, one rounding -- by the epilogue
+  // (rowmath::store_rows_channel_scaled_unrotated, the Int8Fp8VoNumerics kernels) or the split combine; 0: the
+  // kernels as they were. (In the 4 bytes of padding before lse: no offset moves.)
   int o_hadamard;
   // The log-sum-exp of each row (ring attention merges partial results by it): [B, H, Nq] fp32, natural log, of the
   // scores the kernel computed (rotvid/kernels/reference.py: ln 2 (m + log2(l / L))), written only when set, by

@@ -3,7 +3,7 @@
 // roperows::wht8 (rotvid.rope.hadamard.fwht's butterflies, stages 3+ by shuffles), multiplied by an exact power of two
 // and written once, rounded to its dtype: the bits of rotvid.rope.hadamard.unrotate_o_online (scale kVoScaleO) or
 // rotate_v_online (kVoScaleV). Its use: both sides around a CUDA kernel that does not rotate V itself (the INT4
-// recipes; rotvid.kernels.hadamard_op).
+// recipes; rotvid.kernels.hadamard_op), and the int8-fp8 call's output at head_dim 64.
 // Thread t holds the 16-byte chunk t % TPR of rows t / TPR + RSTEP u (u < U) of its CTA's U * RSTEP rows: each load
 // instruction of a CTA reads RSTEP consecutive rows (4 KB), all U loads in flight before the first transform.
 #include <cuda_bf16.h>

@@ -4,8 +4,9 @@
 // e the even channel of c's RoPE pair, p that of its partner pair (index[c] = (e, e + 1, p, p + 1)); float32, rounded
 // once to the input's dtype by the caller. A thread owns 8 consecutive output channels (one 16-byte chunk) of a row.
 // The full rotation adds fwht8 on the row rounded to that dtype (rotvid.rope.hadamard.fwht's bits). The online V/O
-// Hadamard (the int8-fp8 pre-processing's V, hadamard_rows.cu's O) runs the same butterflies (wht8, or wht4lanes: the
-// same operations on a row held by 4 lanes) with a power of two.
+// Hadamard (the int8-fp8 pre-processing's V, hadamard_rows.cu's O; rowmath::unrotate_tile_rows and
+// hopper::unrotate_warp_row, the int8-fp8 epilogue's, on other layouts) runs the same butterflies (wht8, or wht4lanes:
+// the same operations on a row held by 4 lanes) with a power of two.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

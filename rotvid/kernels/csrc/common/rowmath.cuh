@@ -161,13 +161,13 @@ __device__ __forceinline__ void store_zero_rows(const AttnParams& p, int row0, i
   }
 }
 
-// The online V/O Hadamard's inverse (AttnParams.o_hadamard) on the rows of an accumulator-layout tile: y[j][2r + e]
-// is column 8j + 2t + e of the thread's row r (t = lane % 4: the mma / wgmma accumulator fragment, whose row is
-// shared by the 4 lanes of a quad). The butterflies of rotvid.rope.hadamard.fwht in its order -- stage s maps
-// columns i and i + 2^s (bit s of i clear) to (a + b, a - b) -- with column bit 0 in the thread (e), bits 1-2 across
-// the quad (shuffles xor 1, 2) and bits 3.. in the thread (j); then the exact power of two kVoScaleOut (2^-3 = 2^-floor(k/2)
-// for D = 2^k, 64 or 128: with the pre-processing's 2^-ceil(k/2) on V the pair is the identity). Every lane calls it
-// (full-mask shuffles), rows past Nq too.
+// The online V/O Hadamard's inverse (AttnParams.o_hadamard) on the rows of an accumulator-layout tile: y[j][2r + e] is
+// column 8j + 2t + e of the thread's row r (t = lane % 4: the mma / wgmma accumulator fragment, whose row is shared by
+// the 4 lanes of a quad). The butterflies of rotvid.rope.hadamard.fwht in its order -- stage s maps columns i and i +
+// 2^s (bit s of i clear) to (a + b, a - b) -- with column bit 0 in the thread (e), bits 1-2 across the quad (shuffles
+// xor 1, 2) and bits 3.. in the thread (j); then the exact power of two kVoScaleOut (2^-3 = 2^-floor(k/2) for D = 2^k,
+// 64 or 128: with the pre-processing's 2^-ceil(k/2) on V the pair is the identity). Every lane calls it (full-mask
+// shuffles), rows past Nq too.
 constexpr float kVoScaleOut = 0.125f;
 
 template <int D>

@@ -377,8 +377,8 @@ struct NoLse {
   static constexpr float LSE_LOG2_UNIT = 0.f;
 };
 
-// The online V/O Hadamard's inverse on one row held by a warp, EPL consecutive columns per lane (column lane * EPL + i):
-// rotvid.rope.hadamard.fwht's butterflies in its order -- the low column bits in the thread, the others across the
+// The online V/O Hadamard's inverse on one row held by a warp, EPL consecutive columns per lane (column lane * EPL +
+// i): rotvid.rope.hadamard.fwht's butterflies in its order -- the low column bits in the thread, the others across the
 // lanes (shuffles xor 1 .. 16) -- then rowmath::kVoScaleOut (rowmath::unrotate_tile_rows on the split combine's
 // layout).
 template <int EPL>
@@ -406,10 +406,11 @@ __device__ __forceinline__ void unrotate_warp_row(float (&y)[EPL], int lane) {
   for (int i = 0; i < EPL; ++i) y[i] = __fmul_rn(y[i], rowmath::kVoScaleOut);
 }
 
-// The tail split's second pass: one warp per row of a split tile merges the splits' (O, m, l) -- weights
-// exp2(m_s - max m) -- and writes O / l (+ v_mean) like store_rows (un-rotated with p.o_hadamard), and (L: the kernel's numerics when the launch
-// writes the LSE, NoLse otherwise) the row's LSE into p.lse from the merged l and max m. Grid (split tiles, kBM / 8),
-// 256 threads. SPARSE: a row whose splits all kept no key (every m -inf) is written 0, without the V mean (LSE -inf).
+// The tail split's second pass: one warp per row of a split tile merges the splits' (O, m, l) -- weights exp2(m_s - max
+// m) -- and writes O / l (+ v_mean) like store_rows (un-rotated with p.o_hadamard), and (L: the kernel's numerics when
+// the launch writes the LSE, NoLse otherwise) the row's LSE into p.lse from the merged l and max m. Grid (split tiles,
+// kBM / 8), 256 threads. SPARSE: a row whose splits all kept no key (every m -inf) is written 0, without the V mean
+// (LSE -inf).
 template <int D, bool SPARSE, class L = NoLse>
 __global__ void __launch_bounds__(256) combine_splits_kernel(const AttnParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

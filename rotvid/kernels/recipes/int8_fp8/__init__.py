@@ -5,7 +5,8 @@ CUDA kernels on sm89 (mma.sync e4m3) and sm90 (wgmma, the default there): :mod:`
 they do not smooth Q and use key blocks of 128 on every backend (the reference's default for this recipe too, so a
 fallback keeps their numerics). Their pre-processing can apply a RoPE·R table itself, and the online V/O Hadamard
 (``v_hadamard``, the block = head_dim): V rotated in the pre-processing (the PyTorch function's bits), the output
-turned back in the attention kernel's epilogue; the sm90 kernel takes a block
+turned back in the attention kernel's epilogue at head_dim 128 (by one pass inside the call at 64); the sm90 kernel
+takes a block
 map (block-sparse attention) and returns each row's log-sum-exp on request (``return_lse``: ring attention); the
 sm89 one refuses that.
 """

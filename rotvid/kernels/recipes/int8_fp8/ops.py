@@ -27,14 +27,14 @@ fp32 pass over q and k in torch), giving the LSE of the unsmoothed scores that r
 
 The online V/O Hadamard inside the call (``v_hadamard=True``; :func:`v_hadamard_fusion_unsupported` says when it
 applies: the block is the head_dim): the pre-processing transforms every V row right after loading it, in both the
-statistics and the quantize launch, with the bits of :func:`rotvid.rope.hadamard.rotate_v_online` (so its operands
-are those of ``preprocess_int8fp8_cuda(q, k, rotate_v_online(v, D))``), and at head_dim 128
-(:data:`O_EPILOGUE_HEAD_DIMS`) the attention kernel turns each output row back in its epilogue (or its split combine;
-``o_hadamard``): the butterflies of :func:`rotvid.rope.hadamard.unrotate_o_online` on the row in float32, then one
-rounding -- where the PyTorch path rounds the rotated output first, so the two differ by that rounding; at head_dim
-64 one pass over the output does (:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`: the PyTorch path's bits). Off (the default) the pre-processing kernels
-are those of before, instruction for instruction (their ``V_HADAMARD = false`` instantiations), and the attention
-kernels' output bits are unchanged (``AttnParams.o_hadamard`` 0).
+statistics and the quantize launch, with the bits of :func:`rotvid.rope.hadamard.rotate_v_online` (so its operands are
+those of ``preprocess_int8fp8_cuda(q, k, rotate_v_online(v, D))``), and at head_dim 128 (:data:`O_EPILOGUE_HEAD_DIMS`)
+the attention kernel turns each output row back in its epilogue (or its split combine; ``o_hadamard``): the butterflies
+of :func:`rotvid.rope.hadamard.unrotate_o_online` on the row in float32, then one rounding -- where the PyTorch path
+rounds the rotated output first, so the two differ by that rounding; at head_dim 64 one pass over the output does
+(:func:`rotvid.kernels.hadamard_op.vo_hadamard_cuda`: the PyTorch path's bits). Off (the default) the pre-processing
+kernels are those of before, instruction for instruction (their ``V_HADAMARD = false`` instantiations), and the
+attention kernels' output bits are unchanged (``AttnParams.o_hadamard`` 0).
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ if TYPE_CHECKING:
 INT8FP8_PATHS = ("wgmma", "mma")
 # Head dims where a call with the online V/O Hadamard turns its output back in the attention kernel's epilogue; at
 # the others (64) one pass over the output does (vo_hadamard_cuda): there the epilogue's transform cost the Hopper
-# kernel 4.4% at CogVideoX-5B's shape, the pass 0.7% (RESULTS.md, the online V/O Hadamard).
+# kernel 4.4% at CogVideoX-5B's shape, the pass 0.7% (RESULTS.md, the online V/O Hadamard). The head_dim-64 epilogue
+# kernels stay built, reachable through attention_int8fp8_quantized(o_hadamard=True) (the tests and sanitizers run
+# them).
 O_EPILOGUE_HEAD_DIMS = (128,)
 
 

@@ -158,5 +158,6 @@ ROTVID_BINDINGS(int8fp8, m) {
   m.def("attention_int8fp8", &attention_int8fp8,
         "int8-fp8 attention on quantized inputs (mma=false: the sm90 wgmma kernel; true: the sm89+ mma.sync kernel; "
         "map_index / map_count: a block map, both kernels; lse: fp32 [B, H, n_q] written with each row's "
-        "log-sum-exp, the wgmma kernel only; o_hadamard: the online V/O Hadamard's inverse on the output, both kernels)");
+        "log-sum-exp, the wgmma kernel only; o_hadamard: the online V/O Hadamard's inverse on the output, both "
+        "kernels)");
 }
