@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -27,6 +26,7 @@ from rotvid.pipelines.proxy.clips import held_out_prompts
 from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard_block
 
 from benchmarks.provenance import git_commit
+from benchmarks.study_io import command_line
 
 RECIPES = ("int8-fp8", "int4", "int4-fp8", "int4-sym-p", "nvfp4")
 RESULTS = Path(__file__).resolve().parent / "results" / "vo_hadamard_study.json"
@@ -92,7 +92,7 @@ def main() -> None:
               flush=True)
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(dict(commit=git_commit(), command="python " + " ".join(sys.argv),
+        RESULTS.write_text(json.dumps(dict(commit=git_commit(), command=command_line("vo_hadamard_study", None),
                                            shape=list(calls[0][0].shape), rows=rows), indent=1) + "\n")
 
 

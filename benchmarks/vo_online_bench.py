@@ -47,6 +47,7 @@ from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard
 
 from benchmarks.kernel_bench import SHAPES, cos_fp64_rows, time_interleaved
 from benchmarks.provenance import git_commit
+from benchmarks.study_io import command_line
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vo_online_bench.json"
 
@@ -185,7 +186,7 @@ def main() -> None:
               f"| {by['off']['cos_fp64']:.5f} / {by['online']['cos_fp64']:.5f} |")
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        doc = dict(device=torch.cuda.get_device_name(), commit=git_commit(), command="python " + " ".join(sys.argv),
+        doc = dict(device=torch.cuda.get_device_name(), commit=git_commit(), command=command_line("vo_online_bench", None),
                    torch=torch.__version__, rows=rows)
         RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
 
