@@ -375,6 +375,13 @@ def choose_size(pipe, args, prompts, pool) -> tuple[dict, list[dict], str]:
                           "where the proxy may not draw the prompted scene")
 
 
+def _sparse_step_estimates(entry, dense_first_steps: int) -> list:
+    """The top-p estimates the prompts' dense runs recorded at the steps a sparse run gives a map (those past its dense
+    first steps)."""
+    return [est for item in entry["prompts"] for step, est in item["estimates"]
+            if step is None or step >= dense_first_steps]
+
+
 def match_specs(args, entry) -> tuple[dict, dict]:
     """Per (kind, target density, dense first steps): the spec and its matched density (module docstring)."""
     grid = TokenGrid(*entry["grid"])
@@ -392,8 +399,7 @@ def match_specs(args, entry) -> tuple[dict, dict]:
             calibration["radial"].append({"target": d, "spec": str(spec), "density": got})
         if "topp" in args.kinds:
             for dfs in args.dfs_settings:
-                estimates = [est for item in entry["prompts"] for step, est in item["estimates"]
-                             if step is None or step >= dfs]
+                estimates = _sparse_step_estimates(entry, dfs)
                 tau, got = topp_tau_for_density(estimates, d, sim=args.topp_sim)
                 spec = parse_sparsity(f"topp:{tau},sim={args.topp_sim}")
                 specs["topp", d, dfs] = spec
@@ -401,8 +407,7 @@ def match_specs(args, entry) -> tuple[dict, dict]:
                                             "density_on_dense_runs": got, "calls": len(estimates)})
         if "pmin" in args.kinds:
             for dfs in args.dfs_settings:
-                estimates = [est for item in entry["prompts"] for step, est in item["estimates"]
-                             if step is None or step >= dfs]
+                estimates = _sparse_step_estimates(entry, dfs)
                 pmin, got = pmin_for_density(estimates, d, sim=args.topp_sim)
                 spec = parse_sparsity(f"pmin:{pmin},sim={args.topp_sim}")
                 specs["pmin", d, dfs] = spec

@@ -132,8 +132,19 @@ def topp_estimate(
     strides); ``kv_lens`` int [B] (values past ``N_kv`` count as ``N_kv``)."""
     mass, q_sim, k_sim, k_live = _mass_estimate(q, k, kv_lens, sm_scale)
     keep = topp_keep(mass, q_sim, k_sim, k_live, tau=tau, sim=sim)
-    dropped = (mass * (~keep).to(mass.dtype)).sum(dim=-1)
-    return TopPEstimate(keep, mass, dropped, q_sim, k_sim, k_live)
+    return TopPEstimate(keep, mass, _dropped(mass, keep), q_sim, k_sim, k_live)
+
+
+def _dropped(mass: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The estimated mass of the blocks ``keep`` leaves out, per query tile [B, H, Tq]."""
+    return (mass * (~keep).to(mass.dtype)).sum(dim=-1)
+
+
+def _sparse_map(keep: torch.Tensor, dropped: torch.Tensor, n_q: int, n_kv: int) -> SparseMap:
+    """A dynamic kind's map of the kept blocks ``keep``, with its estimated dropped mass (float)."""
+    indices, counts = indices_from_mask(keep)
+    # (indices_from_mask: valid by construction, so a call never syncs to check the values)
+    return SparseMap(BlockMap._valid_by_construction(indices, counts, n_q, n_kv), dropped.float())
 
 
 def _mass_estimate(q, k, kv_lens, sm_scale):
@@ -157,7 +168,6 @@ def topp_keep(
     [B, H, Tq, Tk], the self-similarities ``q_sim`` [B, H, Tq] and ``k_sim`` [B, H, Tk] and ``k_live`` bool
     [B', 1, Tk] (a :class:`TopPEstimate`'s fields). Apart so that the map of another ``tau`` or ``sim`` costs no
     second pooling (:func:`rotvid.kernels.sparsity.density.topp_tau_for_density` searches ``tau`` this way)."""
-    tq, tk = mass.shape[-2], mass.shape[-1]
     ranked, order = torch.sort(mass, dim=-1, descending=True)
     before = torch.cumsum(ranked, dim=-1) - ranked
     keep = torch.zeros_like(mass, dtype=torch.bool).scatter(-1, order, (before < tau) & (ranked > 0))
@@ -201,9 +211,7 @@ def pmin_block_map(
         q, k = q.transpose(1, 2), k.transpose(1, 2)
     mass, q_sim, k_sim, k_live = _mass_estimate(q, k, kv_lens, sm_scale)
     keep = pmin_keep(mass, q_sim, k_sim, k_live, pmin=pmin, sim=sim)
-    indices, counts = indices_from_mask(keep)
-    bm = BlockMap._valid_by_construction(indices, counts, q.shape[2], k.shape[2])
-    return SparseMap(bm, (mass * (~keep).to(mass.dtype)).sum(dim=-1).float())
+    return _sparse_map(keep, _dropped(mass, keep), q.shape[2], k.shape[2])
 
 
 def topp_block_map(
@@ -221,10 +229,7 @@ def topp_block_map(
     if layout == "BNHD":
         q, k = q.transpose(1, 2), k.transpose(1, 2)
     est = topp_estimate(q, k, tau=tau, sim=sim, kv_lens=kv_lens, sm_scale=sm_scale)
-    indices, counts = indices_from_mask(est.keep)
-    # (indices_from_mask: valid by construction, so a call never syncs to check the values)
-    bm = BlockMap._valid_by_construction(indices, counts, q.shape[2], k.shape[2])
-    return SparseMap(bm, est.dropped_mass.float())
+    return _sparse_map(est.keep, est.dropped_mass, q.shape[2], k.shape[2])
 
 
 def _build(spec: SparsitySpec, q, k, *, layout="BHND", kv_lens=None, sm_scale=None, grid=None) -> SparseMap:
