@@ -63,7 +63,7 @@ from rotvid.kernels.recipes.int8_fp8.ops import (
 from rotvid.kernels.sparsity import MAP_BLOCK, BlockMap, TokenGrid
 from rotvid.kernels.sparsity.block_map import blocks_for
 from rotvid.kernels.sparsity.radial import radial_block_mask
-from rotvid.kernels.sparsity.topp import topp_block_map
+from rotvid.kernels.sparsity.topp import pmin_block_map, topp_block_map
 
 from benchmarks.provenance import git_commit, utc_stamp
 from benchmarks.timing import call_ms
@@ -102,6 +102,7 @@ SHAPES = {
 }
 SPARSE_DENSITIES = (0.2, 0.35, 0.5, 0.75)
 TOPP_SPEC_TAU = 0.9  # the dynamic map whose building is timed
+PMIN_SPEC_P = 0.002  # the one-threshold kind on the same estimate (no sort), timed beside it
 
 
 def random_block_map(heads: int, n: int, density: float, seed: int, device) -> BlockMap:
@@ -362,12 +363,16 @@ def map_builds(shape: Shape, q, k, timers: dict) -> dict:
         out = topp_block_map(q, k, tau=TOPP_SPEC_TAU)
         return out.block_map.indices, out.block_map.counts
 
-    topp_c = torch.compile(topp, fullgraph=True)
-    _, counts = topp_c(q, k)
-    spec = f"topp:{TOPP_SPEC_TAU:g}"
-    timers[f"build-{spec}"] = lambda: topp_c(q, k)
-    builds[spec] = dict(on_gpu=True, ms=None, density=float(counts.sum(dtype=torch.float64)) / counts.numel()
-                        / blocks_for(shape.n), note="GPU, torch.compile fullgraph, per call")
+    def pmin(q, k):
+        out = pmin_block_map(q, k, pmin=PMIN_SPEC_P)
+        return out.block_map.indices, out.block_map.counts
+
+    for spec, fn in ((f"topp:{TOPP_SPEC_TAU:g}", topp), (f"pmin:{PMIN_SPEC_P:g}", pmin)):
+        compiled = torch.compile(fn, fullgraph=True)
+        _, counts = compiled(q, k)
+        timers[f"build-{spec}"] = lambda compiled=compiled: compiled(q, k)
+        builds[spec] = dict(on_gpu=True, ms=None, density=float(counts.sum(dtype=torch.float64)) / counts.numel()
+                            / blocks_for(shape.n), note="GPU, torch.compile fullgraph, per call")
     if shape.grid is not None and shape.grid.num_tokens == shape.n:
         start = time.perf_counter()
         mask = radial_block_mask(shape.grid)
@@ -380,8 +385,8 @@ def map_builds(shape: Shape, q, k, timers: dict) -> dict:
 
 
 def map_build_only(shape: Shape, rounds: int) -> list[str]:
-    """``--map-build-only``: the ``topp`` builder at the shape (compiled fullgraph, as in ``map_build``) beside the
-    dense int8-fp8 call it must stay within 3% of, and its pooling alone: the Triton kernel (Q and K) and the eager
+    """``--map-build-only``: the ``topp`` and ``pmin`` builders at the shape (compiled fullgraph, as in ``map_build``)
+    beside the dense int8-fp8 call they must stay within 3% of, and their pooling alone: the Triton kernel (Q and K) and the eager
     pooling compiled (what CPU tensors take). Returns the table's lines."""
     from rotvid.kernels.sparsity.block_pool_triton import block_pool_triton
     from rotvid.kernels.sparsity.topp import _blocks, _pool
@@ -400,9 +405,10 @@ def map_build_only(shape: Shape, rounds: int) -> list[str]:
     timers["pool-eager"] = lambda: (eager_pool(q), eager_pool(k))
     timers["dense"] = lambda: int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)
     times = time_interleaved(timers, rounds)
-    spec = f"topp:{TOPP_SPEC_TAU:g}"
+    spec, pspec = f"topp:{TOPP_SPEC_TAU:g}", f"pmin:{PMIN_SPEC_P:g}"
     lines = [f"{shape.name}: dense int8-fp8 call {times['dense']:.3f} ms ({torch.cuda.get_device_name()})"]
     for label, key in ((f"map build {spec} (density {builds[spec]['density']:.3f})", f"build-{spec}"),
+                       (f"map build {pspec} (density {builds[pspec]['density']:.3f})", f"build-{pspec}"),
                        ("  pooling Q+K, Triton kernel", "pool-kernel"),
                        ("  pooling Q+K, eager form compiled", "pool-eager")):
         lines.append(f"  {label}: {times[key]:.3f} ms = {100 * times[key] / times['dense']:.2f}% of the dense call")

@@ -123,11 +123,19 @@ def bench(name: str, rounds: int, seed: int = 0) -> list[dict]:
 
 def kernel_breakdown(name: str, iters: int, rounds: int = 1, seed: int = 0) -> list[dict]:
     """Mean GPU time per call of every kernel ``off`` and ``online`` launch (torch.profiler, ``iters`` calls per
-    method and round; the methods alternate over ``rounds`` rounds, so a drift of the GPU's clocks falls on both)."""
+    method and round; the methods alternate over ``rounds`` rounds, so a drift of the GPU's clocks falls on all) and of
+    ``off-rotated-v``: the plain call on V rotated beforehand (PyTorch) -- the plain kernels on the rotated operands,
+    so its attention row against ``off``'s is what the rotated data alone costs (clocks, power) and against
+    ``online``'s what the epilogue costs on the same data."""
     from torch.profiler import ProfilerActivity, profile
 
     q, k, v = _inputs(name, seed)
-    methods = (("off", off), ("online", online))
+    v_rot = rotate_v_online(v, vo_hadamard_block(q.shape[-1]))
+
+    def off_rotated_v(q, k, v):
+        return off(q, k, v_rot)
+
+    methods = (("off", off), ("off-rotated-v", off_rotated_v), ("online", online))
     for _, fn in methods:
         for _ in range(3):
             fn(q, k, v)
@@ -160,14 +168,15 @@ def main() -> None:
         sys.exit("vo_online_bench.py: needs a CUDA GPU")
     if args.kernels:
         for name in args.shapes:
-            print(f"\n{name}: kernel, mean GPU µs per call (off / online)")
+            print(f"\n{name}: kernel, mean GPU µs per call (off / off on rotated V / online)")
             rows = kernel_breakdown(name, args.iters, args.rounds)
             names = list(dict.fromkeys(r["kernel"] for r in rows))
+            methods = ("off", "off-rotated-v", "online")
             for kn in names:
                 t = {r["method"]: r["us"] for r in rows if r["kernel"] == kn}
-                print(f"  {t.get('off', 0.0):10.1f} {t.get('online', 0.0):10.1f}  {kn}")
-            tot = {m: sum(r["us"] for r in rows if r["method"] == m) for m in ("off", "online")}
-            print(f"  {tot['off']:10.1f} {tot['online']:10.1f}  (sum)")
+                print("  " + " ".join(f"{t.get(m, 0.0):10.1f}" for m in methods) + f"  {kn}")
+            tot = {m: sum(r["us"] for r in rows if r["method"] == m) for m in methods}
+            print("  " + " ".join(f"{tot[m]:10.1f}" for m in methods) + "  (sum)")
         return
     rows = []
     for name in args.shapes:

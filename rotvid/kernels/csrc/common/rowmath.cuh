@@ -165,9 +165,11 @@ __device__ __forceinline__ void store_zero_rows(const AttnParams& p, int row0, i
 // column 8j + 2t + e of the thread's row r (t = lane % 4: the mma / wgmma accumulator fragment, whose row is shared by
 // the 4 lanes of a quad). The butterflies of rotvid.rope.hadamard.fwht in its order -- stage s maps columns i and i +
 // 2^s (bit s of i clear) to (a + b, a - b) -- with column bit 0 in the thread (e), bits 1-2 across the quad (shuffles
-// xor 1, 2) and bits 3.. in the thread (j); then the exact power of two kVoScaleOut (2^-3 = 2^-floor(k/2) for D = 2^k,
-// 64 or 128: with the pre-processing's 2^-ceil(k/2) on V the pair is the identity). Every lane calls it (full-mask
-// shuffles), rows past Nq too.
+// xor 1, 2; one fma by +-1 per value: the lane holding b computes -b + a, rounded once like a - b) and bits 3.. in the
+// thread (j). The exact power of two kVoScaleOut (2^-3 = 2^-floor(k/2) for D = 2^k, 64 or 128: with the
+// pre-processing's 2^-ceil(k/2) on V the pair is the identity) is the caller's, applied to the inputs: scaling by a
+// power of two commutes with every rounding here (normal floats), so the result has the bits of transform-then-scale
+// without a multiply per value. Every lane calls it (full-mask shuffles), rows past Nq too.
 constexpr float kVoScaleOut = 0.125f;
 
 template <int D>
@@ -184,13 +186,13 @@ __device__ __forceinline__ void unrotate_tile_rows(float (&y)[D / 8][4], int t) 
   }
 #pragma unroll
   for (int m = 1; m < 4; m *= 2) {  // stages 1-2: across the quad
-    const bool upper = (t & m) != 0;  // this lane holds the b's of the stage
+    const float sign = (t & m) != 0 ? -1.f : 1.f;  // -1: this lane holds the b's of the stage (a - b = fma(-1, b, a))
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float other = __shfl_xor_sync(0xffffffffu, y[j][e], m);
-        y[j][e] = upper ? __fsub_rn(other, y[j][e]) : __fadd_rn(y[j][e], other);
+        y[j][e] = __fmaf_rn(sign, y[j][e], other);
       }
     }
   }
@@ -206,11 +208,6 @@ __device__ __forceinline__ void unrotate_tile_rows(float (&y)[D / 8][4], int t) 
         y[j + hj][e] = __fsub_rn(a, b);
       }
     }
-  }
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) y[j][e] = __fmul_rn(y[j][e], kVoScaleOut);
   }
 }
 
@@ -243,8 +240,8 @@ __device__ __forceinline__ void store_rows_channel_scaled(const AttnParams& p, c
 }
 
 // The same rows un-rotated (the online V/O Hadamard's inverse, AttnParams.o_hadamard): unrotate_tile_rows on the
-// float32 values O / l * v_scale (+ v_mean), then one rounding; rows >= Nq skipped (after the transform, which every
-// lane runs).
+// float32 values O / l * v_scale (+ v_mean), kVoScaleOut folded into 1 / l and v_mean, then one rounding; rows >= Nq
+// skipped (after the transform, which every lane runs).
 template <int D>
 __device__ __forceinline__ void store_rows_channel_scaled_unrotated(const AttnParams& p, const float (&o)[D / 8][4],
                                                                     float (&l_run)[2], int row0, int g, int t, int b,
@@ -260,15 +257,15 @@ __device__ __forceinline__ void store_rows_channel_scaled_unrotated(const AttnPa
   float y[D / 8][4];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float inv_l = 1.f / l_run[r];
+    const float inv_l = __fmul_rn(1.f / l_run[r], kVoScaleOut);  // unrotate_tile_rows' scale, once per row
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int d = 8 * j + 2 * t;
       const float2 sc = *reinterpret_cast<const float2*>(vs + d);
       float y0 = o[j][2 * r] * inv_l * sc.x, y1 = o[j][2 * r + 1] * inv_l * sc.y;
       if (vm != nullptr) {
-        y0 += vm[d];
-        y1 += vm[d + 1];
+        y0 += vm[d] * kVoScaleOut;
+        y1 += vm[d + 1] * kVoScaleOut;
       }
       y[j][2 * r] = y0;
       y[j][2 * r + 1] = y1;
