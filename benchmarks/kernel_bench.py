@@ -386,8 +386,11 @@ def map_builds(shape: Shape, q, k, timers: dict) -> dict:
 
 def map_build_only(shape: Shape, rounds: int) -> list[str]:
     """``--map-build-only``: the ``topp`` and ``pmin`` builders at the shape (compiled fullgraph, as in ``map_build``)
-    beside the dense int8-fp8 call they must stay within 3% of, and their pooling alone: the Triton kernel (Q and K) and the eager
-    pooling compiled (what CPU tensors take). Returns the table's lines."""
+    beside the dense int8-fp8 call they must stay within 3% of, and their pooling alone: the Triton kernel (Q and K) and
+    the eager pooling compiled (what CPU tensors take). A build timed alone at a small shape is the host's time (each
+    launch's Python and driver work, not the GPU's), so each build is also given as its kernels' GPU time
+    (:func:`gpu_kernel_ms`) and as what it adds to the dense call when run before it, as a pipeline runs it (the host
+    launches the build while the GPU still runs the previous call). Returns the table's lines."""
     from rotvid.kernels.sparsity.block_pool_triton import block_pool_triton
     from rotvid.kernels.sparsity.topp import _blocks, _pool
 
@@ -403,16 +406,43 @@ def map_build_only(shape: Shape, rounds: int) -> list[str]:
     eager_pool = torch.compile(lambda x: _pool(_blocks(x.float(), t), valid), fullgraph=True)
     timers["pool-kernel"] = lambda: (block_pool_triton(q), block_pool_triton(k))
     timers["pool-eager"] = lambda: (eager_pool(q), eager_pool(k))
-    timers["dense"] = lambda: int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)
-    times = time_interleaved(timers, rounds)
+    def dense():
+        return int8fp8_attention_cuda(q, k, v, kv_lens=kv_lens, smooth_v=False)
+
+    timers["dense"] = dense
     spec, pspec = f"topp:{TOPP_SPEC_TAU:g}", f"pmin:{PMIN_SPEC_P:g}"
+    builders = {s_: timers[f"build-{s_}"] for s_ in (spec, pspec)}
+    for s_, build in builders.items():  # as a pipeline runs it: the build, then the call (its host time overlaps)
+        timers[f"then-dense-{s_}"] = lambda build=build: (build(), dense())
+    times = time_interleaved(timers, rounds)
+    gpu = {s_: gpu_kernel_ms(build) for s_, build in builders.items()}
     lines = [f"{shape.name}: dense int8-fp8 call {times['dense']:.3f} ms ({torch.cuda.get_device_name()})"]
     for label, key in ((f"map build {spec} (density {builds[spec]['density']:.3f})", f"build-{spec}"),
                        (f"map build {pspec} (density {builds[pspec]['density']:.3f})", f"build-{pspec}"),
                        ("  pooling Q+K, Triton kernel", "pool-kernel"),
                        ("  pooling Q+K, eager form compiled", "pool-eager")):
         lines.append(f"  {label}: {times[key]:.3f} ms = {100 * times[key] / times['dense']:.2f}% of the dense call")
+    for s_ in builders:
+        added = times[f"then-dense-{s_}"] - times["dense"]
+        lines.append(f"  {s_}: GPU kernels {gpu[s_]:.3f} ms = {100 * gpu[s_] / times['dense']:.2f}%; build + call "
+                     f"{times[f'then-dense-{s_}']:.3f} ms, +{added:.3f} ms = {100 * added / times['dense']:+.2f}% "
+                     "over the call alone")
     return lines
+
+
+def gpu_kernel_ms(fn, iters: int = 20) -> float:
+    """The GPU time of the kernels ``fn`` launches, per call (torch.profiler's kernel durations summed over ``iters``
+    calls): what a call costs the GPU when its host work overlaps the GPU's, as in a pipeline."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / iters / 1e3
 
 
 def lse_cost(shape: Shape, rounds: int) -> list[str]:

@@ -9,12 +9,10 @@ For block ``t`` of ``x[b, h]`` with valid tokens ``V = {n in [128 t, 128 t + 128
   ``cos(u, v) = u·v / max(|u| |v|, 1e-12)`` (0 for an empty block),
 
 in float32 -- the maths of :func:`rotvid.kernels.sparsity.topp._pool`. The eager form materializes float32 copies of
-the whole tensor (cast, padding, the weighted products, the norms); this kernel reads each block once, 32 tokens at a
-time (tokens outside ``V`` are not read: they count as 0), and writes ``D + 1`` floats per block. One pass: the
-similarity is taken as ``sum_n cos(x_n, m) = (sum_n x_n / |x_n|) · m / |m|`` (norms clamped at ``1e-12``), so a
-chunk is summed twice (the tokens, the tokens over their norms) and never revisited. The sums run in another order
-than PyTorch's reductions, so the results differ from the eager form's by float32 rounding (a few ulp of the
-block's magnitude; the clamp differs only for norms below ``1e-12``), nothing else.
+the whole tensor (cast, padding, the weighted products, the norms); this kernel loads each block once (tokens outside
+``V`` are not read: they count as 0), keeps it in registers, and writes ``D + 1`` floats per block. The sums run in
+another order than PyTorch's reductions, so the results differ from the eager form's by float32 rounding (a few ulp
+of the block's magnitude), nothing else.
 
 Programs: one per (block, head, batch row), the block fastest, so neighbouring programs read neighbouring memory in
 the BHND layout. Registered as the custom op ``rotvid::block_pool`` (:func:`torch.library.triton_op`): its fake form
@@ -47,32 +45,27 @@ def _block_pool_kernel(
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK: tl.constexpr,
-    CHUNK: tl.constexpr,
     EPS: tl.constexpr,
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
+    n = t * BLOCK + tl.arange(0, BLOCK)
     c = tl.arange(0, BLOCK_D)
-    cmask = c < D
     limit = N
     if HAS_LENS:
         limit = tl.minimum(tl.load(lens_ptr + b).to(tl.int32), N)
-    base = x_ptr + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + c[None, :] * sxd
-    total = tl.zeros([BLOCK_D], dtype=tl.float32)  # sum of the valid tokens
-    unit = tl.zeros([BLOCK_D], dtype=tl.float32)  # sum of the valid tokens over their norms (0 for a zero token)
-    for i in tl.static_range(BLOCK // CHUNK):
-        n = t * BLOCK + i * CHUNK + tl.arange(0, CHUNK)
-        valid = n < limit
-        x = tl.load(base + n[:, None].to(tl.int64) * sxn, mask=valid[:, None] & cmask[None, :], other=0.0)
-        x = x.to(tl.float32)
-        total += tl.sum(x, axis=0)
-        inv_norm = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), EPS)
-        unit += tl.sum(x * inv_norm[:, None], axis=0)
-    count = tl.maximum(tl.minimum(limit - t * BLOCK, BLOCK), 0).to(tl.float32)
-    mean = total / tl.maximum(count, 1.0)  # [BLOCK_D]
+    valid = n < limit
+    cmask = c < D
+    src = x_ptr + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + n[:, None].to(tl.int64) * sxn + c[None, :] * sxd
+    x = tl.load(src, mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+    count = tl.maximum(tl.sum(valid.to(tl.float32), axis=0), 1.0)
+    mean = tl.sum(x, axis=0) / count  # [BLOCK_D]
+    dot = tl.sum(x * mean[None, :], axis=1)  # [BLOCK]
+    x_norm = tl.sqrt(tl.sum(x * x, axis=1))
     mean_norm = tl.sqrt(tl.sum(mean * mean, axis=0))
-    sim = tl.sum(unit * mean, axis=0) / tl.maximum(mean_norm, EPS) / tl.maximum(count, 1.0)
+    cos = dot / tl.maximum(x_norm * mean_norm, EPS)
+    sim = tl.sum(tl.where(valid, cos, 0.0), axis=0) / count
     tl.store(mean_ptr + b.to(tl.int64) * smb + h * smh + t * smt + c, mean, mask=cmask)
     tl.store(sim_ptr + b * ssb + h * ssh + t, sim)
 
@@ -84,15 +77,15 @@ def _block_pool_op(x: torch.Tensor, kv_lens: torch.Tensor | None) -> tuple[torch
     mean = torch.empty((b, h, t, d), dtype=torch.float32, device=x.device)
     sim = torch.empty((b, h, t), dtype=torch.float32, device=x.device)
     block_d = triton.next_power_of_2(d)
-    # a chunk of CHUNK tokens in registers at a time: 32 x BLOCK_D float32, 32 per thread at D = 128 with 4 warps
-    chunk = 32 if block_d <= 128 else 16
+    # the block lives in registers: 128 x BLOCK_D float32, 64 per thread at D = 128
+    num_warps = 4 if block_d <= 64 else 8 if block_d <= 128 else 16
     torch.library.wrap_triton(_block_pool_kernel)[(t, h, b)](
         x, x if kv_lens is None else kv_lens, mean, sim,
         n,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         mean.stride(0), mean.stride(1), mean.stride(2),
         sim.stride(0), sim.stride(1),
-        HAS_LENS=kv_lens is not None, D=d, BLOCK_D=block_d, BLOCK=MAP_BLOCK, CHUNK=chunk, EPS=_EPS, num_warps=4,
+        HAS_LENS=kv_lens is not None, D=d, BLOCK_D=block_d, BLOCK=MAP_BLOCK, EPS=_EPS, num_warps=num_warps,
     )
     return mean, sim
 
