@@ -379,8 +379,8 @@ struct NoLse {
 
 // The online V/O Hadamard's inverse on one row held by a warp, EPL consecutive columns per lane (column lane * EPL +
 // i): rotvid.rope.hadamard.fwht's butterflies in its order -- the low column bits in the thread, the others across the
-// lanes (shuffles xor 1 .. 16) -- then rowmath::kVoScaleOut (rowmath::unrotate_tile_rows on the split combine's
-// layout).
+// lanes (shuffles xor 1 .. 16) -- then rowmath::kVoScaleOut (what rowmath::unrotate_tile_rows and its caller,
+// which folds the scale into 1 / l, give, on the split combine's layout).
 template <int EPL>
 __device__ __forceinline__ void unrotate_warp_row(float (&y)[EPL], int lane) {
 #pragma unroll
