@@ -143,7 +143,8 @@ __device__ __forceinline__ void wht8(float (&y)[8]) {
 // thread), bits 3-4 are c (across the 4 lanes, shuffles xor 1 and 2), bits 5-6 are i (inside the thread again). The
 // stages run in wht8's order s = 0, 1, ... and every stage computes, for each pair of channels (a the one with bit s
 // clear, b its partner), __fadd_rn(a, b) into a's channel and __fsub_rn(a, b) into b's -- wht8's operations with
-// wht8's operands. By induction over s each channel holds after stage s the bits it holds in wht8 after stage s:
+// wht8's operands (across the lanes as one fma by +-1: fma(-1, b, a) and fma(1, a, b) round a - b and a + b once,
+// the same bits, one instruction instead of an add, a subtract and a select). By induction over s each channel holds after stage s the bits it holds in wht8 after stage s:
 // only which thread holds it differs, so the result (and anything computed per channel from it) is wht8's bit for
 // bit. Every lane of the warp calls it (full-mask shuffles).
 template <int D>
@@ -165,11 +166,11 @@ __device__ __forceinline__ void wht4lanes(float (&y)[D / 4]) {
   const int c = threadIdx.x % 4;
 #pragma unroll
   for (int m = 1; m < 4; m *= 2) {
-    const bool upper = (c & m) != 0;  // this lane holds the b's of the stage
+    const float sign = (c & m) != 0 ? -1.f : 1.f;  // -1: this lane holds the b's of the stage (a - b = fma(-1, b, a))
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float other = __shfl_xor_sync(0xffffffffu, y[j], m);
-      y[j] = upper ? __fsub_rn(other, y[j]) : __fadd_rn(y[j], other);
+      y[j] = __fmaf_rn(sign, y[j], other);
     }
   }
   // stages 5 (and 6 at D = 128): channel bits 5-6 = bits 3-4 of the index into y
