@@ -1,10 +1,10 @@
 """How close top-p's block estimate ranks to the oracle: kept attention mass at a fixed per-row block count, on the
 bundled proxy's real attention at a size where blocks matter.
 
-    python -m benchmarks.topp_estimate_study [--size 512x512x65] [--step 3] [--densities 0.2 0.3 0.5]
+    python -m benchmarks.topp_estimate_study [--size 512x512x65] [--step 3 [9 ...]] [--densities 0.2 0.3 0.5]
 
-The untouched proxy pipeline (float32, CPU or GPU) runs up to denoising step ``--step`` and its self-attention
-queries and keys of that step are captured (every block, both CFG branches: SDPA's inputs, after RoPE; rotvid's
+The untouched proxy pipeline (float32, CPU or GPU) runs up to the last denoising step of ``--step`` and its
+self-attention queries and keys of those steps are captured (every block, both CFG branches: SDPA's inputs, after RoPE; rotvid's
 rotations are orthogonal and change no score). For every call and head, the exact block masses
 (:func:`rotvid.kernels.sparsity.oracle.block_attention_mass`: per query tile of 128 rows, the mean softmax mass of
 each key block of 128 keys), then per density ``d`` each row keeps its ``ceil(d · Tk)`` blocks ranked by
@@ -23,7 +23,11 @@ own per-row ``tau`` and ``sim``, :func:`rotvid.kernels.sparsity.topp.topp_estima
 by :func:`rotvid.kernels.sparsity.density.topp_tau_for_density`), ``threshold`` (the blocks whose estimated share ``P̂``
 of their row's mass is above one threshold over every call and head, chosen to keep ``d`` of all blocks, the diagonals
 first), and ``oracle-threshold`` (the same by the exact masses: the most mass any maps of that total size keep, up to
-the diagonals they must hold). Budgets move between rows, heads and calls in all but ``even``. Writes ``benchmarks/results/topp_estimate_<date>_<commit>.md/.json`` unless ``--no-write``.
+the diagonals they must hold). Budgets move between rows, heads and calls in all but ``even``; ``threshold-per-call``
+and ``oracle-threshold-per-call`` are the two thresholds chosen in each call on its own (every call keeps ``d`` of its
+blocks, as the ``oracle`` kind's maps do, the rows and heads of a call sharing the budget). With several steps, a
+third table gives each allocation's kept mass and density per step at each density: one threshold over every call
+spends blocks where the estimate is peaked and starves the calls where it is flat. Writes ``benchmarks/results/topp_estimate_<date>_<commit>.md/.json`` unless ``--no-write``.
 """
 
 from __future__ import annotations
@@ -56,8 +60,10 @@ class _Stop(Exception):
     pass
 
 
-def capture(size: tuple[int, int, int], step: int, prompt: str, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The self-attention (q, k) pairs, [1, H, N, D] each, of denoising step ``step`` of the proxy at ``size``."""
+def capture(size: tuple[int, int, int], steps: list[int], prompt: str,
+            device: str) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """The self-attention (q, k, step) triples, q and k [1, H, N, D], of the denoising steps ``steps`` of the proxy
+    at ``size``."""
     from rotvid.pipelines.loading import load_pipeline
 
     h, w, f = size
@@ -69,13 +75,13 @@ def capture(size: tuple[int, int, int], step: int, prompt: str, device: str) -> 
     def recording(*args, **kwargs):
         q = args[0] if args else kwargs["query"]
         k = args[1] if len(args) > 1 else kwargs["key"]
-        if at["step"] == step and q.shape[-2] == n and k.shape[-2] == n:
-            calls.append((q.detach().clone(), k.detach().clone()))
+        if at["step"] in steps and q.shape[-2] == n and k.shape[-2] == n:
+            calls.append((q.detach().clone(), k.detach().clone(), at["step"]))
         return sdpa(*args, **kwargs)
 
     def step_end(_pipe, i, _t, kwargs):
         at["step"] = i + 1
-        if i + 1 > step:
+        if i + 1 > max(steps):
             raise _Stop
         return kwargs
 
@@ -115,7 +121,7 @@ def kept(calls, densities) -> dict[str, dict[float, float]]:
     """Mean kept mass per ranking and density over every call and head."""
     sums = {r: {d: 0.0 for d in densities} for r in RANKINGS}
     heads = 0
-    for q, k in calls:
+    for q, k, _ in calls:
         q, k = q[0].double(), k[0].double()
         if q.shape[1] % MAP_BLOCK:
             raise SystemExit(f"topp_estimate_study: {q.shape[1]} tokens is not a multiple of {MAP_BLOCK}")
@@ -131,7 +137,7 @@ def kept(calls, densities) -> dict[str, dict[float, float]]:
     return {r: {d: v / heads for d, v in per.items()} for r, per in sums.items()}
 
 
-ALLOCATIONS = ("even", "topp", "threshold", "oracle-threshold")
+ALLOCATIONS = ("even", "topp", "threshold", "oracle-threshold", "threshold-per-call", "oracle-threshold-per-call")
 
 
 def _threshold_keeps(scores: list[torch.Tensor], density: float) -> list[torch.Tensor]:
@@ -144,20 +150,24 @@ def _threshold_keeps(scores: list[torch.Tensor], density: float) -> list[torch.T
     return [part.view(sc.shape) for part, sc in zip(keep.split([sc.numel() for sc in scores]), scores)]
 
 
-def allocations(calls, densities) -> dict[str, dict[float, tuple[float, float]]]:
-    """Per allocation and density: (mean kept mass, mean density) over every call and head."""
+def allocations(calls, densities) -> tuple[dict, dict]:
+    """Per allocation and density: (mean kept mass, mean density) over every call and head; and the same per step
+    (``{allocation: {density: {step: (mass, density)}}}``)."""
     from rotvid.kernels.sparsity.density import topp_tau_for_density
     from rotvid.kernels.sparsity.topp import DEFAULT_SIM, topp_estimate, topp_keep
 
     prepared = []
-    for q, k in calls:
+    for q, k, _ in calls:
         mass = block_attention_mass(q.double(), k.double())[0]
         est = topp_estimate(q.double(), k.double(), tau=1.0)
         prepared.append((mass, est))
+    steps = [step for _, _, step in calls]
     out = {a: {} for a in ALLOCATIONS}
+    by_step = {a: {} for a in ALLOCATIONS}
     for d in densities:
         tau, _ = topp_tau_for_density([est for _, est in prepared], d)
         sums = {a: [0.0, 0.0] for a in ALLOCATIONS}
+        step_sums = {a: {st: [0.0, 0.0, 0] for st in steps} for a in ALLOCATIONS}
         heads = 0
         threshold = _threshold_keeps([est.mass[0] for _, est in prepared], d)
         oracle_threshold = _threshold_keeps([mass for mass, _ in prepared], d)
@@ -170,19 +180,26 @@ def allocations(calls, densities) -> dict[str, dict[float, tuple[float, float]]]
                 "topp": topp_keep(est.mass, est.q_sim, est.k_sim, est.k_live, tau=tau, sim=DEFAULT_SIM)[0],
                 "threshold": threshold[ci],
                 "oracle-threshold": oracle_threshold[ci],
+                "threshold-per-call": _threshold_keeps([est.mass[0]], d)[0],
+                "oracle-threshold-per-call": _threshold_keeps([mass], d)[0],
             }
             for a, keep in keeps.items():
-                sums[a][0] += (mass * keep).sum(dim=-1).mean(dim=-1).sum().item()
-                sums[a][1] += keep.float().mean(dim=(-1, -2)).sum().item()
+                got = (mass * keep).sum(dim=-1).mean(dim=-1).sum().item()
+                size = keep.float().mean(dim=(-1, -2)).sum().item()
+                sums[a][0] += got
+                sums[a][1] += size
+                acc = step_sums[a][steps[ci]]
+                acc[0], acc[1], acc[2] = acc[0] + got, acc[1] + size, acc[2] + mass.shape[0]
             heads += mass.shape[0]
         for a in ALLOCATIONS:
             out[a][d] = (sums[a][0] / heads, sums[a][1] / heads)
-    return out
+            by_step[a][d] = {st: (v[0] / v[2], v[1] / v[2]) for st, v in step_sums[a].items()}
+    return out, by_step
 
 
 def markdown(result: dict) -> str:
     lines = [f"### topp_estimate_study: {result['date']}, commit {result['commit']}", "",
-             f"`{result['command']}`; the proxy at {result['size']}, step {result['step']}, {result['calls']} "
+             f"`{result['command']}`; the proxy at {result['size']}, step(s) {result['step']}, {result['calls']} "
              f"self-attention calls, {result['blocks_per_row']} key blocks per row; kept mass at a fixed per-row count "
              "(ratio to the oracle's):", "",
              "| ranking | " + " | ".join(f"density {d}" for d in result["densities"]) + " |",
@@ -200,6 +217,16 @@ def markdown(result: dict) -> str:
         cells = [f"{result['allocations'][name][str(d)][0]:.4f} ({result['allocations'][name][str(d)][1]:.3f})"
                  for d in result["densities"]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    steps = sorted({int(st) for per in result["by_step"]["even"].values() for st in per})
+    if len(steps) > 1:
+        lines += ["", "Per step (kept mass, the step's density in brackets):", "",
+                  "| allocation | density | " + " | ".join(f"step {st}" for st in steps) + " |",
+                  "| --- | --- |" + " --- |" * len(steps)]
+        for name in ALLOCATIONS:
+            for d in result["densities"]:
+                per = result["by_step"][name][str(d)]
+                cells = [f"{per[str(st)][0]:.4f} ({per[str(st)][1]:.3f})" for st in steps]
+                lines.append(f"| {name} | {d} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -207,27 +234,32 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.topp_estimate_study",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=parse_size, default=(512, 512, 65), help="HxWxF (default 512x512x65)")
-    ap.add_argument("--step", type=int, default=3, help="the denoising step captured (default 3 of the proxy's 12)")
+    ap.add_argument("--step", type=int, nargs="+", default=[3],
+                    help="the denoising step(s) captured (default 3 of the proxy's 12)")
     ap.add_argument("--densities", type=float, nargs="+", default=[0.2, 0.3, 0.5])
     ap.add_argument("--prompt", default="a red fox running through fresh snow in a pine forest")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
-    if args.step < 0:
-        ap.error(f"--step: expected a step index >= 0, got {args.step}")
+    if min(args.step) < 0:
+        ap.error(f"--step: expected step indices >= 0, got {args.step}")
+    steps = sorted(set(args.step))
     if not all(0 < d <= 1 for d in args.densities):
         ap.error(f"--densities: expected values in (0, 1], got {args.densities}")
     t0 = time.perf_counter()
-    calls = capture(args.size, args.step, args.prompt, args.device)
-    if not calls:
-        raise SystemExit(f"topp_estimate_study: no self-attention call at step {args.step} (the proxy runs 12)")
-    print(f"captured {len(calls)} calls at step {args.step} in {time.perf_counter() - t0:.0f} s", flush=True)
+    calls = capture(args.size, steps, args.prompt, args.device)
+    missing = sorted(set(steps) - {step for _, _, step in calls})
+    if missing:
+        raise SystemExit(f"topp_estimate_study: no self-attention call at step(s) {missing} (the proxy runs 12)")
+    print(f"captured {len(calls)} calls at step(s) {steps} in {time.perf_counter() - t0:.0f} s", flush=True)
+    alloc, by_step = allocations(calls, args.densities)
     result = dict(date=local_stamp(), commit=git_commit(), command=command_line("topp_estimate_study", argv),
-                  size="x".join(map(str, args.size)), step=args.step, calls=len(calls),
+                  size="x".join(map(str, args.size)), step=steps if len(steps) > 1 else steps[0], calls=len(calls),
                   blocks_per_row=calls[0][1].shape[-2] // MAP_BLOCK, densities=args.densities,
                   kept={r: {str(d): v for d, v in per.items()} for r, per in kept(calls, args.densities).items()},
-                  allocations={a: {str(d): v for d, v in per.items()}
-                               for a, per in allocations(calls, args.densities).items()})
+                  allocations={a: {str(d): v for d, v in per.items()} for a, per in alloc.items()},
+                  by_step={a: {str(d): {str(st): v for st, v in per_st.items()} for d, per_st in per.items()}
+                           for a, per in by_step.items()})
     text = markdown(result)
     print(text)
     if not args.no_write:

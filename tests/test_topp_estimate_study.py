@@ -24,6 +24,25 @@ def test_a_small_run_ranks_the_oracle_first():
         assert alloc["threshold"][d][0] <= best + 1e-12  # ("even" rounds each row up: a larger map)
 
 
+def test_per_call_budgets_and_the_steps_table():
+    result = study.main(["--size", "256x256x9", "--step", "1", "0", "--densities", "0.5", "--no-write"])
+    assert result["step"] == [0, 1] and result["calls"] == 24  # 12 calls a step
+    alloc, by_step = result["allocations"], result["by_step"]
+    # each call keeps round(0.5 * 36) = 18 of its 36 blocks per head: the per-call maps all have density 0.5
+    for name in ("threshold-per-call", "oracle-threshold-per-call"):
+        assert abs(alloc[name]["0.5"][1] - 0.5) < 1e-9
+        for st in ("0", "1"):
+            assert abs(by_step[name]["0.5"][st][1] - 0.5) < 1e-9
+    # within a call the exact masses' threshold keeps the most of any map of that call's size
+    assert alloc["threshold-per-call"]["0.5"][0] <= alloc["oracle-threshold-per-call"]["0.5"][0] + 1e-12
+    # one budget over every call can only do better than a budget fixed per call, on the exact masses
+    assert alloc["oracle-threshold-per-call"]["0.5"][0] <= alloc["oracle-threshold"]["0.5"][0] + 1e-12
+    for name in study.ALLOCATIONS:  # the steps' rows average to the whole
+        per = by_step[name]["0.5"]
+        assert abs((per["0"][0] + per["1"][0]) / 2 - alloc[name]["0.5"][0]) < 1e-9
+    assert "Per step" in study.markdown(result)
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--size", "250x256x9"], "multiples of 16"),
     (["--densities", "0"], "--densities"),
