@@ -20,7 +20,10 @@ It prints, per ranking and density, the mean kept mass and its ratio to the orac
 same for all, that is the ranking alone. A second table asks how the budget is spread over rows, at the same mean
 density over all the calls: ``even`` (every row ``ceil(d · Tk)`` blocks, by the block means), ``topp`` (``topp``'s
 own per-row ``tau`` and ``sim``, :func:`rotvid.kernels.sparsity.topp.topp_estimate`, ``tau`` matched to the density
-by :func:`rotvid.kernels.sparsity.density.topp_tau_for_density`), ``threshold`` (the blocks whose estimated share ``P̂``
+by :func:`rotvid.kernels.sparsity.density.topp_tau_for_density`), ``pmin`` (the ``pmin`` kind's own selection, its
+threshold matched by :func:`~rotvid.kernels.sparsity.density.pmin_for_density`), ``topp-sim-off`` and
+``pmin-sim-off`` (the same with the ``sim`` rule off: no row or column kept whole for its low self-similarity),
+``threshold`` (the blocks whose estimated share ``P̂``
 of their row's mass is above one threshold over every call and head, chosen to keep ``d`` of all blocks, the diagonals
 first), and ``oracle-threshold`` (the same by the exact masses: the most mass any maps of that total size keep, up to
 the diagonals they must hold). Budgets move between rows, heads and calls in all but ``even``; ``threshold-per-call``
@@ -137,7 +140,8 @@ def kept(calls, densities) -> dict[str, dict[float, float]]:
     return {r: {d: v / heads for d, v in per.items()} for r, per in sums.items()}
 
 
-ALLOCATIONS = ("even", "topp", "threshold", "oracle-threshold", "threshold-per-call", "oracle-threshold-per-call")
+ALLOCATIONS = ("even", "topp", "topp-sim-off", "pmin", "pmin-sim-off", "threshold", "oracle-threshold",
+               "threshold-per-call", "oracle-threshold-per-call")
 
 
 def _threshold_keeps(scores: list[torch.Tensor], density: float) -> list[torch.Tensor]:
@@ -153,8 +157,8 @@ def _threshold_keeps(scores: list[torch.Tensor], density: float) -> list[torch.T
 def allocations(calls, densities) -> tuple[dict, dict]:
     """Per allocation and density: (mean kept mass, mean density) over every call and head; and the same per step
     (``{allocation: {density: {step: (mass, density)}}}``)."""
-    from rotvid.kernels.sparsity.density import topp_tau_for_density
-    from rotvid.kernels.sparsity.topp import DEFAULT_SIM, topp_estimate, topp_keep
+    from rotvid.kernels.sparsity.density import pmin_for_density, topp_tau_for_density
+    from rotvid.kernels.sparsity.topp import DEFAULT_SIM, pmin_keep, topp_estimate, topp_keep
 
     prepared = []
     for q, k, _ in calls:
@@ -165,7 +169,11 @@ def allocations(calls, densities) -> tuple[dict, dict]:
     out = {a: {} for a in ALLOCATIONS}
     by_step = {a: {} for a in ALLOCATIONS}
     for d in densities:
-        tau, _ = topp_tau_for_density([est for _, est in prepared], d)
+        estimates = [est for _, est in prepared]
+        tau, _ = topp_tau_for_density(estimates, d)
+        tau_off, _ = topp_tau_for_density(estimates, d, sim=-1.0)
+        pmin, _ = pmin_for_density(estimates, d)
+        pmin_off, _ = pmin_for_density(estimates, d, sim=-1.0)
         sums = {a: [0.0, 0.0] for a in ALLOCATIONS}
         step_sums = {a: {st: [0.0, 0.0, 0] for st in steps} for a in ALLOCATIONS}
         heads = 0
@@ -178,6 +186,9 @@ def allocations(calls, densities) -> tuple[dict, dict]:
             keeps = {
                 "even": even,
                 "topp": topp_keep(est.mass, est.q_sim, est.k_sim, est.k_live, tau=tau, sim=DEFAULT_SIM)[0],
+                "topp-sim-off": topp_keep(est.mass, est.q_sim, est.k_sim, est.k_live, tau=tau_off, sim=-1.0)[0],
+                "pmin": pmin_keep(est.mass, est.q_sim, est.k_sim, est.k_live, pmin=pmin, sim=DEFAULT_SIM)[0],
+                "pmin-sim-off": pmin_keep(est.mass, est.q_sim, est.k_sim, est.k_live, pmin=pmin_off, sim=-1.0)[0],
                 "threshold": threshold[ci],
                 "oracle-threshold": oracle_threshold[ci],
                 "threshold-per-call": _threshold_keeps([est.mass[0]], d)[0],
