@@ -144,9 +144,9 @@ __device__ __forceinline__ void wht8(float (&y)[8]) {
 // stages run in wht8's order s = 0, 1, ... and every stage computes, for each pair of channels (a the one with bit s
 // clear, b its partner), __fadd_rn(a, b) into a's channel and __fsub_rn(a, b) into b's -- wht8's operations with
 // wht8's operands (across the lanes as one fma by +-1: fma(-1, b, a) and fma(1, a, b) round a - b and a + b once,
-// the same bits, one instruction instead of an add, a subtract and a select). By induction over s each channel holds after stage s the bits it holds in wht8 after stage s:
-// only which thread holds it differs, so the result (and anything computed per channel from it) is wht8's bit for
-// bit. Every lane of the warp calls it (full-mask shuffles).
+// the same bits, one instruction instead of an add, a subtract and a select). By induction over s each channel holds
+// after stage s the bits it holds in wht8 after stage s: only which thread holds it differs, so the result (and
+// anything computed per channel from it) is wht8's bit for bit. Every lane of the warp calls it (full-mask shuffles).
 template <int D>
 __device__ __forceinline__ void wht4lanes(float (&y)[D / 4]) {
   static_assert(D == 64 || D == 128, "wht4lanes: head_dim 64 or 128");
