@@ -66,7 +66,7 @@ from rotvid.kernels.sparsity.radial import radial_block_mask
 from rotvid.kernels.sparsity.topp import pmin_block_map, topp_block_map
 
 from benchmarks.provenance import git_commit, utc_stamp
-from benchmarks.timing import call_ms
+from benchmarks.timing import call_ms, kernel_us
 
 
 @dataclass(frozen=True)
@@ -431,18 +431,11 @@ def map_build_only(shape: Shape, rounds: int) -> list[str]:
 
 
 def gpu_kernel_ms(fn, iters: int = 20) -> float:
-    """The GPU time of the kernels ``fn`` launches, per call (torch.profiler's kernel durations summed over ``iters``
-    calls): what a call costs the GPU when its host work overlaps the GPU's, as in a pipeline."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """The GPU time of the kernels ``fn`` launches, per call, after one warm-up call (:func:`benchmarks.timing.kernel_us`
+    summed): what a call costs the GPU when its host work overlaps the GPU's, as in a pipeline."""
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    total_us = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-    return total_us / iters / 1e3
+    return sum(kernel_us(fn, iters).values()) / 1e3
 
 
 def lse_cost(shape: Shape, rounds: int) -> list[str]:

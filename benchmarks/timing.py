@@ -26,3 +26,20 @@ def call_ms(fn, device: str) -> float:
     t0 = time.perf_counter()
     fn()
     return (time.perf_counter() - t0) * 1e3
+
+
+def kernel_us(fn, iters: int) -> dict[str, float]:
+    """GPU microseconds per ``fn()`` of every kernel it launches, by name: torch.profiler's kernel durations over
+    ``iters`` calls (no warm-up here), divided by ``iters``. Kernel time only, so a call whose host work overlaps the
+    GPU's (as in a pipeline) is counted at what it costs the GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out[e.name] = out.get(e.name, 0.0) + e.device_time / iters
+    return out

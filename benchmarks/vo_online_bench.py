@@ -48,6 +48,7 @@ from rotvid.rope.hadamard import rotate_v_online, unrotate_o_online, vo_hadamard
 from benchmarks.kernel_bench import SHAPES, cos_fp64_rows, time_interleaved
 from benchmarks.provenance import git_commit
 from benchmarks.study_io import command_line
+from benchmarks.timing import kernel_us
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vo_online_bench.json"
 
@@ -127,8 +128,6 @@ def kernel_breakdown(name: str, iters: int, rounds: int = 1, seed: int = 0) -> l
     ``off-rotated-v``: the plain call on V rotated beforehand (PyTorch) -- the plain kernels on the rotated operands,
     so its attention row against ``off``'s is what the rotated data alone costs (clocks, power) and against
     ``online``'s what the epilogue costs on the same data."""
-    from torch.profiler import ProfilerActivity, profile
-
     q, k, v = _inputs(name, seed)
     v_rot = rotate_v_online(v, vo_hadamard_block(q.shape[-1]))
 
@@ -143,14 +142,9 @@ def kernel_breakdown(name: str, iters: int, rounds: int = 1, seed: int = 0) -> l
     per_kernel: dict[str, dict[str, float]] = {m: {} for m, _ in methods}
     for _ in range(rounds):
         for method, fn in methods:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(iters):
-                    fn(q, k, v)
-                torch.cuda.synchronize()
             acc = per_kernel[method]
-            for e in prof.events():
-                if e.device_type == torch.autograd.DeviceType.CUDA:
-                    acc[e.name] = acc.get(e.name, 0.0) + e.device_time / (iters * rounds)
+            for k_name, us in kernel_us(lambda fn=fn: fn(q, k, v), iters).items():
+                acc[k_name] = acc.get(k_name, 0.0) + us / rounds
     return [dict(shape=name, method=method, kernel=k_name[:110], us=round(us, 1))
             for method, _ in methods for k_name, us in sorted(per_kernel[method].items(), key=lambda kv: -kv[1])]
 
