@@ -23,11 +23,18 @@ rounding apart (the kernel's inverse rounds once, the PyTorch path rounds the ro
 
     python -m benchmarks.vo_online_bench [--shapes wan1.3b-480p wan14b-720p cogvideox5b] [--rounds 3] [--no-write]
     python -m benchmarks.vo_online_bench --kernels [--shapes ...]   # where the cost goes, kernel by kernel
+    python -m benchmarks.vo_online_bench --kernels --epilogue-head-dims 64 128 --shapes cogvideox5b  # 64 in-kernel too
+    ncu --profile-from-start off --clock-control none --set full --kernel-name regex:hopper_attention \
+        python -m benchmarks.vo_online_bench --profile-window --epilogue-head-dims 64 128 --shapes cogvideox5b
 
 ``--kernels`` times no ratio: it runs ``off`` and ``online`` eagerly under ``torch.profiler`` (``--iters`` calls each
 per round, the two alternating over ``--rounds`` rounds, after a warm-up) and prints every kernel's mean GPU time
 per call for both, so the rotation's cost is seen kernel by kernel (the statistics and quantize launches of the
-pre-processing, the attention with its epilogue).
+pre-processing, the attention with its epilogue). ``--epilogue-head-dims`` sets
+:data:`rotvid.kernels.recipes.int8_fp8.ops.O_EPILOGUE_HEAD_DIMS` for the run (the head dims whose output the kernel's
+epilogue turns back; the others take the pass). ``--profile-window`` runs ``off`` and ``online`` once each after a
+warm-up between ``cudaProfilerStart`` / ``Stop``, for a profiler started with the window off (Nsight Compute's
+``--profile-from-start off``), and times nothing.
 """
 
 from __future__ import annotations
@@ -157,9 +164,30 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="per-kernel GPU times of off and online (torch.profiler)")
     ap.add_argument("--iters", type=int, default=10, help="--kernels: profiled calls per method")
+    ap.add_argument("--epilogue-head-dims", type=int, nargs="+", choices=(64, 128), default=None,
+                    help="head dims turned back in the kernel's epilogue (default: the recipe's, 128)")
+    ap.add_argument("--profile-window", action="store_true",
+                    help="off and online once each between cudaProfilerStart / Stop (for ncu), no timing")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("vo_online_bench.py: needs a CUDA GPU")
+    if args.epilogue_head_dims is not None:
+        from rotvid.kernels.recipes.int8_fp8 import ops as int8fp8_ops
+
+        int8fp8_ops.O_EPILOGUE_HEAD_DIMS = tuple(args.epilogue_head_dims)
+    if args.profile_window:
+        for name in args.shapes:
+            q, k, v = _inputs(name, 0)
+            for _ in range(2):
+                off(q, k, v)
+                online(q, k, v)
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            off(q, k, v)
+            online(q, k, v)
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+        return
     if args.kernels:
         for name in args.shapes:
             print(f"\n{name}: kernel, mean GPU µs per call (off / off on rotated V / online)")
